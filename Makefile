@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` (set up + the main job), `make test` (set up + every test).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint format bench clean
+
+$(STAMP): requirements-dev.txt setup.py
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade "pip<26.2" wheel
+	$(BIN)/pip install -q -r requirements-dev.txt
+	# ppdet's declared deps pull opencv-python and old pins that break paddle: install it alone.
+	$(BIN)/pip install -q --no-deps paddledet==2.6.0
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ampsafe demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check ampsafe patches tests bench
+	$(BIN)/ruff format --check ampsafe patches tests bench
+
+format: $(STAMP)
+	$(BIN)/ruff format ampsafe patches tests bench
+	$(BIN)/ruff check --fix ampsafe patches tests bench
+
+test: lint
+	$(BIN)/python -m pytest -q -ra
+
+bench: $(STAMP)
+	$(BIN)/ampsafe bench --suite quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,112 @@
+"""The framework-neutral dataflow graph a walker records from one real forward pass.
+
+Adapters (``ampsafe.torch.trace``, ``ampsafe.paddle.trace``) fill a :class:`Graph`: one :class:`Node` per
+op that ran, tensors as integer ids. Path analysis (``ampsafe.core.paths``) and reports are written once,
+on this graph, for both frameworks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+FP16_MAX = 65504.0
+
+
+class OpKind(str, Enum):
+    """What an op does to the range of its input, which is all path analysis needs to know."""
+
+    CONV = "conv"  # convolution (incl. transposed, depthwise): starts a path
+    MATMUL = "matmul"  # matmul / linear / bmm / addmm: starts a path
+    NORM = "norm"  # batch/group/layer/instance norm: ends a path, normalized
+    BOUNDED = "bounded"  # sigmoid, tanh, softmax, hardsigmoid, ...: ends a path, normalized
+    ELEMENTWISE = "elementwise"  # add, mul, concat, resample, relu, reshape, pool, ...: the path goes on
+    REDUCTION = "reduction"  # sum, mean, max over axes: the path goes on
+    LOSS = "loss"  # a loss function: ends a path, unnormalized
+    OTHER = "other"  # anything else (indexing, comparisons, casts): the path goes on
+
+
+START_KINDS = frozenset({OpKind.CONV, OpKind.MATMUL})
+NORMALIZING_KINDS = frozenset({OpKind.NORM, OpKind.BOUNDED})
+
+
+@dataclass
+class Node:
+    """One op that ran during the trace.
+
+    ``op`` is a canonical lower-case name (``conv2d``, ``add``, ``interpolate``, ``exp``), ``module`` the
+    path of the innermost module whose forward ran it (``""`` for the root), as ``named_modules()`` /
+    ``named_sublayers()`` spell it. ``low_precision`` says whether the op would compute in float16 at the
+    scanned AMP level. ``amax`` is the float32 abs-max of its outputs on the data seen (None if unmeasured).
+    """
+
+    index: int
+    op: str
+    kind: OpKind
+    module: str
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    module_type: str = ""
+    shape: tuple | None = None
+    dtype: str = ""
+    low_precision: bool = False
+    amax: float | None = None
+    grad_amax: float | None = None  # abs-max of d(loss*scale)/d(output), when measured
+
+    @property
+    def label(self) -> str:
+        """``module:op``, as reports spell an op."""
+        return f"{self.module}:{self.op}"
+
+
+@dataclass
+class Graph:
+    """The recorded dataflow: nodes in execution order and tensor ids as edges.
+
+    ``outputs`` are the ids of tensors the model returned; ``loss`` the id of the loss tensor when a
+    ``loss_fn`` was traced. ``notes`` says what the walker could not see (custom autograd functions,
+    untraced branches), so a report never claims more than was recorded.
+    """
+
+    nodes: list[Node] = field(default_factory=list)
+    outputs: set[int] = field(default_factory=set)
+    loss: int | None = None
+    framework: str = ""
+    level: str = "O1"
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, op: str, kind: OpKind, module: str, inputs, outputs, **info) -> Node:
+        node = Node(len(self.nodes), op, kind, module, list(inputs), list(outputs), **info)
+        self.nodes.append(node)
+        return node
+
+    def producers(self) -> dict[int, int]:
+        """tensor id -> index of the node that produced it (the last writer, for in-place ops)."""
+        out: dict[int, int] = {}
+        for node in self.nodes:
+            for t in node.outputs:
+                out[t] = node.index
+        return out
+
+    def consumers(self) -> dict[int, list[int]]:
+        """tensor id -> indices of the nodes that read it, in execution order."""
+        out: dict[int, list[int]] = {}
+        for node in self.nodes:
+            for t in node.inputs:
+                out.setdefault(t, []).append(node.index)
+        return out
+
+
+def headroom_bits(amax: float | None, limit: float = FP16_MAX) -> float | None:
+    """log2(limit / amax): how many doublings a value can take before it overflows float16.
+
+    Negative when it already overflows; ``inf`` for an all-zero tensor; None when unmeasured.
+    """
+    if amax is None:
+        return None
+    if amax == 0:
+        return math.inf
+    if not math.isfinite(amax):
+        return -math.inf
+    return math.log2(limit / amax)

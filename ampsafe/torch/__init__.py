@@ -1,0 +1,1 @@
+"""PyTorch adapter: tracer, GradScaler, patches and sentinel for ``torch.nn.Module`` models."""

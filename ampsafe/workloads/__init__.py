@@ -1,0 +1,37 @@
+"""Reference workloads from the user reports, on deterministic synthetic data (no downloads).
+
+    w = ampsafe.workloads.build("dbnet", seed=0)
+    loss = w.loss(w.batch(step))
+
+``dbnet`` (Paddle, PaddleOCR's DBNet rebuilt here), ``ppyolo`` (Paddle, built by PaddleDetection's own
+registry from the upstream configs) and ``frcnn`` (torchvision Faster R-CNN).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Workload
+
+__all__ = ["build", "names", "Workload"]
+
+# name -> module that defines build(seed=..., **options) -> Workload
+_BUILDERS = {
+    "dbnet": "ampsafe.workloads.dbnet",
+    "ppyolo": "ampsafe.workloads.ppyolo",
+    "frcnn": "ampsafe.workloads.frcnn",
+}
+
+
+def names() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def build(name: str, *, seed: int = 0, **options) -> Workload:
+    """Build workload ``name`` with seeded weights and data; options are passed to its builder."""
+    from ..errors import ConfigError
+
+    if name not in _BUILDERS:
+        raise ConfigError(f"unknown workload {name!r}; choose one of {', '.join(names())}")
+    module = importlib.import_module(_BUILDERS[name])
+    return module.build(seed=seed, **options)

@@ -1,0 +1,36 @@
+"""The interface every reference workload implements (see ``ampsafe.workloads.build``)."""
+
+from __future__ import annotations
+
+
+class Workload:
+    """A model in train mode with deterministic synthetic data and its own loss.
+
+    ``framework`` is "torch" or "paddle"; ``model(*example_inputs)`` runs a forward. ``batch(step)`` returns
+    the same batch for the same step and seed; ``loss(batch)`` a scalar loss tensor (forward included).
+    ``evaluate()`` returns the workload's accuracy metric on held-out synthetic data (e.g. ``{"hmean": ...}``).
+    """
+
+    name: str = ""
+    framework: str = ""
+
+    def __init__(self, model, example_inputs: tuple, *, seed: int = 0):
+        self.model = model
+        self.example_inputs = example_inputs
+        self.seed = seed
+
+    def batch(self, step: int):
+        raise NotImplementedError
+
+    def loss(self, batch):
+        raise NotImplementedError
+
+    def make_optimizer(self, lr: float):
+        """The optimizer the workload's recipe uses (Adam for dbnet, SGD-momentum for the detectors)."""
+        raise NotImplementedError
+
+    def evaluate(self, **options) -> dict:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} ({self.framework})>"

@@ -1,0 +1,43 @@
+"""ampsafe: safe mixed precision for PyTorch and PaddlePaddle.
+
+PaddlePaddle is deliberately not a requirement: `paddlepaddle` and `paddlepaddle-gpu` both install the
+`paddle` module, so a dependency on one would clobber a user's other. Install your Paddle build first.
+"""
+
+from setuptools import find_packages, setup
+
+packages = find_packages(include=["ampsafe", "ampsafe.*"]) + ["ampsafe.patches"]
+
+setup(
+    name="ampsafe",
+    version="0.1.0",
+    description="Safe mixed-precision training for PyTorch and PaddlePaddle: scan, patch, robust GradScaler, NaN sentinel",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=packages,
+    # `patches/` (ready-made patches for upstream model families) is installed as `ampsafe.patches`.
+    package_dir={"ampsafe.patches": "patches"},
+    install_requires=["numpy", "pyyaml", "ruamel.yaml"],
+    extras_require={
+        "torch": ["torch>=2.1", "torchvision"],
+        # PaddleDetection / PaddleOCR runtime needs (ppdet itself goes in with --no-deps, see requirements-dev.txt)
+        "det": [
+            "opencv-python-headless",
+            "pyclipper",
+            "shapely",
+            "scipy",
+            "scikit-learn",
+            "matplotlib",
+            "pycocotools",
+            "tqdm",
+            "six",
+            "pandas",
+            "requests",
+            "setuptools<81",
+        ],
+        "bench": ["matplotlib", "rich", "pycocotools"],
+        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff"],
+    },
+    entry_points={"console_scripts": ["ampsafe=ampsafe.cli:main"]},
+)
