@@ -1,2 +1,28 @@
 """Ready-made patches for upstream model families (installed as ``ampsafe.patches``): AMP-safe necks for
-PaddleOCR and PaddleDetection, their registration, and the config neck swap."""
+PaddleOCR and PaddleDetection, their registration, and the config neck swap.
+
+    ampsafe.patches.swap_neck("configs/det/det_mv3_db.yml", out="det_mv3_db_safe.yml")
+    ampsafe.patches.register_paddleocr()   # AmpSafeDBFPN / AmpSafeRSEFPN / AmpSafeLKPAN buildable by name
+    ampsafe.patches.register_paddledet()   # AmpSafeFPN in ppdet's workspace
+
+Nothing here imports paddle until a neck is built or registered.
+"""
+
+from __future__ import annotations
+
+from .registry import SAFE_NECKS, safe_neck
+from .swap import swap_neck
+
+__all__ = ["swap_neck", "register_paddleocr", "register_paddledet", "SAFE_NECKS", "safe_neck"]
+
+
+def register_paddleocr() -> dict:
+    from .register import register_paddleocr as register
+
+    return register()
+
+
+def register_paddledet() -> list[str]:
+    from .register import register_paddledet as register
+
+    return register()

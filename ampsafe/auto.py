@@ -1,0 +1,354 @@
+"""``import ampsafe.auto``: put ampsafe in place for code you don't edit (a notebook, or ``ampsafe run``'s child).
+
+* ``torch.amp.GradScaler`` (also ``torch.amp.grad_scaler.GradScaler``, ``torch.cuda.amp.GradScaler``,
+  ``torch.cpu.amp.GradScaler``) and ``paddle.amp.GradScaler`` resolve to ampsafe's scalers, called with the
+  script's own arguments plus ampsafe's floor (``min_scale`` / ``min_loss_scaling`` and ``on_floor``);
+* the AMP-safe necks are registered in PaddleOCR / PaddleDetection / the dbnet builder, so swapped configs build.
+
+Nothing is imported eagerly: each patch is applied right after the framework's own import finishes (a
+post-import hook), so a torch script never pays for paddle. ``summary()`` reports every scaler created.
+Options come from ``install(...)`` or, on import, from the ``AMPSAFE_RUN_OPTIONS`` environment variable
+(JSON; set by ``ampsafe run``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import json
+import os
+import sys
+import threading
+from typing import Any, Callable
+
+__all__ = ["install", "uninstall", "summary", "format_summary", "installed", "ENV_OPTIONS", "ENV_REPORT"]
+
+from .launcher import ENV_OPTIONS, ENV_REPORT, format_summary, validate_options
+
+_lock = threading.RLock()
+_state: dict[str, Any] = {"options": None, "originals": [], "scalers": [], "changes": [], "watches": []}
+
+
+# --------------------------------------------------------------------------------------------- post-import hook
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs callbacks right after a named module has executed (its attributes exist, importers haven't run)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[Callable]] = {}
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original_exec = loader.exec_module
+
+        def exec_module(module, _original=original_exec, _name=name):
+            _original(module)
+            for callback in self.pending.pop(_name, []):
+                callback(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_hook = _AfterImport()
+
+
+def _when_imported(name: str, callback: Callable) -> None:
+    """Call ``callback(module)`` now if ``name`` is imported, else right after it is."""
+    module = sys.modules.get(name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+        callback(module)
+        return
+    _hook.pending.setdefault(name, []).append(callback)
+    if _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
+
+
+def _say(message: str) -> None:
+    if not _state["options"].get("quiet"):
+        print(f"[ampsafe] {message}", file=sys.stderr, flush=True)
+
+
+def _set(owner, attr: str, value, label: str) -> None:
+    if not hasattr(owner, attr):
+        return
+    _state["originals"].append((owner, attr, getattr(owner, attr)))
+    setattr(owner, attr, value)
+    _state["changes"].append(label)
+
+
+# --------------------------------------------------------------------------------------------- scalers
+
+
+def _track(scaler, framework: str, user_kwargs: dict) -> None:
+    with _lock:
+        _state["scalers"].append({"scaler": scaler, "framework": framework, "kwargs": user_kwargs})
+    if _state["options"].get("watch"):
+        _arm_watch(scaler)
+
+
+def _torch_scalers(options: dict):
+    from ampsafe.torch.scaler import GradScaler as Base
+
+    extra = {"min_scale": options["min_scale"], "on_floor": options["on_floor"]}
+
+    class GradScaler(Base):
+        """ampsafe.torch.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."""
+
+        def __init__(self, *args, **kwargs):
+            user = dict(kwargs)
+            for key, value in extra.items():
+                kwargs.setdefault(key, value)
+            super().__init__(*args, **kwargs)
+            _track(self, "torch", user)
+
+    class CudaGradScaler(GradScaler):
+        """``torch.cuda.amp.GradScaler``'s signature (no ``device``) on top of ampsafe's scaler."""
+
+        def __init__(
+            self,
+            init_scale=2.0**16,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=2000,
+            enabled=True,
+            **kwargs,
+        ):
+            super().__init__("cuda", init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
+
+    class CpuGradScaler(GradScaler):
+        def __init__(
+            self,
+            init_scale=2.0**16,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=2000,
+            enabled=True,
+            **kwargs,
+        ):
+            super().__init__("cpu", init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
+
+    for cls in (GradScaler, CudaGradScaler, CpuGradScaler):
+        cls.__module__ = "ampsafe.auto"
+    return GradScaler, CudaGradScaler, CpuGradScaler
+
+
+def _patch_torch(torch) -> None:
+    options = _state["options"]
+    scaler, cuda_scaler, cpu_scaler = _torch_scalers(options)
+    floor = f"min_scale={options['min_scale']}, on_floor={options['on_floor']!r}"
+    import torch.amp.grad_scaler  # noqa: F401 (make sure the submodules exist before patching them)
+
+    _set(torch.amp, "GradScaler", scaler, f"torch.amp.GradScaler -> ampsafe.torch.GradScaler ({floor})")
+    _set(torch.amp.grad_scaler, "GradScaler", scaler, "torch.amp.grad_scaler.GradScaler -> ampsafe.torch.GradScaler")
+    try:
+        import torch.cuda.amp as cuda_amp
+
+        _set(cuda_amp, "GradScaler", cuda_scaler, "torch.cuda.amp.GradScaler -> ampsafe.torch.GradScaler")
+    except ImportError:
+        pass
+    try:
+        import torch.cpu.amp as cpu_amp
+
+        _set(cpu_amp, "GradScaler", cpu_scaler, "torch.cpu.amp.GradScaler -> ampsafe.torch.GradScaler")
+    except ImportError:
+        pass
+    _say(f"torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
+
+
+def _patch_paddle(paddle) -> None:
+    options = _state["options"]
+    try:
+        from ampsafe.paddle.scaler import GradScaler as Base
+    except ImportError as exc:  # the Paddle scaler is another module of this project
+        _say(f"paddle.amp.GradScaler left as is: ampsafe.paddle.scaler unavailable ({exc})")
+        return
+    extra = {"min_loss_scaling": options["min_scale"], "on_floor": options["on_floor"]}
+
+    class GradScaler(Base):
+        """ampsafe.paddle.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."""
+
+        def __init__(self, *args, **kwargs):
+            user = dict(kwargs)
+            for key, value in extra.items():
+                kwargs.setdefault(key, value)
+            super().__init__(*args, **kwargs)
+            _track(self, "paddle", user)
+
+    GradScaler.__module__ = "ampsafe.auto"
+    floor = f"min_loss_scaling={options['min_scale']}, on_floor={options['on_floor']!r}"
+    _set(paddle.amp, "GradScaler", GradScaler, f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
+    grad_scaler = sys.modules.get("paddle.amp.grad_scaler")
+    if grad_scaler is not None:
+        _set(grad_scaler, "GradScaler", GradScaler, "paddle.amp.grad_scaler.GradScaler -> ampsafe.paddle.GradScaler")
+    _say(f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
+
+
+# --------------------------------------------------------------------------------------------- necks, watch
+
+
+def _register_ocr(_module) -> None:
+    # registering imports the dbnet package, whose builder import would re-enter here: the outer call does it
+    if _state.get("registering_ocr"):
+        return
+    _state["registering_ocr"] = True
+    try:
+        from ampsafe.patches import register_paddleocr
+
+        done = register_paddleocr()
+    finally:
+        _state["registering_ocr"] = False
+    names = sorted(set(done.get("dbnet") or []) | set(done.get("ppocr") or []))
+    if names:
+        _state["changes"].append(f"safe necks registered: {', '.join(names)}")
+        _say(f"safe necks registered ({'ppocr' if done.get('ppocr') else 'dbnet builder'}): {', '.join(names)}")
+
+
+def _register_det(_module) -> None:
+    from ampsafe.patches import register_paddledet
+
+    names = register_paddledet()
+    _state["changes"].append(f"ppdet necks registered: {', '.join(names)}")
+    _say(f"ppdet necks registered: {', '.join(names)}")
+
+
+def _arm_watch(scaler) -> None:
+    """--watch: on the first ``scale(loss)``, find the model being trained and keep ``ampsafe.watch`` on it."""
+    original = scaler.scale
+
+    def scale(outputs, *args, **kwargs):
+        scaler.scale = original
+        model = _find_model(scaler)
+        if model is not None:
+            try:
+                import ampsafe
+
+                ctx = ampsafe.watch(model)
+                ctx.__enter__()
+                _state["watches"].append(ctx)
+                _say(f"watching {type(model).__name__} for NaN/Inf")
+            except Exception as exc:  # the sentinel is optional here: training goes on without it
+                _say(f"--watch unavailable: {type(exc).__name__}: {exc}")
+        return original(outputs, *args, **kwargs)
+
+    scaler.scale = scale
+
+
+def _find_model(scaler):
+    import gc
+
+    model = getattr(scaler, "_model", None)
+    if model is not None:
+        return model
+    kinds = tuple(
+        t for t in (getattr(sys.modules.get("torch"), "nn", None), getattr(sys.modules.get("paddle"), "nn", None)) if t
+    )
+    bases = tuple(b for b in (getattr(k, "Module", None) or getattr(k, "Layer", None) for k in kinds) if b)
+    if not bases:
+        return None
+    modules = [o for o in gc.get_objects() if isinstance(o, bases)]
+    children = {id(c) for m in modules for c in (m.children() if hasattr(m, "children") else ())}
+    roots = [m for m in modules if id(m) not in children]
+    return max(roots, key=lambda m: sum(1 for _ in m.parameters()), default=None)
+
+
+# --------------------------------------------------------------------------------------------- public
+
+
+def install(*, on_floor: str = "raise", min_scale: float = 1.0, watch: bool = False, quiet: bool = False) -> dict:
+    """Put ampsafe in place (idempotent: a second call only changes nothing). Returns the options in force."""
+    with _lock:
+        if _state["options"] is not None:
+            return dict(_state["options"])
+        _state["options"] = validate_options(on_floor, min_scale, watch, quiet)
+        _when_imported("torch", _patch_torch)
+        _when_imported("paddle", _patch_paddle)
+        _when_imported("ppdet", _register_det)
+        _when_imported("ppocr.modeling.necks", _register_ocr)
+        _when_imported("ampsafe.workloads.dbnet.builder", _register_ocr)
+        return dict(_state["options"])
+
+
+def uninstall() -> None:
+    """Restore every patched attribute and drop pending hooks (registered necks stay registered)."""
+    with _lock:
+        for owner, attr, value in reversed(_state["originals"]):
+            setattr(owner, attr, value)
+        _state["originals"].clear()
+        _hook.pending.clear()
+        if _hook in sys.meta_path:
+            sys.meta_path.remove(_hook)
+        for ctx in _state["watches"]:
+            ctx.__exit__(None, None, None)
+        _state["watches"].clear()
+        _state["options"] = None
+
+
+def installed() -> bool:
+    return _state["options"] is not None
+
+
+def summary() -> dict:
+    """What ampsafe changed, and per scaler created: its class, framework, the script's own arguments and stats."""
+    rows = []
+    for entry in _state["scalers"]:
+        scaler = entry["scaler"]
+        stats = scaler.stats.to_dict() if hasattr(scaler.stats, "to_dict") else dict(vars(scaler.stats))
+        scale = None
+        for getter in ("get_scale", "get_loss_scaling"):
+            if hasattr(scaler, getter):
+                try:
+                    value = getattr(scaler, getter)()
+                    scale = float(value.item() if hasattr(value, "item") else value)
+                except Exception:
+                    scale = None
+                break
+        stats["heals"] = len(stats.get("heals", []))
+        stats["scale_history"] = list(stats.get("scale_history", []))[-5:]
+        base = next(c for c in type(scaler).__mro__ if c.__module__ != __name__)  # ampsafe's class, not the shim
+        rows.append(
+            {
+                "class": f"{base.__module__}.{base.__name__}",
+                "framework": entry["framework"],
+                "script_kwargs": {k: repr(v) for k, v in entry["kwargs"].items()},
+                "scale": scale,
+                **stats,
+            }
+        )
+    return {"pid": os.getpid(), "options": _state["options"], "changes": list(_state["changes"]), "scalers": rows}
+
+
+def _write_report() -> None:
+    directory = os.environ.get(ENV_REPORT)
+    if not directory or _state["options"] is None:
+        return
+    try:
+        with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as fh:
+            json.dump(summary(), fh, default=repr)
+    except OSError as exc:
+        print(f"[ampsafe] could not write the run report: {exc}", file=sys.stderr)
+
+
+def _from_env() -> dict:
+    raw = os.environ.get(ENV_OPTIONS)
+    if not raw:
+        return {}
+    data = json.loads(raw)
+    return {k: data[k] for k in ("on_floor", "min_scale", "watch", "quiet") if k in data}
+
+
+install(**_from_env())
+atexit.register(_write_report)

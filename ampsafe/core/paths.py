@@ -1,0 +1,192 @@
+"""Path analysis on a recorded :class:`~ampsafe.core.graph.Graph`, written once for both frameworks.
+
+A *path* starts at a conv/matmul output and follows its consumers through ops that leave range unchecked
+(elementwise, layout, reduction, anything else). A branch ends at a normalization or bounded op
+(normalized) or at the next conv/matmul, a loss or the model output (unnormalized). Every tensor on the
+path, the outputs of the ops that end it included, counts for its float16 headroom: in the DBNet seed the
+first value past 65504 is the output of the head conv that *ends* the unnormalized DBFPN concat path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .graph import FP16_MAX, NORMALIZING_KINDS, START_KINDS, Graph, Node, OpKind, headroom_bits
+from .report import RiskOp, RiskPath
+
+__all__ = ["analyze", "find_paths", "find_risky_ops", "merge_paths", "merge_risky_ops", "OUTPUT", "LOSS"]
+
+OUTPUT = "<output>"
+LOSS = "<loss>"
+ROOT = "<root>"
+
+
+@dataclass
+class _Walk:
+    """What one walk from a start node collected (node indices kept so risky ops can skip covered nodes)."""
+
+    ends: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)
+    normalized: bool = True
+
+
+def _add_unique(seq: list, item) -> None:
+    if item not in seq:
+        seq.append(item)
+
+
+def _max(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    if any(math.isnan(v) for v in vals):
+        return math.inf
+    return max(vals)
+
+
+def _walk(graph: Graph, start: Node, consumers: dict[int, list[int]]) -> _Walk:
+    walk = _Walk(layers=[start.module], ops=[start.label], nodes=[start.index])
+    seen_tensors: set[int] = set()
+    seen_nodes = {start.index}
+    frontier = list(start.outputs)
+    while frontier:
+        tid = frontier.pop(0)
+        if tid in seen_tensors:
+            continue
+        seen_tensors.add(tid)
+        if tid in graph.outputs:
+            _add_unique(walk.ends, OUTPUT)
+            walk.normalized = False
+        if graph.loss is not None and tid == graph.loss:
+            _add_unique(walk.ends, LOSS)
+            walk.normalized = False
+        for idx in consumers.get(tid, ()):
+            if idx in seen_nodes or idx <= start.index:
+                continue
+            seen_nodes.add(idx)
+            node = graph.nodes[idx]
+            walk.nodes.append(idx)
+            _add_unique(walk.ops, node.label)
+            _add_unique(walk.layers, node.module)
+            if node.kind in START_KINDS or node.kind in NORMALIZING_KINDS:
+                _add_unique(walk.ends, node.module or ROOT)
+                if node.kind in START_KINDS:
+                    walk.normalized = False
+            elif node.kind is OpKind.LOSS:
+                _add_unique(walk.ends, LOSS)
+                walk.normalized = False
+            else:
+                frontier.extend(node.outputs)
+    if not walk.ends:  # the values went nowhere a float16 overflow could matter, e.g. only into shapes
+        walk.normalized = True
+    return walk
+
+
+def _verdict(amax, grad_amax, margin_bits: float, loss_scale) -> tuple[float | None, bool, str | None]:
+    room = headroom_bits(amax)
+    overflows_in = None
+    if amax is not None and not (amax <= FP16_MAX):
+        overflows_in = "forward"
+    elif loss_scale is not None and grad_amax is not None and not (grad_amax <= FP16_MAX):
+        overflows_in = "backward"
+    risky = (room is not None and room < margin_bits) or overflows_in is not None
+    return room, risky, overflows_in
+
+
+def find_paths(graph: Graph, *, margin_bits: float = 4.0, loss_scale: float | None = None) -> list[RiskPath]:
+    """One :class:`RiskPath` per conv/matmul node, in execution order (see :func:`merge_paths` for calls)."""
+    return [p for p, _ in _paths_with_nodes(graph, margin_bits, loss_scale)]
+
+
+def _paths_with_nodes(graph: Graph, margin_bits: float, loss_scale) -> list[tuple[RiskPath, list[int]]]:
+    consumers = graph.consumers()
+    out = []
+    for node in graph.nodes:
+        if node.kind not in START_KINDS:
+            continue
+        walk = _walk(graph, node, consumers)
+        nodes = [graph.nodes[i] for i in walk.nodes]
+        amax = _max(n.amax for n in nodes)
+        grad = _max(n.grad_amax for n in nodes)
+        room, risky, overflows_in = _verdict(amax, grad, margin_bits, loss_scale)
+        path = RiskPath(
+            start=node.module,
+            layers=tuple(walk.layers),
+            ends=tuple(walk.ends),
+            ops=tuple(walk.ops),
+            normalized=walk.normalized,
+            amax=amax,
+            headroom_bits=room,
+            risky=risky,
+            overflows_in=overflows_in,
+            grad_amax=grad,
+            start_op=node.op,
+        )
+        out.append((path, walk.nodes))
+    return out
+
+
+def find_risky_ops(
+    graph: Graph, *, margin_bits: float = 4.0, covered: set[int] = frozenset()
+) -> list[RiskOp]:
+    """Low-precision non-conv/matmul ops whose output leaves float16 range or is within ``margin_bits`` of it.
+
+    ``covered``: node indices already reported through a risky path (not repeated here).
+    """
+    found: dict[tuple[str, str], RiskOp] = {}
+    for node in graph.nodes:
+        if not node.low_precision or node.kind in START_KINDS or node.index in covered or node.amax is None:
+            continue
+        room = headroom_bits(node.amax)
+        if room is None or room >= margin_bits:
+            continue
+        key = (node.module, node.op)
+        prev = found.get(key)
+        if prev is None or _max([prev.amax, node.amax]) != prev.amax:
+            found[key] = RiskOp(module=node.module, op=node.op, amax=node.amax, headroom_bits=room)
+    return list(found.values())
+
+
+def analyze(graph: Graph, *, margin_bits: float = 4.0, loss_scale: float | None = None):
+    """``(paths, risky_ops)`` of one graph; calls of a shared module are still separate paths here."""
+    pairs = _paths_with_nodes(graph, margin_bits, loss_scale)
+    covered = {i for p, nodes in pairs if p.risky for i in nodes}
+    return [p for p, _ in pairs], find_risky_ops(graph, margin_bits=margin_bits, covered=covered)
+
+
+def merge_paths(paths, *, margin_bits: float = 4.0, loss_scale: float | None = None) -> list[RiskPath]:
+    """Merge paths with the same start (a shared module called twice, several calibration batches).
+
+    Ends, ops and layers are united in first-seen order, amax is the max, and a merged path is normalized
+    only if every call was.
+    """
+    merged: dict[tuple[str, str], RiskPath] = {}
+    for p in paths:
+        key = (p.start, p.start_op)
+        m = merged.get(key)
+        if m is None:
+            merged[key] = RiskPath(**{**p.__dict__})
+            continue
+        m.layers = tuple(dict.fromkeys(m.layers + p.layers))
+        m.ends = tuple(dict.fromkeys(m.ends + p.ends))
+        m.ops = tuple(dict.fromkeys(m.ops + p.ops))
+        m.normalized = m.normalized and p.normalized
+        m.amax = _max([m.amax, p.amax])
+        m.grad_amax = _max([m.grad_amax, p.grad_amax])
+    for m in merged.values():
+        m.headroom_bits, m.risky, m.overflows_in = _verdict(m.amax, m.grad_amax, margin_bits, loss_scale)
+    return list(merged.values())
+
+
+def merge_risky_ops(ops) -> list[RiskOp]:
+    """One :class:`RiskOp` per (module, op), with the largest amax seen."""
+    merged: dict[tuple[str, str], RiskOp] = {}
+    for o in ops:
+        key = (o.module, o.op)
+        m = merged.get(key)
+        if m is None or _max([m.amax, o.amax]) != m.amax:
+            merged[key] = o
+    return list(merged.values())

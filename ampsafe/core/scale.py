@@ -1,0 +1,331 @@
+"""The loss-scale state machine both GradScalers share: policy (plain data), state, transitions, statistics.
+
+Why a neutral core: torch's and Paddle's scalers differ only in how they move tensors. The decisions (when to
+grow, when to back off, what to do at the floor) live here, in float32 arithmetic like both frameworks, so both
+adapters behave identically and the property tests exercise one implementation.
+
+Semantics (Paddle's ``decr_every_n_nan_or_inf`` for ``hysteresis``)::
+
+    overflowing step: skipped; growth tracker := 0; overflow counter += 1;
+                      when the counter reaches ``hysteresis``: scale := max(scale * backoff, min_scale), counter := 0
+    clean step:       overflow counter := 0; growth tracker += 1;
+                      when it reaches ``growth_interval``: scale := min(scale * growth, max_scale), tracker := 0
+                      (a growth that would give a non-finite scale keeps the old one, as torch does)
+
+A *floor hit* is an overflowing step taken while the scale already sits at ``min_scale`` (``min_scale > 0``):
+no smaller scale is allowed, so the overflow can't be cured by backing off. ``on_floor`` says what then happens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = [
+    "ScalePolicy",
+    "LossScaleState",
+    "StepDecision",
+    "ScalerStats",
+    "HealRecord",
+    "FloorInfo",
+    "ON_FLOOR",
+    "floor_message",
+]
+
+ON_FLOOR = ("raise", "clamp", "heal")
+HISTORY = 64  # scales kept in ScalerStats.scale_history
+
+
+@dataclass
+class ScalePolicy:
+    """What the scaler may do. ``product``: how ``scale * factor`` is rounded to float32: ``"float64"`` (exact
+    product rounded once, as torch's ``_amp_update_scale_``) or ``"float32"`` (factor cast to float32 first, as
+    Paddle's ``scale * ratio``). ``dynamic=False`` keeps the scale fixed (Paddle's
+    ``use_dynamic_loss_scaling=False``, ampsafe's FP32 guard) while still skipping non-finite steps."""
+
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    min_scale: float = 1.0
+    max_scale: float = 2.0**24
+    hysteresis: int = 1
+    on_floor: str = "raise"
+    dynamic: bool = True
+    product: str = "float64"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the bad field and what it must be."""
+        problems = []
+        if not self.growth_factor > 1.0:
+            problems.append(f"growth_factor must be > 1.0 (got {self.growth_factor})")
+        if not 0.0 < self.backoff_factor < 1.0:
+            problems.append(f"backoff_factor must be in (0, 1) (got {self.backoff_factor})")
+        if int(self.growth_interval) != self.growth_interval or self.growth_interval < 1:
+            problems.append(f"growth_interval must be an integer >= 1 (got {self.growth_interval})")
+        if int(self.hysteresis) != self.hysteresis or self.hysteresis < 1:
+            problems.append(f"hysteresis must be an integer >= 1 (got {self.hysteresis})")
+        if math.isnan(self.min_scale) or self.min_scale < 0 or math.isinf(self.min_scale):
+            problems.append(f"min_scale must be finite and >= 0 (got {self.min_scale})")
+        if math.isnan(self.max_scale) or self.max_scale <= 0:
+            problems.append(f"max_scale must be > 0 (got {self.max_scale})")
+        if not problems and self.min_scale > self.max_scale:
+            problems.append(f"min_scale ({self.min_scale}) must be <= max_scale ({self.max_scale})")
+        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+            problems.append(f"the initial scale must be finite and > 0 (got {self.init_scale})")
+        elif self.dynamic and not problems and not self.min_scale <= self.init_scale <= self.max_scale:
+            problems.append(
+                f"the initial scale {self.init_scale} must lie in [min_scale, max_scale] = "
+                f"[{self.min_scale}, {self.max_scale}]"
+            )
+        if self.on_floor not in ON_FLOOR:
+            problems.append(f"on_floor must be one of {ON_FLOOR} (got {self.on_floor!r})")
+        if self.product not in ("float64", "float32"):
+            problems.append(f"product must be 'float64' or 'float32' (got {self.product!r})")
+        if problems:
+            raise ConfigError("invalid loss-scale policy: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """The outcome of one :meth:`LossScaleState.update`: what the step did and what the scale became."""
+
+    step: int
+    found_inf: bool
+    skipped: bool
+    scale: float  # the scale the step ran with
+    next_scale: float
+    grew: bool
+    backed_off: bool
+    floor_hit: bool
+    on_floor: str
+
+
+@dataclass(frozen=True)
+class HealRecord:
+    """One heal: the step, the module paths turned into FP32 islands, and the scales around it."""
+
+    step: int
+    paths: tuple
+    scale_before: float
+    scale_after: float
+
+
+@dataclass(frozen=True)
+class FloorInfo:
+    """What a heal hook (``on_floor="heal"``) or a :class:`LossScaleFloorError` is told about a floor hit."""
+
+    step: int
+    offenders: tuple  # parameter names whose gradients were non-finite
+    modules: tuple  # their module paths ("" = root)
+    scale_before_collapse: float  # the scale of the last clean step
+    scale_history: tuple
+    scale_independent: Optional[bool]  # True: the loss itself was non-finite; None: unknown
+
+
+@dataclass
+class ScalerStats:
+    """Counters for loggers: every field is cheap to read each step."""
+
+    total_steps: int = 0
+    skipped_steps: int = 0
+    overflow_steps: int = 0
+    floor_hits: int = 0
+    scale_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    heals: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "total_steps": self.total_steps,
+            "skipped_steps": self.skipped_steps,
+            "overflow_steps": self.overflow_steps,
+            "floor_hits": self.floor_hits,
+            "scale_history": list(self.scale_history),
+            "heals": [asdict(h) for h in self.heals],
+        }
+
+    def load_dict(self, data: dict) -> None:
+        self.total_steps = int(data.get("total_steps", 0))
+        self.skipped_steps = int(data.get("skipped_steps", 0))
+        self.overflow_steps = int(data.get("overflow_steps", 0))
+        self.floor_hits = int(data.get("floor_hits", 0))
+        self.scale_history = deque((float(s) for s in data.get("scale_history", ())), maxlen=HISTORY)
+        self.heals = [HealRecord(**{**h, "paths": tuple(h["paths"])}) for h in data.get("heals", ())]
+
+
+def _f32(x: float) -> np.float32:
+    return np.float32(x)
+
+
+class LossScaleState:
+    """Scale, growth tracker and consecutive-overflow counter, advanced by :meth:`update` once per step.
+
+    Example::
+
+        state = LossScaleState(ScalePolicy(init_scale=2.0**16, min_scale=1.0, hysteresis=2))
+        decision = state.update(found_inf=True)   # skipped, no backoff yet (hysteresis 2)
+    """
+
+    def __init__(self, policy: ScalePolicy) -> None:
+        self.policy = policy
+        self.scale = _f32(policy.init_scale)
+        self.growth_tracker = 0
+        self.overflow_tracker = 0
+        self.last_clean_scale = float(self.scale)
+        self.stats = ScalerStats()
+        self.callbacks: list[Callable[[StepDecision], Any]] = []
+
+    # -- transitions ---------------------------------------------------------------------------------------------
+    def _times(self, factor: float) -> np.float32:
+        if self.policy.product == "float64":
+            return _f32(float(self.scale) * float(factor))
+        return self.scale * _f32(factor)
+
+    @property
+    def at_floor(self) -> bool:
+        """True when the scale can't back off any further (so the next overflow is a floor hit)."""
+        return self.policy.dynamic and self.policy.min_scale > 0 and float(self.scale) <= self.policy.min_scale
+
+    def update(self, found_inf: bool) -> StepDecision:
+        """Advance one step. Never raises: the adapter decides what a floor hit means (it knows the offenders)."""
+        p = self.policy
+        before = float(self.scale)
+        grew = backed_off = floor_hit = False
+        found_inf = bool(found_inf)
+        if found_inf:
+            self.growth_tracker = 0
+            if p.dynamic:
+                floor_hit = self.at_floor
+                self.overflow_tracker += 1
+                if self.overflow_tracker >= p.hysteresis:
+                    self.overflow_tracker = 0
+                    new = self._times(p.backoff_factor)
+                    if new < _f32(p.min_scale):
+                        new = _f32(p.min_scale)
+                    backed_off = new != self.scale
+                    self.scale = new
+        else:
+            self.overflow_tracker = 0
+            self.last_clean_scale = before
+            if p.dynamic:
+                self.growth_tracker += 1
+                if self.growth_tracker >= p.growth_interval:
+                    self.growth_tracker = 0
+                    new = self._times(p.growth_factor)
+                    if np.isfinite(new):
+                        if new > _f32(p.max_scale):
+                            new = _f32(p.max_scale)
+                        grew = new != self.scale
+                        self.scale = new
+        s = self.stats
+        s.total_steps += 1
+        s.skipped_steps += found_inf
+        s.overflow_steps += found_inf
+        s.floor_hits += floor_hit
+        s.scale_history.append(before)
+        decision = StepDecision(
+            step=s.total_steps - 1,
+            found_inf=found_inf,
+            skipped=found_inf,
+            scale=before,
+            next_scale=float(self.scale),
+            grew=grew,
+            backed_off=backed_off,
+            floor_hit=floor_hit,
+            on_floor=p.on_floor,
+        )
+        for callback in self.callbacks:
+            callback(decision)
+        return decision
+
+    def set_scale(self, value: float) -> None:
+        """Set the scale by hand (``update(new_scale=...)``); the trackers are left as they are, as in torch."""
+        value = float(value)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"a loss scale must be finite and > 0 (got {value})")
+        self.scale = _f32(value)
+
+    def heal(self, step: int, paths, scale_after: Optional[float] = None) -> HealRecord:
+        """Record a heal and restart from the scale before the collapse (or ``scale_after``)."""
+        before = float(self.scale)
+        target = self.last_clean_scale if scale_after is None else scale_after
+        target = min(max(float(target), self.policy.min_scale), self.policy.max_scale)
+        self.scale = _f32(target)
+        self.growth_tracker = self.overflow_tracker = 0
+        record = HealRecord(step=step, paths=tuple(paths), scale_before=before, scale_after=float(self.scale))
+        self.stats.heals.append(record)
+        return record
+
+    # -- persistence -------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        p = self.policy
+        return {
+            "scale": float(self.scale),
+            "growth_factor": p.growth_factor,
+            "backoff_factor": p.backoff_factor,
+            "growth_interval": p.growth_interval,
+            "_growth_tracker": self.growth_tracker,
+            "min_scale": p.min_scale,
+            "max_scale": p.max_scale,
+            "hysteresis": p.hysteresis,
+            "on_floor": p.on_floor,
+            "_overflow_tracker": self.overflow_tracker,
+            "_last_clean_scale": self.last_clean_scale,
+            "stats": self.stats.to_dict(),
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Load ampsafe's keys, or only torch's five (the extras then keep their current values)."""
+        p = self.policy
+        changes = {
+            k: sd[k]
+            for k in ("growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale", "hysteresis")
+            if k in sd
+        }
+        if "on_floor" in sd:
+            changes["on_floor"] = sd["on_floor"]
+        candidate = ScalePolicy(**{**asdict(p), **changes, "init_scale": float(sd.get("scale", p.init_scale))})
+        self.policy = candidate
+        self.scale = _f32(sd.get("scale", float(self.scale)))
+        self.growth_tracker = int(sd.get("_growth_tracker", 0))
+        self.overflow_tracker = int(sd.get("_overflow_tracker", 0))
+        self.last_clean_scale = float(sd.get("_last_clean_scale", float(self.scale)))
+        if "stats" in sd:
+            self.stats.load_dict(sd["stats"])
+
+
+def floor_message(info: FloorInfo, min_scale: float, hysteresis: int) -> str:
+    """The sentence a :class:`LossScaleFloorError` carries: where, how the scale fell, and what to do."""
+    named = (
+        ", ".join(f"{name} (module {mod!r})" for name, mod in zip(info.offenders[:8], info.modules[:8]))
+        or "no parameter (the non-finite values were not in any gradient the optimizers hold)"
+    )
+    if len(info.offenders) > 8:
+        named += f" and {len(info.offenders) - 8} more"
+    history = ", ".join(f"{s:g}" for s in info.scale_history[-12:])
+    if info.scale_independent:
+        where = (
+            "The loss passed to scale() was itself non-finite: the overflow is in the forward pass, and no loss "
+            "scale can fix this; see ampsafe.scan / ampsafe.patch (FP32 islands for the risky paths)."
+        )
+    elif info.scale_independent is False:
+        where = (
+            "The loss was finite, so the overflow is in the backward pass even at the smallest allowed scale; "
+            "see ampsafe.scan(loss_fn=...) / ampsafe.patch, or lower min_scale."
+        )
+    else:
+        where = "The loss was not seen by scale(), so whether the forward pass overflows is unknown."
+    return (
+        f"loss scale reached its floor min_scale={min_scale:g} at step {info.step} and gradients still overflow "
+        f"(hysteresis={hysteresis}). Non-finite gradients: {named}. Recent scales: [{history}]. {where} "
+        f"Use on_floor='clamp' to keep skipping such steps, or on_floor='heal' to island the offending paths."
+    )

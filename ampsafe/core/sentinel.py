@@ -1,0 +1,258 @@
+"""Framework-neutral logic of ``ampsafe.watch``: the origin's verdict, its message, and the headroom monitor.
+
+Adapters (``ampsafe.torch.watch``, ``ampsafe.paddle.watch``) see the ops and tensors; they hand this module
+plain numbers (numpy arrays, abs-maxes, flags) and get back the :class:`~ampsafe.NonFiniteError` to raise or
+record, and the headroom warnings to emit. Like fairseq's ``NanDetector``, it reports the *origin* (the first
+op whose inputs were finite and whose outputs were not), not the flood of ops the NaN ran through after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, NonFiniteError
+from .graph import FP16_MAX, headroom_bits
+
+__all__ = [
+    "OVERFLOW",
+    "NUMERICAL",
+    "INPUT",
+    "PARAMETER",
+    "UNKNOWN",
+    "MOVEMENT_OPS",
+    "verdict",
+    "tensor_stats",
+    "first_nonfinite_row",
+    "nonfinite_error",
+    "HeadroomWarning",
+    "headroom_warnings",
+    "WatchBase",
+]
+
+log = logging.getLogger("ampsafe.watch")
+
+OVERFLOW, NUMERICAL, INPUT = "overflow", "numerical", "input"
+PARAMETER = "parameter"  # a weight or buffer was already non-finite (a previous step's update went bad)
+UNKNOWN = "unknown"  # the guard saw a non-finite loss/gradient and had nothing to replay
+LOW_PRECISION_DTYPES = ("float16", "bfloat16")
+
+# Ops that only move or re-view data: when their input was already non-finite they are not the origin;
+# the first op that computes with the bad data is reported instead (e.g. the box resize, not the unbind).
+MOVEMENT_OPS = frozenset(
+    """getitem slice select unbind split chunk view reshape flatten squeeze unsqueeze permute transpose
+    expand contiguous clone detach to cast copy stack concat cat index_select gather narrow t float half
+    bfloat16 double type_as new_tensor as_strided unflatten movedim""".split()
+)
+
+
+def verdict(low_precision: bool, inputs_finite: bool, rerun_finite: bool | None, *, from_param=False) -> str:
+    """The kind of a non-finite origin.
+
+    ``inputs_finite``: the op's inputs were all finite; otherwise the bad value came from outside any op
+    (the data, or a parameter when ``from_param``). ``rerun_finite``: the op re-run in float32 on the same
+    (upcast) inputs gave finite outputs (None: not re-run, the op already ran in float32).
+    """
+    if not inputs_finite:
+        return PARAMETER if from_param else INPUT
+    if low_precision and rerun_finite:
+        return OVERFLOW
+    return NUMERICAL
+
+
+def tensor_stats(array) -> dict:
+    """abs-max / abs-min over the finite values, and NaN / Inf counts, of one tensor (as numpy)."""
+    a = np.asarray(array, dtype=np.float64)
+    finite = np.isfinite(a)
+    vals = np.abs(a[finite])
+    return {
+        "shape": tuple(a.shape),
+        "absmax": float(vals.max()) if vals.size else None,
+        "absmin": float(vals.min()) if vals.size else None,
+        "nan": int(np.isnan(a).sum()),
+        "inf": int(np.isinf(a).sum()),
+    }
+
+
+def first_nonfinite_row(array, batch_size: int | None) -> int | None:
+    """Index along dim 0 of the first non-finite element, when dim 0 is the batch (its size is ``batch_size``)."""
+    a = np.asarray(array)
+    if a.ndim == 0 or batch_size is None or a.shape[0] != batch_size:
+        return None
+    bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if hits.size else None
+
+
+_ADVICE = {
+    OVERFLOW: (
+        "it is finite when re-run in float32: a float16 overflow. Keep this path in float32 "
+        "(ampsafe.patch(model, example_inputs) makes it an FP32 island or rescales it)"
+    ),
+    NUMERICAL: (
+        "it is non-finite in float32 too: a numerical error (log of 0, division by 0, exp of a large value, "
+        "sqrt of a negative); guard the op's input (clamp, eps) rather than the precision"
+    ),
+    INPUT: (
+        "its input was already non-finite when it reached the model: the data or targets are bad "
+        "(ampsafe.check_targets names bad boxes; drop or fix the sample)"
+    ),
+    PARAMETER: (
+        "a weight or buffer it read was already non-finite: an earlier optimizer step went bad "
+        "(watch the earlier steps, or restore a checkpoint)"
+    ),
+    UNKNOWN: "pass replay= to check() so the guard can re-run the batch with full hooks and name the op",
+}
+
+
+_BACKWARD_OVERFLOW = (
+    "finite gradients came in and its low-precision gradient overflowed (inf): with a dynamic loss scale the "
+    "step is skipped and the scale backs off; if it persists at a small scale, keep this op in float32 "
+    "(ampsafe.patch) or use ampsafe's GradScaler with a floor"
+)
+
+
+def nonfinite_error(
+    *,
+    phase: str,
+    module: str,
+    op: str,
+    kind: str,
+    sample: int | None = None,
+    stats: dict | None = None,
+    dtype: str = "",
+    where: str = "",
+    step: int | None = None,
+) -> NonFiniteError:
+    """Build the :class:`NonFiniteError` for an origin, with a message that says what to do."""
+    stats = stats or {}
+    who = f"{module or '<root>'}:{op}"
+    parts = [f"first non-finite value of the {phase} pass comes from {who}"]
+    if dtype:
+        parts.append(f"(ran in {dtype})")
+    if step is not None:
+        parts.append(f"at step {step}")
+    if sample is not None:
+        parts.append(f"in sample {sample}")
+    if where:
+        parts.append(f"[{where}]")
+    advice = _BACKWARD_OVERFLOW if (phase == "backward" and kind == OVERFLOW) else _ADVICE.get(kind, "")
+    msg = " ".join(parts) + f": kind={kind!r}: {advice}."
+    ins, outs = stats.get("inputs", []), stats.get("outputs", [])
+    if ins or outs:
+        msg += " " + _stats_line("inputs", ins) + "; " + _stats_line("outputs", outs) + "."
+    return NonFiniteError(msg, phase=phase, module=module, op=op, kind=kind, sample=sample, stats=stats)
+
+
+def _stats_line(label: str, items: list) -> str:
+    def one(s):
+        if s.get("absmax") is None:
+            return f"all non-finite (nan {s['nan']}, inf {s['inf']})"
+        bad = f", nan {s['nan']}, inf {s['inf']}" if s["nan"] or s["inf"] else ""
+        return f"|x| in [{s['absmin']:.3g}, {s['absmax']:.3g}]{bad}"
+
+    return f"{label}: " + (", ".join(one(s) for s in items[:4]) or "none")
+
+
+# ------------------------------------------------------------------------------------------- headroom monitor
+@dataclass
+class HeadroomWarning:
+    """An unnormalized path whose float32 abs-max left less than ``margin_bits`` of float16 headroom."""
+
+    step: int
+    start: str
+    layers: tuple
+    amax: float
+    headroom_bits: float
+    margin_bits: float
+    message: str = ""
+
+
+def headroom_warnings(
+    path_amax: dict[str, tuple[tuple, float]], *, margin_bits: float, step: int, already: set | None = None
+) -> list[HeadroomWarning]:
+    """Warnings for paths (start -> (layers, abs-max)) with headroom below ``margin_bits``; ``already`` holds
+    the starts warned before (each path warns once, and again only if it goes on to overflow)."""
+    out = []
+    for start, (layers, amax) in path_amax.items():
+        bits = headroom_bits(amax)
+        if bits is None or bits >= margin_bits:
+            continue
+        key = (start, bits < 0)
+        if already is not None:
+            if key in already:
+                continue
+            already.add(key)
+        state = (
+            "already exceeds the float16 range"
+            if bits < 0
+            else f"leaves {bits:.2f} bits of float16 headroom (< margin {margin_bits:g})"
+        )
+        msg = (
+            f"ampsafe headroom: unnormalized path starting at {start!r} reached |x| = {amax:.4g} at step {step}: "
+            f"{state}; float16 overflows at {FP16_MAX:g}. Protect it before it overflows: "
+            f"ampsafe.patch(model, example_inputs, policy='auto') (FP32 island or exact rescale)."
+        )
+        out.append(HeadroomWarning(step, start, tuple(layers), float(amax), float(bits), float(margin_bits), msg))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the watch object
+@dataclass
+class WatchBase:
+    """State and policy shared by the torch and paddle watchers: events, warnings, raise-or-record.
+
+    Adapters subclass it and implement ``_enter`` / ``_exit`` (install and remove every hook), ``check``.
+    """
+
+    model: object
+    on_nonfinite: str = "raise"
+    guard: bool = False
+    monitor_every: int | None = None
+    margin_bits: float = 4.0
+    callback: Callable | None = None
+    backward: bool = True
+    events: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    step_count: int = 0
+
+    def __post_init__(self):
+        if self.on_nonfinite not in ("raise", "record"):
+            raise ConfigError(f"on_nonfinite must be 'raise' or 'record', got {self.on_nonfinite!r}")
+        if self.monitor_every is not None and (not isinstance(self.monitor_every, int) or self.monitor_every < 1):
+            raise ConfigError(f"monitor_every must be a positive int or None, got {self.monitor_every!r}")
+        if not math.isfinite(self.margin_bits):
+            raise ConfigError(f"margin_bits must be finite, got {self.margin_bits!r}")
+        self._warned: set = set()
+
+    # -- what adapters call
+    def report(self, error: NonFiniteError) -> None:
+        """Record the event and tell the callback; raise it when ``on_nonfinite="raise"``."""
+        self.events.append(error)
+        if self.on_nonfinite == "record":
+            log.error("%s", error)
+        if self.callback is not None:
+            self.callback(error)
+        if self.on_nonfinite == "raise":
+            raise error
+
+    def emit_headroom(self, path_amax: dict, step: int) -> list[HeadroomWarning]:
+        found = headroom_warnings(path_amax, margin_bits=self.margin_bits, step=step, already=self._warned)
+        for w in found:
+            self.warnings.append(w)
+            log.warning("%s", w.message)
+            if self.callback is not None:
+                self.callback(w)
+        return found
+
+    def monitored(self, step: int) -> bool:
+        """Whether forward number ``step`` (0-based) is a monitored step (0, N, 2N, ...)."""
+        return self.monitor_every is not None and step % self.monitor_every == 0
+
+    @property
+    def last_event(self):
+        return self.events[-1] if self.events else None

@@ -1,0 +1,200 @@
+"""PaddlePaddle side of ``ampsafe.patch``: the mixins a patched layer's class gets, and the adapter predicates.
+
+- :class:`FP32Island`: ``forward`` under ``paddle.amp.auto_cast(enable=False)`` and
+  ``ampsafe.paddle.intercept.fp32_region()`` (so ``ampsafe.paddle.emulate_fp16`` leaves it in float32 too),
+  floating inputs cast to float32. Under O2 pass ``ampsafe.patching.island_layers(model)`` as
+  ``paddle.amp.decorate(..., excluded_layers=...)`` so island weights stay float32.
+- :class:`ConvBN`: PaddleOCR ``ConvBNLayer`` semantics: conv, a fresh ``BatchNorm{1,2,3}D`` child ``bn``,
+  optional ``act``; new keys ``<conv>.bn.weight/bias/_mean/_variance``.
+- :class:`RescaledInput` / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+import paddle
+from paddle import nn
+
+from ..policies import Change
+from ..policies._swap import SwapMixin, swap
+from ..policies.rewrite import LogisticRewrite
+
+__all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "PaddlePatcher"]
+
+_LOW = (paddle.float16, paddle.bfloat16)
+
+
+try:
+    from .intercept import fp32_region as _fp32_region
+except ImportError:  # pragma: no cover - without the emulator, auto_cast(enable=False) is all there is to disable
+    _fp32_region = contextlib.nullcontext
+
+
+def _to_float32(x):
+    if isinstance(x, paddle.Tensor):
+        return x.astype("float32") if x.dtype in _LOW else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_float32(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_float32(v) for k, v in x.items()}
+    return x
+
+
+class FP32Island(SwapMixin):
+    """The layer computes in float32 whatever auto_cast (or the float16 emulator) says."""
+
+    _ampsafe_protection = "island"
+
+    def forward(self, *args, **kwargs):
+        with paddle.amp.auto_cast(enable=False), _fp32_region():
+            return self._ampsafe_base.forward(self, *_to_float32(args), **_to_float32(kwargs))
+
+
+class ConvBN(SwapMixin):
+    """conv -> ``self.bn`` (new BatchNorm) -> ``self.act`` (optional); the conv keeps its own keys."""
+
+    _ampsafe_protection = "convbn"
+    _ampsafe_attrs = ("bn", "act")
+
+    def forward(self, *args, **kwargs):
+        out = self.bn(self._ampsafe_base.forward(self, *args, **kwargs))
+        return self.act(out) if self.act is not None else out
+
+
+class RescaledInput(SwapMixin):
+    """Multiplies the first input by the constant ``_ampsafe_scale`` (a power of two) before the forward."""
+
+    _ampsafe_protection = "rescale"
+    _ampsafe_attrs = ("_ampsafe_scale",)
+
+    def forward(self, x, *args, **kwargs):
+        return self._ampsafe_base.forward(self, x * self._ampsafe_scale, *args, **kwargs)
+
+
+def _stat_dict(layer, name):
+    for d in (layer._parameters, layer._buffers):
+        if d.get(name) is not None:
+            return d
+    return None
+
+
+class RescaledNorm(SwapMixin):
+    """A normalization whose input carries a factor s: ``_mean`` x s, ``_variance`` x s^2 and ``_epsilon`` x s^2
+    for the duration of the forward (updated statistics divided back), so stored values stay in upstream units."""
+
+    _ampsafe_protection = "rescale"
+    _ampsafe_attrs = ("_ampsafe_scale",)
+
+    def forward(self, x, *args, **kwargs):
+        s = self._ampsafe_scale
+        eps = self._epsilon
+        powers = {"_mean": s, "_variance": s * s}
+        saved = {}
+        for name, power in powers.items():
+            d = _stat_dict(self, name)
+            if d is not None:
+                saved[name] = (d, d[name], d[name] * power)
+        for name, (d, orig, scaled) in saved.items():
+            d[name] = scaled
+        self._epsilon = eps * s * s
+        try:
+            return self._ampsafe_base.forward(self, x, *args, **kwargs)
+        finally:
+            self._epsilon = eps
+            for name, (d, orig, scaled) in saved.items():
+                d[name] = orig
+                if self.training:
+                    with paddle.no_grad():
+                        orig.set_value(scaled / powers[name])
+
+
+_CONVS = (nn.Conv1D, nn.Conv2D, nn.Conv3D, nn.Conv1DTranspose, nn.Conv2DTranspose, nn.Conv3DTranspose)
+_BN = {1: nn.BatchNorm1D, 2: nn.BatchNorm2D, 3: nn.BatchNorm3D}
+_NORMS = (nn.layer.norm._BatchNormBase, nn.BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2D)
+
+
+class PaddlePatcher:
+    """What the framework-neutral policies need to know about Paddle layers, and the layer swaps."""
+
+    framework = "paddle"
+
+    def modules(self, model) -> dict:
+        return dict(model.named_sublayers(include_self=True))
+
+    def is_conv(self, module) -> bool:
+        return isinstance(module, _CONVS)
+
+    def has_bias(self, module) -> bool:
+        return getattr(module, "bias", None) is not None
+
+    def is_norm(self, module) -> bool:
+        return isinstance(module, _NORMS) and hasattr(module, "_epsilon")
+
+    def is_distributed(self, model) -> bool:
+        return type(model).__name__ == "DataParallel" and hasattr(model, "_layers")
+
+    def save_buffers(self, model):
+        """A function that puts every buffer and non-trainable statistic (BatchNorm ``_mean``/``_variance``)
+        of ``model`` back to its current value."""
+        tensors = list(model.buffers()) + [p for p in model.parameters() if p.stop_gradient]
+        saved = [(t, t.clone()) for t in tensors]
+
+        def restore():
+            with paddle.no_grad():
+                for t, v in saved:
+                    t.set_value(v)
+
+        return restore
+
+    def optimizer_holding(self, model, optimizers=None):
+        """The first optimizer (given, or alive anywhere in the process) that holds a parameter of ``model``."""
+        ids = {id(p) for p in model.parameters()}
+        if optimizers is None:
+            optimizers = [o for o in gc.get_objects() if issubclass(type(o), paddle.optimizer.Optimizer)]
+        elif isinstance(optimizers, paddle.optimizer.Optimizer):
+            optimizers = [optimizers]
+        for opt in optimizers:
+            params = list(opt._parameter_list or [])
+            if params and isinstance(params[0], dict):
+                params = [p for group in params for p in group["params"]]
+            if any(id(p) in ids for p in params):
+                return opt
+        return None
+
+    def apply(self, module, change: Change) -> None:
+        kind = change.kind
+        if kind == "island":
+            swap(module, FP32Island)
+        elif kind == "rewrite":
+            swap(module, LogisticRewrite)
+        elif kind == "rescale_input":
+            swap(module, RescaledInput, _ampsafe_scale=float(change.params["scale"]))
+        elif kind == "rescale_norm":
+            swap(module, RescaledNorm, _ampsafe_scale=float(change.params["scale"]))
+        elif kind == "convbn":
+            dims = len(module.weight.shape) - 2
+            channels = module._out_channels
+            fmt = getattr(module, "_data_format", None) or "NCHW"
+            bn = _BN[dims](channels, data_format=fmt) if dims == 2 else _BN[dims](channels)
+            bn.train() if module.training else bn.eval()
+            swap(module, ConvBN, bn=bn, act=_activation(change.params.get("act")))
+        else:
+            raise ValueError(f"unknown patch action {kind!r}")
+
+
+def _activation(act):
+    if act is None or isinstance(act, nn.Layer):
+        return act
+    if isinstance(act, str):
+        table = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.Silu, "gelu": nn.GELU}
+        if act.lower() not in table:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"act must be one of {sorted(table)} or a paddle.nn.Layer, got {act!r}")
+        return table[act.lower()]()
+    return act()
+
+
+ADAPTER = PaddlePatcher()

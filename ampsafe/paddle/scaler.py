@@ -1,0 +1,438 @@
+"""``ampsafe.paddle.GradScaler``: ``paddle.amp.GradScaler`` with a floor, a cap, a failure that names the
+offending parameters, an FP32 guard mode and ``found_inf`` agreed across ranks; it also works on CPU (Paddle's
+disables itself there) and never converts a shape-[1] tensor with ``float()`` (which NumPy 2.4 refuses).
+
+Example::
+
+    scaler = ampsafe.paddle.GradScaler(init_loss_scaling=2.0**16, min_loss_scaling=1.0, on_floor="raise")
+    with paddle.amp.auto_cast():
+        loss = model(batch)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)        # or scaler.minimize(optimizer, scaled_loss)
+    scaler.update()
+    optimizer.clear_grad()
+
+As Paddle's, it unscales with Paddle's fused ``check_finite_and_unscale`` kernel and hands ``found_inf`` to the
+optimizer through ``_set_auxiliary_var`` (the optimizer skips the update itself and leaves a Python bool behind),
+so a step costs the same single host sync. Decisions come from :mod:`ampsafe.core.scale` (float32 products, as
+Paddle's ``scale * ratio``); ``decr_every_n_nan_or_inf`` is the hysteresis.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import replace
+from enum import Enum
+from typing import Any, Callable, Optional
+
+import numpy as np
+import paddle
+from paddle import _C_ops
+
+from ..core.scale import FloorInfo, LossScaleState, ScalePolicy, ScalerStats, StepDecision, floor_message
+from ..errors import AmpSafeError, LossScaleFloorError
+
+__all__ = ["GradScaler", "OptimizerState"]
+
+
+class OptimizerState(Enum):
+    INIT = 0
+    UNSCALED = 1
+    STEPPED = 2
+
+
+def _fresh_state() -> dict[str, Any]:
+    return {"state": OptimizerState.INIT}
+
+
+def _check_finite_and_unscale(grads: list, scale):
+    """(found_inf bool[1]) after dividing ``grads`` in place by ``scale``: Paddle's fused kernel."""
+    if hasattr(_C_ops, "check_finite_and_unscale_"):
+        return _C_ops.check_finite_and_unscale_(grads, scale)[1]
+    from paddle import _legacy_C_ops
+
+    found = paddle.zeros([1], dtype="bool")
+    _legacy_C_ops.check_finite_and_unscale(grads, scale, grads, found)
+    return found
+
+
+class GradScaler:
+    """Drop-in for :class:`paddle.amp.GradScaler` (same arguments and methods).
+
+    Extra keyword-only arguments: ``min_loss_scaling`` / ``max_loss_scaling`` (floor, cap), ``on_floor``
+    (``"raise"``, ``"clamp"``, ``"heal"``), ``group`` (ranks that agree on ``found_inf``; default: the global
+    group when ``paddle.distributed`` is initialized), ``fp32_guard`` (no scaling, skip non-finite steps),
+    ``callback`` (``fn(StepDecision)`` per update), ``model`` (names parameters in errors; found via the garbage
+    collector when omitted). ``min_loss_scaling=0, max_loss_scaling=inf`` reproduce Paddle's scaler.
+    """
+
+    def __init__(
+        self,
+        enable: bool = True,
+        init_loss_scaling: float = 2.0**16,
+        incr_ratio: float = 2.0,
+        decr_ratio: float = 0.5,
+        incr_every_n_steps: int = 2000,
+        decr_every_n_nan_or_inf: int = 1,
+        use_dynamic_loss_scaling: bool = True,
+        *,
+        min_loss_scaling: float = 1.0,
+        max_loss_scaling: float = 2.0**24,
+        on_floor: str = "raise",
+        group=None,
+        fp32_guard: bool = False,
+        callback: Optional[Callable[[StepDecision], Any]] = None,
+        model=None,
+    ) -> None:
+        self._guard = bool(fp32_guard)
+        self._enable = bool(enable) or self._guard
+        self._use_dynamic_loss_scaling = bool(use_dynamic_loss_scaling) and self._enable and not self._guard
+        init = 1.0 if self._guard else init_loss_scaling
+        self._core = LossScaleState(
+            ScalePolicy(
+                init_scale=init,
+                growth_factor=incr_ratio,
+                backoff_factor=decr_ratio,
+                growth_interval=incr_every_n_steps,
+                min_scale=min_loss_scaling,
+                max_scale=max_loss_scaling,
+                hysteresis=decr_every_n_nan_or_inf,
+                on_floor=on_floor,
+                dynamic=self._use_dynamic_loss_scaling,
+                product="float32",
+            )
+        )
+        if callback is not None:
+            self._core.callbacks.append(callback)
+        self._init_loss_scaling = init if self._enable else 1.0
+        self._group = group
+        self._model = model
+        self._scale = self._scale_tensor()
+        self._found_inf = None
+        self._cache_found_inf = None
+        self._optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
+        self._losses: deque = deque(maxlen=16)
+        self._offenders: list = []
+        self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
+
+    def _scale_tensor(self):
+        return paddle.to_tensor(np.array([self._core.scale], dtype=np.float32))
+
+    # -- extras --------------------------------------------------------------------------------------------------------
+    @property
+    def stats(self) -> ScalerStats:
+        return self._core.stats
+
+    @property
+    def policy(self) -> ScalePolicy:
+        return self._core.policy
+
+    def add_step_callback(self, fn: Callable[[StepDecision], Any]) -> None:
+        self._core.callbacks.append(fn)
+
+    # -- scale / unscale -----------------------------------------------------------------------------------------------
+    def scale(self, var):
+        """``var * loss_scaling`` (unchanged when disabled, in the FP32 guard, or with a bfloat16 auto_cast)."""
+        if not isinstance(var, paddle.Tensor):
+            raise TypeError(f"GradScaler.scale() expects a paddle.Tensor, got {type(var).__name__}")
+        if self._use_dynamic_loss_scaling and _amp_dtype() == "bfloat16":
+            import warnings
+
+            self._enable = self._use_dynamic_loss_scaling = False
+            self._init_loss_scaling = 1.0
+            warnings.warn("dynamic loss scaling is not recommended for bfloat16, so GradScaler is disabled.")
+        if not self._enable or not var._is_initialized():
+            return var
+        self._losses.append(var.detach())
+        if self._guard:
+            return var
+        return var * self._scale
+
+    def unscale_(self, optimizer) -> None:
+        """Divide the optimizer's gradients by the scale (once per step), e.g. before gradient clipping."""
+        if not self._enable:
+            return
+        state = self._optimizer_states[id(optimizer)]
+        if state["state"] is OptimizerState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        if state["state"] is OptimizerState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        by_dtype: dict = defaultdict(list)
+        for param in _parameters(optimizer):
+            grad = param._grad_ivar()
+            if grad is not None:
+                by_dtype[grad.dtype].append(grad)
+        scale = paddle.ones([1], dtype="float32") if self._guard else self._scale
+        found_inf = None
+        for grads in by_dtype.values():
+            found = _check_finite_and_unscale(grads, scale)
+            found_inf = found if found_inf is None else paddle.logical_or(found_inf, found)
+        if found_inf is None:
+            found_inf = paddle.zeros([1], dtype="bool")
+        self._found_inf = self._all_reduce(found_inf)
+        state["state"] = OptimizerState.UNSCALED
+
+    def _all_reduce(self, found_inf):
+        dist = paddle.distributed
+        if dist.is_initialized():
+            as_int = found_inf.astype("int32")
+            dist.all_reduce(as_int, op=dist.ReduceOp.MAX, group=self._group)
+            found_inf = as_int.astype("bool")
+        return found_inf
+
+    # -- step / update / minimize -----------------------------------------------------------------------------------
+    def _optimizer_step(self, optimizer, run: Callable):
+        state = self._optimizer_states[id(optimizer)]
+        if state["state"] is OptimizerState.INIT:
+            self.unscale_(optimizer)
+        result = None
+        if hasattr(optimizer, "_set_auxiliary_var"):
+            optimizer._set_auxiliary_var("found_inf", self._found_inf)
+            result = run()
+            found = optimizer._get_auxiliary_var("found_inf")  # the optimizer left a bool: no extra sync
+        else:
+            found = bool(self._found_inf)
+            if not found:
+                result = run()
+        found = bool(found)
+        self._cache_found_inf = found if self._cache_found_inf is None else (self._cache_found_inf or found)
+        if found and self._core.at_floor:
+            self._offenders += _nonfinite_params(optimizer)
+        return result
+
+    def step(self, optimizer) -> None:
+        """Unscale (unless done) and run ``optimizer.step()``, which skips the update when ``found_inf``."""
+        if not self._enable:
+            return optimizer.step()
+        state = self._optimizer_states[id(optimizer)]
+        if state["state"] is OptimizerState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        self._optimizer_step(optimizer, optimizer.step)
+        state["state"] = OptimizerState.STEPPED
+        if not self._use_dynamic_loss_scaling:
+            self._advance()
+
+    def minimize(self, optimizer, *args: Any, **kwargs: Any):
+        """``step`` + ``update`` through ``optimizer.minimize(*args, **kwargs)``; returns what that returns."""
+        if not self._enable:
+            return optimizer.minimize(*args, **kwargs)
+        result = self._optimizer_step(optimizer, lambda: optimizer.minimize(*args, **kwargs))
+        self._advance()
+        return result if result is not None else (None, None)
+
+    def update(self) -> None:
+        """Advance the loss-scaling state machine; at the floor apply ``on_floor``."""
+        if not self._enable or not self._use_dynamic_loss_scaling:
+            return
+        self._advance()
+
+    def _advance(self) -> None:
+        found = self._cache_found_inf
+        self._optimizer_states = defaultdict(_fresh_state)
+        self._cache_found_inf = None
+        offenders, self._offenders = self._offenders, []
+        losses = list(self._losses)
+        self._losses.clear()
+        if found is None:  # nothing was stepped since the last update: nothing to decide (Paddle: a no-op)
+            return
+        before = self._core.scale
+        decision = self._core.update(found)
+        if self._core.scale != before:
+            self._scale = self._scale_tensor()
+        if decision.floor_hit and decision.on_floor != "clamp":
+            self._on_floor(decision, offenders, losses)
+
+    def _on_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        names = (
+            {id(p): n for n, p in self._model.named_parameters()}
+            if self._model is not None
+            else _names_from_live_layers()
+        )
+        labelled = [names.get(id(p), label) for p, label in offenders]
+        independent = None
+        if losses:
+            independent = not all(bool(paddle.isfinite(loss).all().item()) for loss in losses)
+        info = FloorInfo(
+            step=decision.step,
+            offenders=tuple(labelled),
+            modules=tuple(n.rpartition(".")[0] for n in labelled),
+            scale_before_collapse=self._core.last_clean_scale,
+            scale_history=tuple(self._core.stats.scale_history),
+            scale_independent=independent,
+        )
+        policy = self._core.policy
+        if decision.on_floor == "heal":
+            if self.heal_hook is None:
+                raise _floor_error(
+                    info,
+                    policy,
+                    "on_floor='heal' needs ampsafe.heal support: set scaler.heal_hook = fn(scaler, info) "
+                    "returning the healed module paths (ampsafe.heal installs one). ",
+                )
+            paths = self.heal_hook(self, info)
+            if not paths:
+                raise _floor_error(info, policy, "The heal hook healed nothing. ")
+            self._core.heal(decision.step, paths)
+            self._scale = self._scale_tensor()
+            return
+        raise _floor_error(info, policy, "")
+
+    # -- Paddle's getters / setters ------------------------------------------------------------------------------
+    def is_enable(self) -> bool:
+        return self._enable
+
+    def is_use_dynamic_loss_scaling(self) -> bool:
+        return self._use_dynamic_loss_scaling
+
+    def get_loss_scaling(self) -> float:
+        """The current loss scaling as a Python float (no device sync: the host knows it)."""
+        return float(self._core.scale) if self._enable else 1.0
+
+    def get_init_loss_scaling(self) -> float:
+        return self._init_loss_scaling
+
+    def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
+        """As Paddle's: also resets the current scale to the new value."""
+        self._core.set_scale(new_init_loss_scaling)
+        self._core.policy = replace(self._core.policy, init_scale=float(self._core.scale))
+        self._init_loss_scaling = new_init_loss_scaling
+        self._scale = self._scale_tensor()
+
+    def get_incr_ratio(self) -> float:
+        return self._core.policy.growth_factor
+
+    def set_incr_ratio(self, new_incr_ratio: float) -> None:
+        self._core.policy = replace(self._core.policy, growth_factor=new_incr_ratio)
+
+    def get_decr_ratio(self) -> float:
+        return self._core.policy.backoff_factor
+
+    def set_decr_ratio(self, new_decr_ratio: float) -> None:
+        self._core.policy = replace(self._core.policy, backoff_factor=new_decr_ratio)
+
+    def get_incr_every_n_steps(self) -> int:
+        return self._core.policy.growth_interval
+
+    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
+        self._core.policy = replace(self._core.policy, growth_interval=new_incr_every_n_steps)
+
+    def get_decr_every_n_nan_or_inf(self) -> int:
+        return self._core.policy.hysteresis
+
+    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
+        self._core.policy = replace(self._core.policy, hysteresis=new_decr_every_n_nan_or_inf)
+
+    @property
+    def _incr_count(self) -> int:
+        return self._core.growth_tracker
+
+    @property
+    def _decr_count(self) -> int:
+        return self._core.overflow_tracker
+
+    def state_dict(self) -> dict:
+        """Paddle's keys (``scale`` as a float32 array of shape [1], ``incr_ratio``, ..., ``incr_count``,
+        ``decr_count``, ``use_dynamic_loss_scaling``) plus ``min_loss_scaling``, ``max_loss_scaling``,
+        ``on_floor``, ``_last_clean_scale`` and ``stats``. Empty when disabled, as Paddle's."""
+        if not self._enable:
+            return {}
+        core = self._core.state_dict()
+        return {
+            "scale": np.array([self._core.scale], dtype=np.float32),
+            "incr_ratio": core["growth_factor"],
+            "decr_ratio": core["backoff_factor"],
+            "incr_every_n_steps": core["growth_interval"],
+            "decr_every_n_nan_or_inf": core["hysteresis"],
+            "incr_count": core["_growth_tracker"],
+            "decr_count": core["_overflow_tracker"],
+            "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
+            "min_loss_scaling": core["min_scale"],
+            "max_loss_scaling": core["max_scale"],
+            "on_floor": core["on_floor"],
+            "_last_clean_scale": core["_last_clean_scale"],
+            "stats": core["stats"],
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state dict from this class or from ``paddle.amp.GradScaler``."""
+        if not self._enable:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The input state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
+            )
+        sd = state_dict
+        scale = sd["scale"]
+        scale = float(np.asarray(scale.numpy() if isinstance(scale, paddle.Tensor) else scale).reshape(-1)[0])
+        core = {
+            "scale": scale,
+            "growth_factor": sd["incr_ratio"],
+            "backoff_factor": sd["decr_ratio"],
+            "growth_interval": sd["incr_every_n_steps"],
+            "hysteresis": sd["decr_every_n_nan_or_inf"],
+            "_growth_tracker": sd["incr_count"],
+            "_overflow_tracker": sd["decr_count"],
+        }
+        for ours, key in (("min_scale", "min_loss_scaling"), ("max_scale", "max_loss_scaling")):
+            if key in sd:
+                core[ours] = sd[key]
+        for key in ("on_floor", "_last_clean_scale", "stats"):
+            if key in sd:
+                core[key] = sd[key]
+        self._use_dynamic_loss_scaling = bool(sd.get("use_dynamic_loss_scaling", self._use_dynamic_loss_scaling))
+        self._core.policy = replace(self._core.policy, dynamic=self._use_dynamic_loss_scaling)
+        self._core.load_state_dict(core)
+        self._init_loss_scaling = scale
+        self._scale = self._scale_tensor()
+
+
+def _amp_dtype() -> str:
+    from paddle.amp.auto_cast import amp_global_state
+
+    return amp_global_state().amp_dtype
+
+
+def _parameters(optimizer) -> list:
+    groups = getattr(optimizer, "_param_groups", None)
+    if groups and isinstance(groups[0], dict):
+        return [p for g in groups for p in g["params"]]
+    return list(optimizer._parameter_list)
+
+
+def _nonfinite_params(optimizer) -> list:
+    """(parameter, fallback label) for each parameter whose gradient is non-finite: only on the floor path."""
+    found = []
+    for p in _parameters(optimizer):
+        grad = p._grad_ivar()
+        if grad is not None and not bool(paddle.isfinite(grad).all().item()):
+            found.append((p, f"{p.name} {tuple(p.shape)}"))
+    return found
+
+
+def _names_from_live_layers() -> dict[int, str]:
+    """Name parameters by the longest name any live, unwrapped Layer gives them (the root model's)."""
+    import gc
+
+    names: dict[int, str] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), paddle.nn.Layer) and type(obj).__name__ != "DataParallel":
+            try:
+                items = obj.named_parameters()
+            except Exception:  # a half-built layer: nothing to name
+                continue
+            for name, p in items:
+                if len(name) > len(names.get(id(p), "")):
+                    names[id(p)] = name
+    return names
+
+
+def _floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str) -> AmpSafeError:
+    err = LossScaleFloorError(
+        prefix + floor_message(info, policy.min_scale, policy.hysteresis),
+        offenders=info.offenders,
+        scale_history=info.scale_history,
+        scale_independent=info.scale_independent,
+    )
+    err.modules = list(info.modules)
+    err.info = info
+    return err

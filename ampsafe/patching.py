@@ -1,0 +1,128 @@
+"""``ampsafe.patch`` / ``ampsafe.unpatch``: fix what ``scan`` finds, in place, in one call, for torch and Paddle.
+
+    report = ampsafe.patch(model, example_inputs)                  # policy="auto": islands + exact rewrites
+    ampsafe.patch(model, policy="island", paths=["neck", "head.conv1"])
+    ampsafe.unpatch(model)                                          # back to the original classes, exactly
+
+A thin front: it validates, resolves the framework adapter, asks the policy's handler (a registry in
+:mod:`ampsafe.policies`) for a plan and applies it transactionally: if any module fails to patch, every module
+already patched is restored and the model is exactly as before. Every patch is a class swap (see
+:mod:`ampsafe.policies._swap`), so parameters, their names and ``state_dict`` keys stay as they were
+(``convbn`` adds documented ``<conv>.bn.*`` keys), parameter identity and optimizer state survive, patched
+models pickle, and ``unpatch`` needs no record beyond the modules themselves. DDP/DataParallel wrappers are
+looked through (``.module`` / ``._layers``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from ._framework import framework_of, unwrap
+from .core.report import PatchReport, ScanReport
+from .errors import ConfigError
+from .policies import PatchContext, handler, names
+from .policies._swap import protection_of, unswap
+
+__all__ = ["patch", "unpatch", "protection_of", "island_layers", "patched_modules"]
+
+_LEVELS = ("O1", "O2")
+
+
+def _adapter(framework: str):
+    return importlib.import_module(f"ampsafe.{framework}.patch").ADAPTER
+
+
+def patch(
+    model,
+    example_inputs=None,
+    *,
+    policy: str = "auto",
+    level: str = "O1",
+    report: ScanReport | None = None,
+    filter_fn: Callable[[Any, str], bool] | None = None,
+    margin_bits: float = 4.0,
+    paths: list | None = None,
+    **options,
+) -> PatchReport:
+    """Patch ``model`` in place with ``policy`` and return what changed.
+
+    ``policy``: "auto" (islands for scan's risky paths, exact rewrites or islands for its risky ops),
+    "island" (every unnormalized and every risky path in float32), "convbn" (a fresh BatchNorm after each
+    unnormalized conv; options ``optimizers=``, ``act=``), "rescale" (a power-of-two shift on homogeneous
+    paths, compensated at their normalization; option ``bits=``), "rewrite" (``reciprocal(1+exp(-z))`` ->
+    ``sigmoid(z)``). Targets come from ``paths=`` (RiskPaths or module paths) if given, else from ``report``,
+    else from ``ampsafe.scan(model, example_inputs, level=level, margin_bits=margin_bits)``.
+    ``filter_fn(module, path) -> bool`` narrows them. Patching twice is a no-op.
+    """
+    framework = framework_of(model)  # UnsupportedModelError for anything else
+    if level not in _LEVELS:
+        raise ConfigError(f"level must be one of {_LEVELS}, got {level!r}")
+    if not isinstance(policy, str):
+        raise ConfigError(f"policy must be a policy name ({', '.join(names())}), got {policy!r}")
+    plan_fn, accepted = handler(policy)
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        allowed = ", ".join(sorted(accepted)) or "none"
+        raise ConfigError(f"policy {policy!r} takes no option {', '.join(unknown)} (its options: {allowed})")
+    if report is not None and not isinstance(report, ScanReport):
+        raise ConfigError(f"report must be an ampsafe.ScanReport, got {type(report).__name__}")
+    if paths is not None and (isinstance(paths, str) or not hasattr(paths, "__iter__")):
+        raise ConfigError("paths must be a list of module paths or RiskPaths, e.g. paths=['neck.in5_conv']")
+    if filter_fn is not None and not callable(filter_fn):
+        raise ConfigError("filter_fn must be callable as filter_fn(module, path) -> bool")
+    adapter = _adapter(framework)
+    inner = unwrap(model)
+    ctx = PatchContext(
+        model=inner,
+        outer=model,
+        adapter=adapter,
+        level=level,
+        modules=adapter.modules(inner),
+        report=report,
+        paths=list(paths) if paths is not None else None,
+        filter_fn=filter_fn,
+        margin_bits=margin_bits,
+        example_inputs=example_inputs,
+        options=options,
+    )
+    plan = plan_fn(ctx)
+    applied = []
+    try:
+        for change in plan.changes:
+            module = ctx.modules[change.path]
+            adapter.apply(module, change)
+            applied.append(module)
+    except BaseException:
+        for module in reversed(applied):
+            unswap(module)
+        raise
+    out = PatchReport(policy=policy, skipped=dict(plan.skipped), scan=ctx.report)
+    for change in plan.changes:
+        out.patched.append(change.path)
+        out.details[change.path] = change.detail
+    return out
+
+
+def unpatch(model) -> None:
+    """Give every patched module of ``model`` its original class back (and drop what the patch added).
+
+    Parameters are the same objects throughout, so the state_dict is exactly the original one (``convbn``'s
+    ``<conv>.bn.*`` entries go away with the BatchNorms).
+    """
+    framework = framework_of(model)
+    for module in list(_adapter(framework).modules(unwrap(model)).values()):
+        unswap(module)
+
+
+def patched_modules(model) -> dict[str, str]:
+    """module path -> policy, for every patched module of ``model``."""
+    mods = _adapter(framework_of(model)).modules(unwrap(model))
+    return {path: protection_of(m) for path, m in mods.items() if protection_of(m)}
+
+
+def island_layers(model) -> list:
+    """The FP32-island modules of ``model``: pass them to ``paddle.amp.decorate(..., level="O2",
+    excluded_layers=ampsafe.patching.island_layers(model))`` so their weights stay float32 under O2."""
+    mods = _adapter(framework_of(model)).modules(unwrap(model))
+    return [m for m in mods.values() if protection_of(m) == "island"]

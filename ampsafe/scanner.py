@@ -1,0 +1,224 @@
+"""``ampsafe.scan``: which conv/matmul paths and ops would overflow float16, in which pass, before a long run dies.
+
+    report = ampsafe.scan(model, example_inputs)              # torch.nn.Module or paddle.nn.Layer
+    print(report.to_markdown())
+    report = ampsafe.scan(model, inputs, loss_fn=lambda out: out.sum(), loss_scale=2.0**16)
+
+The adapter (``ampsafe.torch.trace`` / ``ampsafe.paddle.trace``) records one real forward per batch as a
+framework-neutral graph; :mod:`ampsafe.core.paths` finds the paths and measures their headroom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import numbers
+import sys
+
+from ._framework import framework_of, unwrap
+from .core.paths import analyze, merge_paths, merge_risky_ops
+from .core.report import ScanReport
+from .errors import AmpSafeError, ConfigError
+
+__all__ = ["scan", "ScanError", "main"]
+
+DEFAULT_LOSS_SCALE = 2.0**16  # torch's and Paddle's GradScaler initial scale
+
+
+class ScanError(AmpSafeError, RuntimeError):
+    """The model's forward (or ``loss_fn``) raised while ``scan`` traced it; the original is chained."""
+
+
+def _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale, calibration) -> None:
+    if level not in ("O1", "O2"):
+        raise ConfigError(f"level must be 'O1' or 'O2', got {level!r}")
+    if target not in ("cuda", "cpu"):
+        raise ConfigError(f"target must be 'cuda' or 'cpu' (whose autocast lists apply), got {target!r}")
+    if not isinstance(example_inputs, (tuple, dict)):
+        raise ConfigError(
+            "example_inputs must be a tuple of positional arguments or a dict of keyword arguments for "
+            f"model(...), got {type(example_inputs).__name__}; wrap a single tensor as (x,)"
+        )
+    if not isinstance(margin_bits, numbers.Real) or not math.isfinite(margin_bits) or margin_bits < 0:
+        raise ConfigError(f"margin_bits must be a finite number >= 0, got {margin_bits!r}")
+    if loss_scale is not None:
+        if loss_fn is None:
+            raise ConfigError("loss_scale needs loss_fn: scan(model, inputs, loss_fn=lambda out: ..., loss_scale=S)")
+        if not isinstance(loss_scale, numbers.Real) or not loss_scale > 0 or not math.isfinite(loss_scale):
+            raise ConfigError(f"loss_scale must be a positive finite number, got {loss_scale!r}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigError("loss_fn must be callable: loss_fn(output) -> scalar tensor")
+    for i, batch in enumerate(calibration or ()):
+        if not isinstance(batch, (tuple, dict)):
+            raise ConfigError(f"calibration batch {i} must be a tuple or dict like example_inputs")
+
+
+def _protection(modules: dict, path: str):
+    """What ``ampsafe.patch`` did to ``path`` or an enclosing module, if anything (None without patching)."""
+    try:
+        from .patching import protection_of
+    except (ImportError, AttributeError):
+        return None
+    parts = path.split(".") if path else []
+    for n in range(len(parts), -1, -1):
+        module = modules.get(".".join(parts[:n]))
+        if module is None:
+            continue
+        try:
+            how = protection_of(module)
+        except (AttributeError, TypeError):
+            return None
+        if how:
+            return how
+    return None
+
+
+def scan(
+    model,
+    example_inputs,
+    *,
+    level: str = "O1",
+    target: str = "cuda",
+    calibration=None,
+    margin_bits: float = 4.0,
+    loss_fn=None,
+    loss_scale: float | None = None,
+) -> ScanReport:
+    """Trace ``model`` on ``example_inputs`` (and each ``calibration`` batch) and report its float16 risks.
+
+    Every conv/matmul starts a :class:`~ampsafe.RiskPath` (calls of a shared module merge into one);
+    ``risky`` paths have less than ``margin_bits`` of headroom below 65504 or overflow a pass. With
+    ``loss_fn`` the backward is measured at ``loss_scale`` (default 2**16) and ``overflows_in`` says which
+    pass overflows. The model is left exactly as it was, also when its forward raises (:class:`ScanError`).
+    """
+    _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale, calibration)
+    model = unwrap(model)
+    framework = framework_of(model)
+    tracer = importlib.import_module(f"ampsafe.{framework}.trace")
+    if loss_fn is not None and loss_scale is None:
+        loss_scale = DEFAULT_LOSS_SCALE
+    batches = [example_inputs, *(calibration or ())]
+    paths, ops, notes = [], [], []
+    for i, batch in enumerate(batches):
+        try:
+            graph = tracer.trace(model, batch, level=level, target=target, loss_fn=loss_fn, loss_scale=loss_scale)
+        except AmpSafeError:
+            raise
+        except Exception as exc:
+            which = "example_inputs" if i == 0 else f"calibration batch {i - 1}"
+            raise ScanError(
+                f"the model raised {type(exc).__name__} while ampsafe.scan ran it on {which}: {exc}. The model "
+                "was left unchanged; check that model(*example_inputs) runs on its own."
+            ) from exc
+        p, o = analyze(graph, margin_bits=margin_bits, loss_scale=loss_scale)
+        paths += p
+        ops += o
+        notes += [n for n in graph.notes if n not in notes]
+    report = ScanReport(
+        paths=merge_paths(paths, margin_bits=margin_bits, loss_scale=loss_scale),
+        risky_ops=merge_risky_ops(ops),
+        level=level,
+        target=target,
+        framework=framework,
+        margin_bits=float(margin_bits),
+        loss_scale=loss_scale,
+        notes=notes,
+        graph=graph,
+    )
+    modules = tracer.modules(model)
+    for p in report.paths:
+        p.protected_by = _protection(modules, p.start)
+    for o in report.risky_ops:
+        o.protected_by = _protection(modules, o.module)
+    return report
+
+
+# --- command line -------------------------------------------------------------------------------------
+
+
+def _load_target(spec: str):
+    """``(model, example_inputs, loss_fn)`` for a workload name or ``package.module:factory``."""
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"cannot load {spec!r}: {exc}") from exc
+        made = factory()
+    else:
+        from . import workloads
+
+        made = workloads.build(spec)
+    if hasattr(made, "model") and hasattr(made, "example_inputs"):
+        return made.model, made.example_inputs
+    if isinstance(made, tuple) and len(made) == 2:
+        return made
+    raise ConfigError(
+        f"{spec!r} must give a Workload, or a (model, example_inputs) tuple; got {type(made).__name__}"
+    )
+
+
+def _print_table(report: ScanReport, show_all: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(x, spec=".3g"):
+        if x is None:
+            return "-"
+        if isinstance(x, float) and math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return format(x, spec)
+
+    rows = [p for p in report.paths if show_all or not p.normalized or p.risky]
+    table = Table(
+        title=f"ampsafe scan ({report.framework}, {report.level}, target {report.target}): {len(report.paths)} "
+        f"paths, {len(report.unnormalized)} unnormalized, {len(report.risky)} risky"
+    )
+    for col in ("start", "ends", "kind", "normalized", "fwd amax", "bwd amax", "headroom", "risky", "pass"):
+        table.add_column(col)
+    for p in rows:
+        table.add_row(
+            p.start,
+            ", ".join(p.ends),
+            p.start_op,
+            "yes" if p.normalized else "no",
+            fmt(p.amax),
+            fmt(p.grad_amax),
+            fmt(p.headroom_bits, ".1f"),
+            "[bold red]yes[/]" if p.risky else "no",
+            p.overflows_in or "-",
+        )
+    console = Console()
+    console.print(table)
+    if report.risky_ops:
+        ops = Table(title="risky low-precision ops")
+        for col in ("op", "amax", "headroom"):
+            ops.add_column(col)
+        for o in report.risky_ops:
+            ops.add_row(f"{o.module}:{o.op}", fmt(o.amax), fmt(o.headroom_bits, ".1f"))
+        console.print(ops)
+    for note in report.notes:
+        console.print(f"note: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ampsafe scan", description=__doc__.split("\n")[0])
+    parser.add_argument("target", metavar="WORKLOAD|module:factory", help="dbnet, ppyolo, frcnn or pkg.mod:factory")
+    parser.add_argument("--level", default="O1", choices=["O1", "O2"])
+    parser.add_argument("--device-target", dest="amp_target", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--margin", type=float, default=4.0, help="risky below this many bits of headroom")
+    parser.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
+    parser.add_argument("--all", action="store_true", help="list normalized paths too")
+    args = parser.parse_args(argv)
+    model, inputs = _load_target(args.target)
+    report = scan(model, inputs, level=args.level, target=args.amp_target, margin_bits=args.margin)
+    _print_table(report, args.all)
+    if args.json:
+        with open(args.json, "w") as fh:
+            fh.write(report.to_json() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""PyTorch side of ``ampsafe.patch``: the mixins a patched module's class gets, and the adapter predicates.
+
+- :class:`FP32Island`: ``forward`` runs under ``torch.autocast(device_type, enabled=False)`` with floating
+  inputs cast to float32 (a context manager inside ``forward``, never a pre/post hook pair, so an exception
+  cannot leak the disabled-autocast state).
+- :class:`ConvBN`: conv output through a fresh ``nn.BatchNorm{1,2,3}d`` child ``bn`` (+ optional ``act``).
+- :class:`RescaledInput` / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
+
+Islands are for autocast (O1). A model cast with ``.half()`` has float16 island weights: islands then raise
+a dtype error, so keep such models out of ``.half()`` (torch has no ``excluded_layers`` equivalent).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from torch import nn
+
+from ..policies import Change
+from ..policies._swap import SwapMixin, swap
+from ..policies.rewrite import LogisticRewrite
+
+__all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "TorchPatcher"]
+
+_AUTOCAST_DEVICES = {"cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia"}
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _to_float32(x):
+    if isinstance(x, torch.Tensor):
+        return x.float() if x.dtype in _LOW else x
+    if isinstance(x, (list, tuple)):
+        out = [_to_float32(v) for v in x]
+        return type(x)(out) if not hasattr(x, "_fields") else type(x)(*out)
+    if isinstance(x, dict):
+        return {k: _to_float32(v) for k, v in x.items()}
+    return x
+
+
+def _device_type(args, kwargs) -> str:
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return v.device.type if v.device.type in _AUTOCAST_DEVICES else "cpu"
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+            return v[0].device.type if v[0].device.type in _AUTOCAST_DEVICES else "cpu"
+    return "cpu"
+
+
+class FP32Island(SwapMixin):
+    """The module computes in float32 whatever autocast says; its parameters are untouched."""
+
+    _ampsafe_protection = "island"
+
+    def forward(self, *args, **kwargs):
+        device = _device_type(args, kwargs)
+        with torch.autocast(device_type=device, enabled=False):
+            return self._ampsafe_base.forward(self, *_to_float32(args), **_to_float32(kwargs))
+
+
+class ConvBN(SwapMixin):
+    """conv -> ``self.bn`` (new BatchNorm) -> ``self.act`` (optional); the conv keeps its own keys."""
+
+    _ampsafe_protection = "convbn"
+    _ampsafe_attrs = ("bn", "act")
+
+    def forward(self, *args, **kwargs):
+        out = self.bn(self._ampsafe_base.forward(self, *args, **kwargs))
+        return self.act(out) if self.act is not None else out
+
+
+class RescaledInput(SwapMixin):
+    """Multiplies the first input by the constant ``_ampsafe_scale`` (a power of two) before the forward."""
+
+    _ampsafe_protection = "rescale"
+    _ampsafe_attrs = ("_ampsafe_scale",)
+
+    def forward(self, x, *args, **kwargs):
+        return self._ampsafe_base.forward(self, x * self._ampsafe_scale, *args, **kwargs)
+
+
+class RescaledNorm(SwapMixin):
+    """A normalization whose input carries a factor s: running statistics x s, s^2 and epsilon x s^2 for the
+    duration of the forward (updated statistics are divided back), so stored values stay in upstream units."""
+
+    _ampsafe_protection = "rescale"
+    _ampsafe_attrs = ("_ampsafe_scale",)
+
+    def forward(self, x, *args, **kwargs):
+        s = self._ampsafe_scale
+        eps = self.eps
+        stats = {n: self._buffers[n] for n in ("running_mean", "running_var") if self._buffers.get(n) is not None}
+        powers = {"running_mean": s, "running_var": s * s}
+        scaled = {n: t * powers[n] for n, t in stats.items()}
+        self._buffers.update(scaled)
+        self.eps = eps * s * s
+        try:
+            return self._ampsafe_base.forward(self, x, *args, **kwargs)
+        finally:
+            self.eps = eps
+            self._buffers.update(stats)
+            if self.training:
+                with torch.no_grad():
+                    for n, t in stats.items():
+                        t.copy_(scaled[n] / powers[n])
+
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_BN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
+_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+
+
+class TorchPatcher:
+    """What the framework-neutral policies need to know about torch modules, and the module swaps."""
+
+    framework = "torch"
+
+    def modules(self, model) -> dict:
+        return dict(model.named_modules(remove_duplicate=False))
+
+    def is_conv(self, module) -> bool:
+        return isinstance(module, _CONVS)
+
+    def has_bias(self, module) -> bool:
+        return getattr(module, "bias", None) is not None
+
+    def is_norm(self, module) -> bool:
+        return isinstance(module, _NORMS) and hasattr(module, "eps")
+
+    def is_distributed(self, model) -> bool:
+        return isinstance(model, nn.parallel.DistributedDataParallel)
+
+    def save_buffers(self, model):
+        """A function that puts every buffer of ``model`` back to its current value."""
+        saved = [(b, b.detach().clone()) for b in model.buffers()]
+
+        def restore():
+            with torch.no_grad():
+                for b, v in saved:
+                    b.copy_(v)
+
+        return restore
+
+    def optimizer_holding(self, model, optimizers=None):
+        """The first optimizer (given, or alive anywhere in the process) that holds a parameter of ``model``."""
+        ids = {id(p) for p in model.parameters()}
+        if optimizers is None:
+            optimizers = [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
+        elif isinstance(optimizers, torch.optim.Optimizer):
+            optimizers = [optimizers]
+        for opt in optimizers:
+            if any(id(p) in ids for group in opt.param_groups for p in group["params"]):
+                return opt
+        return None
+
+    def apply(self, module, change: Change) -> None:
+        kind = change.kind
+        if kind == "island":
+            swap(module, FP32Island)
+        elif kind == "rewrite":
+            swap(module, LogisticRewrite)
+        elif kind == "rescale_input":
+            swap(module, RescaledInput, _ampsafe_scale=float(change.params["scale"]))
+        elif kind == "rescale_norm":
+            swap(module, RescaledNorm, _ampsafe_scale=float(change.params["scale"]))
+        elif kind == "convbn":
+            weight = module.weight
+            dims = weight.dim() - 2
+            channels = module.out_channels
+            bn = _BN[dims](channels, device=weight.device, dtype=weight.dtype)
+            bn.train(module.training)
+            swap(module, ConvBN, bn=bn, act=_activation(change.params.get("act")))
+        else:
+            raise ValueError(f"unknown patch action {kind!r}")
+
+
+def _activation(act):
+    if act is None or isinstance(act, nn.Module):
+        return act
+    if isinstance(act, str):
+        table = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.SiLU, "gelu": nn.GELU}
+        if act.lower() not in table:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"act must be one of {sorted(table)} or an nn.Module, got {act!r}")
+        return table[act.lower()]()
+    return act()
+
+
+ADAPTER = TorchPatcher()

@@ -1,0 +1,513 @@
+"""``ampsafe.torch.GradScaler``: ``torch.amp.GradScaler`` with a floor, a cap, hysteresis, a failure that names
+the offending parameters, an FP32 guard mode, and ``found_inf`` agreed across ranks.
+
+Example::
+
+    scaler = ampsafe.torch.GradScaler("cuda", min_scale=1.0, on_floor="raise")
+    for batch in data:
+        optimizer.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(batch)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)                  # optional: clip unscaled gradients
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)                      # skipped when any gradient is inf/NaN (on any rank)
+        scaler.update()                             # LossScaleFloorError when overflow persists at min_scale
+
+The tensor work is torch's own (``_amp_foreach_non_finite_check_and_unscale_``, no per-parameter Python maths);
+the scale decisions come from :mod:`ampsafe.core.scale` on the host, fed by the one ``found_inf.item()`` sync
+that ``step`` needs anyway, so a step costs no more host syncs than torch's scaler. ``fp32_guard=True`` turns
+scaling off and keeps the guard: steps whose gradients are non-finite are skipped and counted (for FP32 runs
+that hit ``loss = nan``).
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import warnings
+from collections import abc, defaultdict, deque
+from dataclasses import replace
+from enum import Enum
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..core.scale import FloorInfo, LossScaleState, ScalePolicy, ScalerStats, StepDecision, floor_message
+from ..errors import AmpSafeError, LossScaleFloorError
+
+__all__ = ["GradScaler", "OptState"]
+
+_WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
+
+
+class OptState(Enum):
+    READY = 0
+    UNSCALED = 1
+    STEPPED = 2
+
+
+def _fresh_state() -> dict[str, Any]:
+    # found_inf_host: the step's verdict once synced (None until then); offenders: names, only at the floor
+    return {"stage": OptState.READY, "found_inf_per_device": {}, "found_inf_host": None, "reduced": False}
+
+
+class GradScaler:
+    """Drop-in for :class:`torch.amp.GradScaler` (same arguments, methods and per-optimizer protocol).
+
+    Extra keyword-only arguments: ``min_scale`` / ``max_scale`` (floor and cap), ``hysteresis`` (consecutive
+    overflowing steps before a backoff, Paddle's ``decr_every_n_nan_or_inf``), ``on_floor`` (``"raise"``,
+    ``"clamp"``, ``"heal"``), ``process_group`` (ranks that agree on ``found_inf``; default: the default group
+    when ``torch.distributed`` is initialized), ``fp32_guard`` (no scaling, skip non-finite steps),
+    ``callback`` (``fn(StepDecision)`` after every update), ``model`` (names parameters in errors; found via the
+    garbage collector when omitted). ``min_scale=0, max_scale=inf, hysteresis=1`` reproduce torch exactly.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+        hysteresis: int = 1,
+        on_floor: str = "raise",
+        process_group=None,
+        fp32_guard: bool = False,
+        callback: Optional[Callable[[StepDecision], Any]] = None,
+        model: Optional[torch.nn.Module] = None,
+    ) -> None:
+        self._device = device
+        self._enabled = bool(enabled) and not fp32_guard
+        if self._enabled and device == "cuda" and not torch.cuda.is_available():
+            warnings.warn("ampsafe GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
+            self._enabled = False
+        self._guard = bool(fp32_guard)
+        self._active = self._enabled or self._guard
+        policy = ScalePolicy(
+            init_scale=1.0 if self._guard else init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+            on_floor=on_floor,
+            dynamic=not self._guard,
+            product="float64",
+        )
+        self._core = LossScaleState(policy)
+        if callback is not None:
+            self._core.callbacks.append(callback)
+        self._process_group = process_group
+        self._model = model
+        self._scale: Optional[torch.Tensor] = None
+        self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
+        self._losses: deque = deque(maxlen=16)
+        self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
+
+    # -- public extras -----------------------------------------------------------------------------------------------
+    @property
+    def stats(self) -> ScalerStats:
+        """total/skipped/overflow steps, floor hits, the recent scales and the heals."""
+        return self._core.stats
+
+    @property
+    def policy(self) -> ScalePolicy:
+        return self._core.policy
+
+    def add_step_callback(self, fn: Callable[[StepDecision], Any]) -> None:
+        """Call ``fn(decision)`` after every update (loggers: VisualDL, TensorBoard)."""
+        self._core.callbacks.append(fn)
+
+    # -- scale tensor ------------------------------------------------------------------------------------------------
+    def _lazy_init_scale(self, device: torch.device) -> torch.Tensor:
+        if self._scale is None:
+            self._scale = torch.full((), float(self._core.scale), dtype=torch.float32, device=device)
+        return self._scale
+
+    def _check_scale(self, funcname: str) -> torch.Tensor:
+        if self._scale is None:
+            raise AssertionError(
+                f"Attempted {funcname} but _scale is None.  This may indicate your script did not use "
+                "scaler.scale(loss or outputs) earlier in the iteration."
+            )
+        return self._scale
+
+    def scale(self, outputs):
+        """Multiply a tensor (or nested list/tuple of tensors) by the scale; unchanged when scaling is off."""
+        if not self._active:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            self._losses.append(outputs.detach())
+            if self._guard:
+                self._lazy_init_scale(outputs.device)
+                return outputs
+            scale = self._scale if self._scale is not None else self._lazy_init_scale(outputs.device)
+            if scale.device != outputs.device:
+                scale = scale.to(device=outputs.device, non_blocking=True)
+            return outputs * scale
+        per_device: dict[torch.device, torch.Tensor] = {}
+
+        def apply(val):
+            if isinstance(val, torch.Tensor):
+                self._losses.append(val.detach())
+                scale = self._lazy_init_scale(val.device)
+                if self._guard:
+                    return val
+                if val.device not in per_device:
+                    per_device[val.device] = scale.to(device=val.device, non_blocking=True)
+                return val * per_device[val.device]
+            if isinstance(val, abc.Iterable):
+                mapped = map(apply, val)
+                return type(val)(mapped) if isinstance(val, (list, tuple)) else mapped
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply(outputs)
+
+    # -- unscale / check ---------------------------------------------------------------------------------------------
+    def _unscale_grads_(self, optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool):
+        by_device: dict = defaultdict(lambda: defaultdict(list))
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    grad = param.grad
+                    if grad is None:
+                        continue
+                    if not allow_fp16 and grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    if grad.is_sparse:
+                        if grad.dtype is torch.float16:
+                            param.grad = grad = grad.coalesce()
+                        grad = grad._values()
+                    by_device[grad.device][grad.dtype].append(grad)
+            found: dict = {}
+            for device, by_dtype in by_device.items():
+                dev_found = found_inf if found_inf.device == device else found_inf.to(device, copy=True)
+                dev_inv = inv_scale if inv_scale.device == device else inv_scale.to(device)
+                for grads in by_dtype.values():
+                    torch._amp_foreach_non_finite_check_and_unscale_(grads, dev_found, dev_inv)
+                found[device] = dev_found
+        return found
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the optimizer's gradients by the scale (once per step), e.g. before gradient clipping."""
+        if not self._active:
+            return
+        scale = self._ensure_scale_for(optimizer, "unscale_")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        if self._guard:
+            inv_scale = torch.ones((), dtype=torch.float32, device=scale.device)
+        else:
+            # as torch: the reciprocal in float64, so the unscaled gradients are bit-identical to torch's
+            inv_scale = scale.double().reciprocal().float() if scale.device.type != "mps" else scale.reciprocal()
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf, self._guard)
+        state["stage"] = OptState.UNSCALED
+
+    def _ensure_scale_for(self, optimizer, funcname: str) -> torch.Tensor:
+        if self._scale is None and self._guard:  # the guard needs no scale() call: use the gradients' device
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        return self._lazy_init_scale(p.grad.device)
+        return self._check_scale(funcname)
+
+    def _check_inf_per_device(self, optimizer) -> dict:
+        scale = self._ensure_scale_for(optimizer, "_check_inf_per_device")
+        dummy = torch.ones((), dtype=torch.float32, device=scale.device)
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        found = self._unscale_grads_(optimizer, dummy, found_inf, True)
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
+        return found
+
+    def _found_inf_per_device(self, optimizer) -> dict:
+        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def _combined_found_inf(self, state: dict) -> torch.Tensor:
+        """One found_inf tensor on the scale's device, all-reduced (MAX) over the process group."""
+        values = list(state["found_inf_per_device"].values())
+        device = self._scale.device
+        combined = values[0] if values[0].device == device else values[0].to(device)
+        for v in values[1:]:
+            combined = combined + v.to(device)
+        if not state["reduced"]:
+            combined = self._all_reduce(combined)
+            state["reduced"] = True
+        state["found_inf_per_device"] = {device: combined}
+        return combined
+
+    def _all_reduce(self, found_inf: torch.Tensor) -> torch.Tensor:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self._process_group)
+        return found_inf
+
+    # -- step / update -----------------------------------------------------------------------------------------------
+    def _maybe_opt_step(self, optimizer, state: dict, *args, **kwargs):
+        found_inf = bool(self._combined_found_inf(state).item())  # the step's one host sync, as in torch
+        state["found_inf_host"] = found_inf
+        if not found_inf:
+            return optimizer.step(*args, **kwargs)
+        if self._core.at_floor:  # rare path: name the offenders while their gradients still exist
+            state["offenders"] = _nonfinite_params(optimizer)
+        return None
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any):
+        """Unscale (unless done), then ``optimizer.step()`` only if every gradient on every rank is finite."""
+        if not self._active:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._ensure_scale_for(optimizer, "step")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if getattr(optimizer, "_step_supports_amp_scaling", False) and not self._guard:
+            return self._step_self_unscaling(optimizer, state, *args, **kwargs)
+        if state["stage"] is OptState.READY:
+            self.unscale_(optimizer)
+        if len(state["found_inf_per_device"]) == 0:
+            raise AssertionError("No inf checks were recorded for this optimizer.")
+        retval = self._maybe_opt_step(optimizer, state, *args, **kwargs)
+        state["stage"] = OptState.STEPPED
+        return retval
+
+    def _step_self_unscaling(self, optimizer, state: dict, *args, **kwargs):
+        """Optimizers that unscale and skip on device (fused Adam): hand them the scale and found_inf."""
+        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
+            warnings.warn(
+                "GradScaler is going to stop passing itself as a keyword argument to the passed optimizer.",
+                FutureWarning,
+                stacklevel=3,
+            )
+            kwargs["grad_scaler"] = self
+            retval = optimizer.step(*args, **kwargs)
+            state["stage"] = OptState.STEPPED
+            return retval
+        if state["stage"] is OptState.READY:
+            self._check_inf_per_device(optimizer)
+        found_inf = self._combined_found_inf(state)
+        unscaled = state["stage"] is OptState.UNSCALED
+        optimizer.grad_scale = (
+            getattr(optimizer, "grad_scale", None) if unscaled else self._scale * getattr(optimizer, "grad_scale", 1)
+        )
+        optimizer.found_inf = found_inf
+        try:
+            retval = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale
+            del optimizer.found_inf
+        state["stage"] = OptState.STEPPED
+        state["optimizer"] = optimizer
+        return retval
+
+    def update(self, new_scale: Optional[float | torch.Tensor] = None) -> None:
+        """Advance the scale state machine (or set ``new_scale``); at the floor apply ``on_floor``."""
+        if not self._active:
+            return
+        scale = self._check_scale("update")
+        states = list(self._per_optimizer_states.values())
+        self._per_optimizer_states = defaultdict(_fresh_state)
+        if new_scale is not None:
+            self._losses.clear()
+            self._set_scale(new_scale, scale)
+            return
+        checked = [s for s in states if s["found_inf_per_device"]]
+        if not checked:
+            raise AssertionError("No inf checks were recorded prior to update.")
+        found_inf = False
+        pending = []
+        for s in checked:
+            if s["found_inf_host"] is None:
+                pending.append(self._combined_found_inf(s))
+            else:
+                found_inf = found_inf or s["found_inf_host"]
+        if pending:  # optimizers that skipped on device, or unscale_ without step: one sync for all of them
+            total = pending[0]
+            for t in pending[1:]:
+                total = total + t
+            if bool(total.item()):
+                found_inf = True
+                if self._core.at_floor:
+                    for s in checked:
+                        if s["found_inf_host"] is None and "optimizer" in s:
+                            s["offenders"] = _nonfinite_params(s["optimizer"])
+        before = self._core.scale
+        decision = self._core.update(found_inf)
+        if self._core.scale != before:
+            scale.fill_(decision.next_scale)
+        losses = list(self._losses)
+        self._losses.clear()
+        if decision.floor_hit and decision.on_floor != "clamp":
+            offenders = [name for s in checked for name in s.get("offenders", ())]
+            self._on_floor(decision, offenders, losses)
+
+    def _set_scale(self, new_scale, scale: torch.Tensor) -> None:
+        if isinstance(new_scale, float):
+            value = new_scale
+        else:
+            reason = (
+                "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+                "torch.FloatTensor with requires_grad=False."
+            )
+            if not isinstance(new_scale, torch.Tensor) or new_scale.device.type != scale.device.type:
+                raise AssertionError(reason)
+            if new_scale.numel() != 1 or new_scale.requires_grad:
+                raise AssertionError(reason)
+            value = float(new_scale.item())
+        self._core.set_scale(value)
+        scale.fill_(float(self._core.scale))
+
+    def _on_floor(self, decision: StepDecision, offenders: list[str], losses: list) -> None:
+        names = self._names()
+        labelled = [names.get(id(p), label) for p, label in offenders]
+        modules = [name.rpartition(".")[0] for name in labelled]
+        independent = None
+        if losses:
+            independent = not all(bool(torch.isfinite(loss).all()) for loss in losses)
+        info = FloorInfo(
+            step=decision.step,
+            offenders=tuple(labelled),
+            modules=tuple(modules),
+            scale_before_collapse=self._core.last_clean_scale,
+            scale_history=tuple(self._core.stats.scale_history),
+            scale_independent=independent,
+        )
+        if decision.on_floor == "heal":
+            if self.heal_hook is None:
+                raise _floor_error(
+                    info,
+                    self._core.policy,
+                    "on_floor='heal' needs ampsafe.heal support: set scaler.heal_hook = fn(scaler, info) "
+                    "returning the healed module paths (ampsafe.heal installs one). ",
+                )
+            paths = self.heal_hook(self, info)
+            if not paths:
+                raise _floor_error(info, self._core.policy, "The heal hook healed nothing. ")
+            self._core.heal(decision.step, paths)
+            self._scale.fill_(float(self._core.scale))
+            return
+        raise _floor_error(info, self._core.policy, "")
+
+    def _names(self) -> dict[int, str]:
+        """id(parameter) -> qualified name, from ``model`` or else every live module (rare path only)."""
+        if self._model is not None:
+            return {id(p): n for n, p in self._model.named_parameters()}
+        return _names_from_live_modules(torch.nn.Module)
+
+    # -- torch's getters / setters / persistence -------------------------------------------------------------------
+    def _get_scale_async(self) -> Optional[torch.Tensor]:
+        return self._scale
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (1.0 when scaling is off). No device sync: the host knows it."""
+        return float(self._core.scale) if self._enabled else 1.0
+
+    def get_growth_factor(self) -> float:
+        return self._core.policy.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._core.policy = replace(self._core.policy, growth_factor=new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._core.policy.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._core.policy = replace(self._core.policy, backoff_factor=new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._core.policy.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._core.policy = replace(self._core.policy, growth_interval=new_interval)
+
+    def _get_growth_tracker(self) -> int:
+        return self._core.growth_tracker if self._enabled else 0
+
+    def is_enabled(self) -> bool:
+        """Whether loss scaling is on (False in FP32 guard mode, whose guard still skips non-finite steps)."""
+        return self._enabled
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's five keys (``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
+        ``_growth_tracker``) plus ``min_scale``, ``max_scale``, ``hysteresis``, ``on_floor``,
+        ``_overflow_tracker``, ``_last_clean_scale`` and ``stats``. Empty when inactive, as torch's."""
+        return self._core.state_dict() if self._active else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict from this class or from ``torch.amp.GradScaler`` (then the extras stay as built)."""
+        if not self._active:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
+            )
+        self._core.load_state_dict(state_dict)
+        if self._scale is not None:
+            self._scale.fill_(float(self._core.scale))
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._active and any(s["found_inf_per_device"] for s in self._per_optimizer_states.values()):
+            raise AssertionError(
+                "A GradScaler instance may only be pickled at the beginning "
+                "of an iteration, or at the end after scaler.update()."
+            )
+        state = self.__dict__.copy()
+        state["_scale"] = None
+        state["_losses"] = deque(maxlen=16)
+        state["_per_optimizer_states"] = defaultdict(_fresh_state)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def _nonfinite_params(optimizer) -> list:
+    """(parameter, fallback label) for every parameter whose gradient is non-finite: only on the floor path."""
+    found = []
+    with torch.no_grad():
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                grad = p.grad
+                if grad is None:
+                    continue
+                values = grad._values() if grad.is_sparse else grad
+                if not bool(torch.isfinite(values).all()):
+                    found.append((p, f"param_groups[{g}].params[{i}] {tuple(p.shape)}"))
+    return found
+
+
+def _names_from_live_modules(module_type) -> dict[int, str]:
+    """Name parameters by the longest name any live, unwrapped module gives them (the root model's)."""
+    names: dict[int, str] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), module_type) and type(obj).__name__ not in _WRAPPERS:
+            try:
+                items = obj.named_parameters()
+            except Exception:  # a half-built module: nothing to name
+                continue
+            for name, p in items:
+                if len(name) > len(names.get(id(p), "")):
+                    names[id(p)] = name
+    return names
+
+
+def _floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str) -> AmpSafeError:
+    err = LossScaleFloorError(
+        prefix + floor_message(info, policy.min_scale, policy.hysteresis),
+        offenders=info.offenders,
+        scale_history=info.scale_history,
+        scale_independent=info.scale_independent,
+    )
+    err.modules = list(info.modules)
+    err.info = info
+    return err

@@ -1,0 +1,232 @@
+"""The "brink" checkpoint: DBNet trained in FP32 just until an activation leaves float16's range.
+
+Recipe (the seed report's setting, shortened): random init, 128x128 synthetic crops, batch 8, Adam lr 1e-2 without
+weight decay. Within a few dozen steps the DBFPN concat grows (no normalization after its eight convs) and the
+head's first conv, which multiplies it, passes 65504 while FP32 training is perfectly healthy. Training stops at
+the first step whose forward exceeds float16's max anywhere (measured with forward hooks on every sublayer), plus
+``extra_steps``; the state and a record of where and when it crossed are cached under ``.cache/ampsafe/``.
+
+    state = brink_state(seed=0)         # {name: paddle.Tensor}, loads strictly into build("dbnet").model
+    model = brink_model(seed=0)         # that model, train mode
+    rec = brink_record(seed=0)          # {"crossed_step", "first_layer", "amax_by_layer", ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+__all__ = [
+    "FP16_MAX",
+    "RECIPE",
+    "WATCHED",
+    "brink_state",
+    "brink_model",
+    "brink_workload",
+    "brink_record",
+    "layer_amax",
+    "cache_path",
+]
+
+FP16_MAX = 65504.0
+RECIPE = {
+    "config": "det_mv3_db",
+    "image_size": 128,
+    "batch_size": 8,
+    "lr": 1e-2,
+    "max_steps": 60,
+    "extra_steps": 2,
+    "version": 2,
+}
+
+
+class layer_amax:
+    """Context manager: forward post-hooks on every sublayer record the float32 abs-max of its outputs.
+
+    ``amax`` maps sublayer path (as ``named_sublayers`` spells it) to the largest value seen since the last
+    ``reset()``; tensors nested in tuples, lists and dicts count.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.amax: dict[str, float] = {}
+        self._handles = []
+
+    def reset(self) -> None:
+        self.amax = {}
+
+    def _hook(self, name):
+        def record(layer, inputs, output):
+            value = _max_abs(output)
+            if value is not None and value > self.amax.get(name, -1.0):
+                self.amax[name] = value
+
+        return record
+
+    def __enter__(self):
+        for name, layer in self.model.named_sublayers():
+            self._handles.append(layer.register_forward_post_hook(self._hook(name)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _max_abs(output) -> float | None:
+    import paddle
+
+    if isinstance(output, paddle.Tensor):
+        if output.dtype not in (paddle.float32, paddle.float16, paddle.float64, paddle.bfloat16):
+            return None
+        return float(paddle.abs(output.detach()).max())
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        values = [v for v in (_max_abs(item) for item in output) if v is not None]
+        return max(values) if values else None
+    return None
+
+
+def _recipe_key(seed: int, recipe: dict) -> str:
+    digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    return f"dbnet_brink_seed{seed}_{digest}"
+
+
+def _default_cache_dir() -> Path:
+    env = os.environ.get("AMPSAFE_CACHE")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[3]
+    if (repo / "setup.py").exists() or (repo / "pyproject.toml").exists():
+        return repo / ".cache" / "ampsafe"
+    return Path.home() / ".cache" / "ampsafe"
+
+
+def cache_path(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> Path:
+    """Where the brink state of ``seed`` is (or will be) cached: ``<dir>/dbnet_brink_seed<seed>_<recipe>.npz``."""
+    directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    return directory / f"{_recipe_key(seed, RECIPE)}.npz"
+
+
+def _train_to_brink(seed: int) -> tuple[dict, dict]:
+    from . import build
+
+    workload = build(seed, config=RECIPE["config"], image_size=RECIPE["image_size"], batch_size=RECIPE["batch_size"])
+    model = workload.model
+    optimizer = workload.make_optimizer(RECIPE["lr"])
+    history, crossed, started = [], None, time.perf_counter()
+    with layer_amax(model) as probe:
+        for step in range(RECIPE["max_steps"]):
+            probe.reset()
+            loss = workload.loss(workload.batch(step))
+            loss.backward()
+            optimizer.step()
+            optimizer.clear_grad()
+            top_layer = max(probe.amax, key=probe.amax.get)
+            history.append({"step": step, "loss": float(loss), "max_layer": top_layer, "max": probe.amax[top_layer]})
+            if crossed is None and probe.amax[top_layer] > FP16_MAX:
+                crossed = {"step": step, "amax_by_layer": dict(probe.amax)}
+            if crossed is not None and step >= crossed["step"] + RECIPE["extra_steps"]:
+                break
+    if crossed is None:
+        raise RuntimeError(f"DBNet seed {seed} did not exceed float16's range in {RECIPE['max_steps']} steps")
+    over = {k: v for k, v in sorted(crossed["amax_by_layer"].items(), key=lambda kv: -kv[1]) if v > FP16_MAX}
+    record = {
+        "seed": seed,
+        "recipe": RECIPE,
+        "crossed_step": crossed["step"],
+        "steps_trained": len(history),
+        "train_seconds": round(time.perf_counter() - started, 2),
+        "first_layer": next(iter(over)),
+        "watched_at_crossing": {name: crossed["amax_by_layer"].get(name) for name in WATCHED},
+        "over_fp16_at_crossing": over,
+        "amax_by_layer_at_crossing": crossed["amax_by_layer"],
+        "history": history,
+    }
+    state = {name: tensor.numpy().copy() for name, tensor in model.state_dict().items()}
+    record["probe"] = _probe(workload)
+    return state, record
+
+
+def _probe(workload) -> dict:
+    """Abs-max of the watched layers on ``example_inputs`` (batch 0) in train and eval mode, no update kept."""
+    import paddle
+
+    model = workload.model
+    saved = {name: tensor.numpy().copy() for name, tensor in model.state_dict().items()}
+    result = {}
+    try:
+        with paddle.no_grad(), layer_amax(model) as probe:
+            for mode in ("train", "eval"):
+                model.train() if mode == "train" else model.eval()
+                probe.reset()
+                model(*workload.example_inputs)
+                result[mode] = {name: probe.amax[name] for name in WATCHED if name in probe.amax}
+    finally:
+        model.train()
+        model.set_state_dict({name: paddle.to_tensor(value) for name, value in saved.items()})
+    return result
+
+
+# the layers the issue names: the DBFPN concat and the two head convs that consume it
+WATCHED = ("neck", "head.binarize.conv1", "head.thresh.conv1")
+
+
+def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
+    path = cache_path(seed, cache_dir)
+    meta = path.with_suffix(".json")
+    if path.is_file() and meta.is_file():
+        with np.load(path) as arrays:
+            return {k: arrays[k] for k in arrays.files}, json.loads(meta.read_text())
+    state, record = _train_to_brink(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, **state)
+    meta.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return state, record
+
+
+def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
+    """The brink state_dict ({name: paddle.Tensor}); trained once (~1 min on 2 cores), then read from the cache."""
+    import paddle
+
+    state, _ = _load_or_train(seed, cache_dir)
+    return {name: paddle.to_tensor(value) for name, value in state.items()}
+
+
+def brink_record(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
+    """How the brink was reached: ``crossed_step``, ``first_layer``, ``over_fp16_at_crossing`` {layer: amax}, loss history."""
+    return _load_or_train(seed, cache_dir)[1]
+
+
+def brink_workload(seed: int = 0, cache_dir: Union[str, Path, None] = None):
+    """``build("dbnet", seed=seed)`` (the recipe's config and sizes) with the brink state loaded, train mode."""
+    from . import build
+
+    workload = build(seed, config=RECIPE["config"], image_size=RECIPE["image_size"], batch_size=RECIPE["batch_size"])
+    missing, unexpected = workload.model.set_state_dict(brink_state(seed, cache_dir))
+    if missing or unexpected:
+        raise RuntimeError(f"brink state does not fit the model: missing {missing}, unexpected {unexpected}")
+    return workload
+
+
+def brink_model(seed: int = 0, cache_dir: Union[str, Path, None] = None):
+    """The DBNet model (paddle.nn.Layer, train mode) at the brink: its forward exceeds 65504 in float32."""
+    return brink_workload(seed, cache_dir).model
+
+
+if __name__ == "__main__":  # python -m ampsafe.workloads.dbnet.brink [seed]: build (or show) the cached brink
+    import sys
+
+    _rec = brink_record(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    print(f"cache: {cache_path(_rec['seed'])}")
+    print(f"crossed 65504 at step {_rec['crossed_step']} in {_rec['first_layer']}: {_rec['watched_at_crossing']}")

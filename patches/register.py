@@ -1,0 +1,125 @@
+"""Make the safe necks buildable by name: in this project's dbnet builder, in PaddleOCR, in PaddleDetection.
+
+PaddleOCR has no registry: ``ppocr.modeling.necks.build_neck`` checks a *local* ``support_dict`` list and
+``eval``s the name among its local imports, and ``ppocr.modeling.architectures.base_model`` imported the
+function by name. So the injection wraps ``build_neck`` (safe names built here, everything else delegated)
+and rebinds it where it was imported, and also exposes the classes in the module namespace.
+
+PaddleDetection registers classes by ``__name__`` in ``ppdet.core.workspace.global_config`` with a schema
+read off ``__init__``'s signature; registering a name twice raises, so this checks first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ampsafe.errors import ConfigError
+
+from . import registry
+from .registry import PADDLEDET, PADDLEOCR
+
+__all__ = ["register_paddleocr", "register_paddledet", "paddleocr_classes"]
+
+
+def paddleocr_classes() -> dict:
+    """name -> class for every neck this package can build for PaddleOCR models (safe and upstream-compatible)."""
+    from . import paddleocr_necks as necks
+
+    classes = {
+        spec.name: registry.load_class(spec) for spec in registry.SAFE_NECKS.values() if spec.ecosystem == PADDLEOCR
+    }
+    classes.update(DBFPN=necks.DBFPN, RSEFPN=necks.RSEFPN, LKPAN=necks.LKPAN)
+    return classes
+
+
+def _register_dbnet(classes: dict) -> list[str]:
+    try:
+        from ampsafe.workloads.dbnet import builder
+    except ImportError:
+        return []
+    added = []
+    for name, cls in classes.items():
+        if name in builder.NECKS:  # the workload's own upstream necks win; ours are registered once
+            continue
+        builder.register_neck(name, cls)
+        added.append(name)
+    return added
+
+
+def _wrap_build_neck(original, classes: dict):
+    if getattr(original, "_ampsafe_classes", None) is not None:
+        original._ampsafe_classes.update(classes)
+        return original
+
+    def build_neck(config):
+        name = config.get("name")
+        if name in build_neck._ampsafe_classes:
+            kwargs = {k: v for k, v in config.items() if k != "name"}
+            config.pop("name")  # upstream pops it too
+            return build_neck._ampsafe_classes[name](**kwargs)
+        return original(config)
+
+    build_neck._ampsafe_classes = dict(classes)
+    build_neck.__wrapped__ = original
+    build_neck.__doc__ = f"{original.__doc__ or ''}\n(ampsafe: also builds {', '.join(sorted(classes))})"
+    return build_neck
+
+
+def _register_ppocr(classes: dict) -> list[str] | None:
+    try:
+        import ppocr.modeling.necks as ppocr_necks
+    except ImportError:
+        return None
+    safe = {n: c for n, c in classes.items() if n in registry.safe_names(PADDLEOCR)}
+    for name, cls in safe.items():
+        setattr(ppocr_necks, name, cls)
+        support = getattr(ppocr_necks, "support_dict", None)  # module-level in some forks
+        if isinstance(support, list) and name not in support:
+            support.append(name)
+    wrapped = _wrap_build_neck(ppocr_necks.build_neck, safe)
+    ppocr_necks.build_neck = wrapped
+    for module_name in ("ppocr.modeling.architectures.base_model", "ppocr.modeling.architectures"):
+        try:
+            module = __import__(module_name, fromlist=["_"])
+        except ImportError:
+            continue
+        if getattr(module, "build_neck", None) is not None:
+            module.build_neck = wrapped
+    return sorted(safe)
+
+
+def register_paddleocr() -> dict:
+    """Register the safe necks (and the upstream-compatible RSEFPN/LKPAN) in the dbnet workload's builder, and
+    the safe necks in PaddleOCR when ``ppocr`` is importable. Idempotent. Returns what was registered where
+    (``{"dbnet": [...], "ppocr": [...] or None}``; None: ppocr not importable)."""
+    classes = paddleocr_classes()
+    return {"dbnet": _register_dbnet(classes), "ppocr": _register_ppocr(classes)}
+
+
+def register_paddledet() -> list[str]:
+    """Register the safe ppdet necks in ``ppdet.core.workspace`` with their full schema. Idempotent; also
+    correct when a config naming them was loaded first (its section is kept). Returns the names."""
+    from ppdet.core import workspace
+    from ppdet.core.config.schema import SchemaDict
+
+    names = []
+    for spec in registry.SAFE_NECKS.values():
+        if spec.ecosystem != PADDLEDET:
+            continue
+        cls = registry.load_class(spec)
+        existing = workspace.global_config.get(cls.__name__)
+        if isinstance(existing, SchemaDict):
+            if getattr(existing, "pymodule", None) is not sys.modules[cls.__module__]:
+                raise ConfigError(
+                    f"ppdet already has a different class registered as {cls.__name__} "
+                    f"(from {getattr(existing.pymodule, '__name__', '?')}); rename one of them"
+                )
+        else:
+            loaded_first = existing  # a config with this section was merged before registration
+            if loaded_first is not None:
+                del workspace.global_config[cls.__name__]
+            workspace.register(cls)
+            if loaded_first:
+                workspace.global_config[cls.__name__].update(loaded_first)
+        names.append(cls.__name__)
+    return names

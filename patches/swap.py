@@ -1,0 +1,300 @@
+"""``ampsafe swap-neck``: point a PaddleOCR / PaddleDetection config at the AMP-safe neck, changing nothing else.
+
+PaddleOCR (``Architecture.Neck.name``, and each ``Architecture.Models.<m>.Neck`` of a distillation config):
+the one scalar is replaced *in the original text* at the position the YAML parser reports, so every other
+byte (key order, comments, anchors/aliases, even PaddleOCR's duplicate keys, which ruamel would drop on a
+round-trip dump while PyYAML keeps the last one) stays as it was. A trailing comment records the old name.
+
+PaddleDetection: ``_BASE_`` includes are followed to find ``architecture`` and its ``neck``; the output is a
+small overlay that ``_BASE_``-includes the original file (not a flattened copy) and overrides the neck name
+and its section, so upstream edits to the base files still apply.
+
+Refused with :class:`ampsafe.ConfigError`, nothing written: a neck without a safe variant (the supported ones
+are listed), a neck that needs none (the evidence is given), an already swapped config, a non-YAML file, a
+config without an architecture section, ``mode`` other than ``convbn``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from ampsafe.errors import ConfigError
+
+from . import registry
+from .registry import PADDLEDET, PADDLEOCR
+
+__all__ = ["swap_neck", "main", "MODES"]
+
+MODES = ("convbn",)
+
+_ISLAND_REFUSAL = (
+    "mode 'island' is not offered by the config swap: measured on a DBNet-like model, the float16 overflow "
+    "happens in the head's first conv, outside the neck, so an FP32 island confined to the neck does not fix it "
+    "(111 of 120 steps still overflowed). Islands are ampsafe.patch(model)'s job: it islands the risky paths "
+    "wherever they are (head included). Use --mode convbn here (BatchNorm after each neck conv, so the head "
+    "receives normalized features)."
+)
+_RESCALE_REFUSAL = (
+    "mode 'rescale' is not offered by the config swap: an exact rescale must be compensated at the BatchNorm "
+    "that ends the path, and for the neck those BatchNorms are in the head, which the swap does not touch, so "
+    "eval outputs of a loaded upstream checkpoint would change. ampsafe.patch(model, policy='rescale') rewrites "
+    "whole models exactly. Use --mode convbn here."
+)
+
+
+def _check_mode(mode: str) -> None:
+    if mode == "island":
+        raise ConfigError(_ISLAND_REFUSAL)
+    if mode == "rescale":
+        raise ConfigError(_RESCALE_REFUSAL)
+    if mode not in MODES:
+        raise ConfigError(f"unknown swap mode {mode!r}; the config swap supports: {', '.join(MODES)}")
+
+
+def _yaml():
+    from ruamel.yaml import YAML
+
+    yaml = YAML()  # round-trip: keeps line/column info, comments, anchors, unknown tags (!PiecewiseDecay)
+    yaml.allow_duplicate_keys = True  # PaddleOCR configs contain some; PyYAML (what they use) keeps the last
+    return yaml
+
+
+def _load(path: Path):
+    if path.suffix.lower() not in {".yml", ".yaml"}:
+        raise ConfigError(f"{path} is not a YAML file (expected .yml or .yaml); nothing written")
+    if not path.is_file():
+        raise ConfigError(f"config {path} does not exist; nothing written")
+    try:
+        data = _yaml().load(path.read_text(encoding="utf-8"))
+    except Exception as exc:  # ruamel raises many parser/scanner error types
+        raise ConfigError(f"{path} is not valid YAML ({type(exc).__name__}: {exc}); nothing written") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path} is not a YAML mapping of config sections; nothing written")
+    return data
+
+
+def _supported_text(ecosystem: str) -> str:
+    return ", ".join(registry.supported(ecosystem))
+
+
+# ------------------------------------------------------------------------------------------------- PaddleOCR
+
+
+def _ocr_necks(arch: Mapping) -> list[tuple[str, Mapping]]:
+    """(where, neck mapping) for the plain and the distillation layouts."""
+    found = []
+    if isinstance(arch.get("Neck"), Mapping):
+        found.append(("Architecture.Neck", arch["Neck"]))
+    models = arch.get("Models")
+    if isinstance(models, Mapping):
+        for model_name, model in models.items():
+            if isinstance(model, Mapping) and isinstance(model.get("Neck"), Mapping):
+                found.append((f"Architecture.Models.{model_name}.Neck", model["Neck"]))
+    return found
+
+
+def _plan_ocr(arch: Mapping, source: str) -> list[tuple[str, Mapping, str, str]]:
+    """The swaps to make: (where, neck mapping, old name, new name); refuses when there is nothing to do."""
+    necks = _ocr_necks(arch)
+    if not necks:
+        raise ConfigError(
+            f"{source}: Architecture has no Neck section (a recognition or non-DB model?); the swap rewrites "
+            f"DB-family necks: {_supported_text(PADDLEOCR)}. Nothing written."
+        )
+    names = [(where, neck, str(neck.get("name"))) for where, neck in necks]
+    swapped = [f"{where}.name: {name}" for where, _, name in names if name in registry.safe_names(PADDLEOCR)]
+    if swapped:
+        raise ConfigError(f"{source} is already swapped ({'; '.join(swapped)}); nothing written")
+    plan = []
+    for where, neck, name in names:
+        spec = registry.safe_neck(PADDLEOCR, name)
+        if spec is not None:
+            plan.append((where, neck, name, spec.name))
+    if not plan:
+        listed = ", ".join(f"{where}.name: {name}" for where, _, name in names)
+        raise ConfigError(
+            f"{source}: no safe variant for {listed}; necks with an AMP-safe variant: {_supported_text(PADDLEOCR)}. "
+            "For other models use ampsafe.patch(model) or `ampsafe run` (loss-scale floor). Nothing written."
+        )
+    return plan
+
+
+def _replace_scalar(line: str, col: int, old: str, new: str, note: str) -> str:
+    match = re.compile(r"([\"']?)" + re.escape(old) + r"\1").match(line, col)
+    if match is None:
+        raise ConfigError(f"could not find {old!r} at column {col} of line {line!r}; nothing written")
+    rest = line[match.end() :]
+    comment = "" if "#" in rest else f"  # {note}"
+    return line[: match.start()] + new + rest.rstrip("\r\n") + comment + line[len(line.rstrip("\r\n")) :]
+
+
+def _swap_ocr_file(path: Path, data: Mapping, mode: str) -> tuple[str, list[tuple[str, str, str]]]:
+    plan = _plan_ocr(data["Architecture"], str(path))
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for _where, neck, old, new in plan:
+        line_no, col = neck.lc.value("name")
+        note = f"ampsafe swap-neck ({mode}): was {old}"
+        lines[line_no] = _replace_scalar(lines[line_no], col, old, new, note)
+    return "".join(lines), [(where, old, new) for where, _, old, new in plan]
+
+
+# ------------------------------------------------------------------------------------------------- ppdet
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    """ppdet's merge: nested mappings merge key by key, everything else in ``over`` replaces."""
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
+            base[key] = _merge(dict(base[key]), value)
+        else:
+            base[key] = value
+    return base
+
+
+def _resolve_ppdet(path: Path, seen: tuple = ()) -> dict:
+    """The config as ppdet's load_config sees it: _BASE_ files merged in order, the file itself on top."""
+    if path in seen:
+        raise ConfigError(f"_BASE_ include cycle through {path}; nothing written")
+    data = _load(path)
+    merged: dict = {}
+    for base in data.get("_BASE_", None) or []:
+        base_path = Path(os.path.expanduser(str(base)))
+        if not base_path.is_absolute():
+            base_path = path.parent / base_path
+        if not base_path.is_file():
+            raise ConfigError(f"{path}: _BASE_ file {base} not found (looked at {base_path}); nothing written")
+        merged = _merge(merged, _resolve_ppdet(base_path, (*seen, path)))
+    return _merge(merged, {k: v for k, v in data.items() if k != "_BASE_"})
+
+
+def _plan_ppdet(cfg: Mapping, source: str) -> tuple[str, str, str, Mapping]:
+    """(architecture, old neck, new neck, old neck's section) or a refusal."""
+    arch = cfg.get("architecture")
+    if not arch:
+        raise ConfigError(
+            f"{source} has no architecture section (not a model config, or its _BASE_ files don't define "
+            "`architecture:`); pass the model's config. Nothing written."
+        )
+    section = cfg.get(arch)
+    if not isinstance(section, Mapping) or "neck" not in section:
+        raise ConfigError(f"{source}: architecture {arch} has no `neck:` entry; nothing written")
+    neck = str(section["neck"])
+    if neck in registry.safe_names(PADDLEDET):
+        raise ConfigError(f"{source} is already swapped ({arch}.neck: {neck}); nothing written")
+    reason = registry.ALREADY_SAFE.get((PADDLEDET, neck))
+    if reason is not None:
+        raise ConfigError(f"{source}: nothing to swap for {arch}.neck: {neck}. {reason}. Nothing written.")
+    spec = registry.safe_neck(PADDLEDET, neck)
+    if spec is None:
+        raise ConfigError(
+            f"{source}: no safe variant for {arch}.neck: {neck}; PaddleDetection necks with an AMP-safe variant: "
+            f"{_supported_text(PADDLEDET)} (needing none: {', '.join(sorted(n for _, n in registry.ALREADY_SAFE))}). "
+            "Nothing written."
+        )
+    return arch, neck, spec.name, cfg.get(neck) or {}
+
+
+def _overlay_text(original: Path, out: Path, arch: str, old: str, new: str, neck_section: Mapping, mode: str) -> str:
+    from io import StringIO
+
+    from ruamel.yaml.comments import CommentedMap
+
+    original, out_dir = original.resolve(), out.resolve().parent
+    # relative when both live in one tree (the overlay can move with it), absolute otherwise
+    same_tree = os.path.commonpath([original, out_dir]) != original.anchor
+    rel = os.path.relpath(original, out_dir) if same_tree else str(original)
+    doc = CommentedMap()
+    doc["_BASE_"] = [rel]
+    doc[arch] = CommentedMap(neck=new)
+    doc[new] = CommentedMap(copy.deepcopy(dict(neck_section)))
+    doc.yaml_set_comment_before_after_key(new, before=f"{old}'s settings, for the safe variant")
+    buf = StringIO()
+    _yaml().dump(doc, buf)
+    header = (
+        f"# Written by `ampsafe swap-neck --mode {mode}`: {arch}.neck {old} -> {new}; everything else comes from\n"
+        f"# the _BASE_ file, unchanged. ppdet must know {new} before it reads this file: run training as\n"
+        "#   ampsafe run -- python tools/train.py -c THIS_FILE\n"
+        "# or call ampsafe.patches.register_paddledet() first.\n"
+    )
+    return header + buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------- API
+
+
+def _default_out(path: Path) -> Path:
+    return path.with_name(f"{path.stem}_ampsafe{path.suffix}")
+
+
+def _swap_file(path: Path, mode: str, out: Path | None) -> tuple[Path, list[tuple[str, str, str]]]:
+    data = _load(path)
+    out = Path(out) if out is not None else _default_out(path)
+    if out.resolve() == path.resolve():
+        raise ConfigError(f"output {out} is the input file; choose another -o (the original is kept); nothing written")
+    if "Architecture" in data:
+        text, changes = _swap_ocr_file(path, data, mode)
+    elif "architecture" in data or "_BASE_" in data:
+        arch, old, new, section = _plan_ppdet(_resolve_ppdet(path), str(path))
+        text = _overlay_text(path, out, arch, old, new, section, mode)
+        changes = [(f"{arch}.neck", old, new)]
+    else:
+        raise ConfigError(
+            f"{path} has no architecture section (neither PaddleOCR's `Architecture:` nor PaddleDetection's "
+            "`architecture:` / `_BASE_`); nothing written"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out, changes
+
+
+def _swap_dict(config: Mapping) -> dict:
+    cfg = copy.deepcopy(dict(config))
+    if "Architecture" in cfg:
+        cfg["Architecture"] = copy.deepcopy(cfg["Architecture"])
+        for _where, neck, _old, new in _plan_ocr(cfg["Architecture"], "config"):
+            neck["name"] = new
+        return cfg
+    if "architecture" in cfg:
+        arch, _old, new, section = _plan_ppdet(cfg, "config")
+        cfg[arch] = {**cfg[arch], "neck": new}
+        cfg[new] = copy.deepcopy(dict(section))
+        return cfg
+    if "_BASE_" in cfg:
+        raise ConfigError("a ppdet config dict with _BASE_ includes: pass the file's path so the includes can be read")
+    raise ConfigError("config has no architecture section (PaddleOCR `Architecture` or ppdet `architecture`)")
+
+
+def swap_neck(config, *, mode: str = "convbn", out: str | os.PathLike | None = None):
+    """Rewrite a config to use the AMP-safe neck.
+
+    ``config``: a dict (returns a rewritten copy) or a path (writes ``out``, by default ``<name>_ampsafe.yml``
+    next to it, and returns that path). Raises :class:`ampsafe.ConfigError` and writes nothing when it refuses.
+    """
+    _check_mode(mode)
+    if isinstance(config, Mapping):
+        return _swap_dict(config)
+    if not isinstance(config, (str, os.PathLike)):
+        raise ConfigError(f"swap_neck takes a config dict or a path, got {type(config).__name__}")
+    return _swap_file(Path(config), mode, out)[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ampsafe swap-neck",
+        description="Rewrite a PaddleOCR / PaddleDetection config to the AMP-safe neck (BatchNorm after each conv).",
+    )
+    parser.add_argument("config", help="the config .yml to read (never modified)")
+    parser.add_argument("-o", "--output", help="where to write (default: <name>_ampsafe.yml next to the input)")
+    parser.add_argument("--mode", default="convbn", help="convbn (the only mode the swap offers)")
+    args = parser.parse_args(argv)
+    _check_mode(args.mode)
+    written, changes = _swap_file(Path(args.config), args.mode, Path(args.output) if args.output else None)
+    for where, old, new in changes:
+        print(f"{where}: {old} -> {new}")
+    print(f"wrote {written}")
+    return 0

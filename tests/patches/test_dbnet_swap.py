@@ -1,0 +1,76 @@
+"""Swapped PaddleOCR configs build with this project's dbnet builder, and train without float16 overflow."""
+
+from __future__ import annotations
+
+import paddle
+import pytest
+
+import ampsafe.workloads as workloads
+from ampsafe.patches import register_paddleocr, swap_neck
+from ampsafe.patches.paddleocr_necks import AmpSafeDBFPN
+
+DB_CONFIGS = [
+    "PaddleOCR/configs/det/det_mv3_db.yml",
+    "PaddleOCR/configs/det/ch_ppocr_v2.0/ch_det_mv3_db_v2.0.yml",
+    "PaddleOCR/configs/det/det_r50_vd_db.yml",
+    "PaddleOCR/configs/det/det_res18_db_v2.0.yml",
+]
+
+
+def test_register_paddleocr_is_idempotent_and_fills_the_dbnet_builder():
+    from ampsafe.workloads.dbnet import builder
+
+    register_paddleocr()
+    before = dict(builder.NECKS)
+    again = register_paddleocr()
+    assert again["dbnet"] == []  # nothing new the second time
+    assert builder.NECKS == before
+    assert builder.NECKS["AmpSafeDBFPN"] is AmpSafeDBFPN
+    assert {"AmpSafeRSEFPN", "AmpSafeLKPAN", "RSEFPN", "LKPAN"} <= set(builder.NECKS)
+
+
+@pytest.mark.parametrize("rel", DB_CONFIGS)
+def test_swapped_db_config_builds_with_the_dbnet_builder(upstream, tmp_path, rel):
+    register_paddleocr()
+    original = workloads.build("dbnet", config=upstream / rel, image_size=64, batch_size=1)
+    swapped = workloads.build(
+        "dbnet", config=swap_neck(upstream / rel, out=tmp_path / "s.yml"), image_size=64, batch_size=1
+    )
+    assert type(swapped.model.neck) is AmpSafeDBFPN
+    up_keys, safe_keys = set(original.model.state_dict()), set(swapped.model.state_dict())
+    assert up_keys < safe_keys and all(".neck." in k or k.startswith("neck.") for k in safe_keys - up_keys)
+    loss = swapped.loss(swapped.batch(0))
+    loss.backward()
+    assert bool(paddle.isfinite(loss))
+
+
+def _overflowing_steps(config, steps: int, lr: float) -> list[int]:
+    """High-lr Adam under emulated float16 (O1); a step whose loss or gradients are non-finite is skipped, as a
+    GradScaler would, and recorded."""
+    from ampsafe.paddle import emulate_fp16
+
+    w = workloads.build("dbnet", seed=0, config=config, image_size=64, batch_size=2)
+    optimizer = w.make_optimizer(lr)
+    bad = []
+    for step in range(steps):
+        batch = w.batch(step)
+        with emulate_fp16(w.model):
+            loss = w.loss(batch)
+            loss.backward()
+        grads = [p.grad for p in w.model.parameters() if p.grad is not None]
+        if bool(paddle.isfinite(loss)) and all(bool(paddle.isfinite(g).all()) for g in grads):
+            optimizer.step()
+        else:
+            bad.append(step)
+        optimizer.clear_grad()
+    return bad
+
+
+@pytest.mark.slow
+def test_swapped_dbnet_has_no_overflowing_step_where_the_original_overflows(upstream, tmp_path):
+    register_paddleocr()
+    rel = "PaddleOCR/configs/det/det_mv3_db.yml"
+    original = _overflowing_steps(upstream / rel, steps=12, lr=0.05)
+    swapped = _overflowing_steps(swap_neck(upstream / rel, out=tmp_path / "s.yml"), steps=12, lr=0.05)
+    assert original, "the original DBNet should overflow float16 at this learning rate"
+    assert swapped == []

@@ -1,0 +1,52 @@
+"""Opt-in: with a PaddleOCR source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``), register the safe necks into
+its real ``ppocr`` and build the swapped det_mv3_db.yml with PaddleOCR's own ``build_model``."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = os.environ.get("PADDLEOCR_SRC")
+pytestmark = pytest.mark.skipif(not SRC, reason="set PADDLEOCR_SRC to a PaddleOCR source checkout to run")
+
+
+@pytest.fixture(scope="module")
+def ppocr():
+    if not (Path(SRC) / "ppocr" / "modeling" / "necks" / "__init__.py").is_file():
+        pytest.fail(f"PADDLEOCR_SRC={SRC} is not a PaddleOCR checkout (no ppocr/modeling/necks)")
+    sys.path.insert(0, SRC)
+    try:
+        import ppocr.modeling.architectures as architectures
+
+        yield architectures
+    finally:
+        sys.path.remove(SRC)
+
+
+def test_swapped_det_mv3_db_builds_with_paddleocrs_own_build_model(ppocr, upstream, tmp_path):
+    import paddle
+    import yaml
+
+    from ampsafe.patches import register_paddleocr, swap_neck
+    from ampsafe.patches.paddleocr_necks import AmpSafeDBFPN
+
+    done = register_paddleocr()
+    assert "AmpSafeDBFPN" in done["ppocr"]
+    assert register_paddleocr()["ppocr"] == done["ppocr"]  # idempotent
+    out = swap_neck(upstream / "PaddleOCR/configs/det/det_mv3_db.yml", out=tmp_path / "det.yml")
+    arch = yaml.safe_load(out.read_text())["Architecture"]
+    model = ppocr.build_model(copy.deepcopy(arch))
+    assert type(model.neck) is AmpSafeDBFPN
+    original = ppocr.build_model(
+        copy.deepcopy(yaml.safe_load((upstream / "PaddleOCR/configs/det/det_mv3_db.yml").read_text())["Architecture"])
+    )
+    missing = set(model.state_dict()) - set(original.state_dict())
+    assert missing and all("_bn." in k for k in missing)
+    assert set(original.state_dict()) <= set(model.state_dict())
+    model.train()
+    out = model(paddle.rand([1, 3, 64, 64]))
+    assert out["maps"].shape[-2:] == [64, 64]

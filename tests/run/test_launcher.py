@@ -1,0 +1,92 @@
+"""``ampsafe run`` drives unmodified torch and Paddle scripts with ampsafe's scalers; ``import ampsafe.auto``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def ampsafe_run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ampsafe.cli", "run", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_torch_script_gets_ampsafes_scaler_and_summary():
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_torch.py"), "--steps", "6")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "script: scaler is ampsafe.auto.GradScaler" in out
+    assert "changed torch.amp.GradScaler -> ampsafe.torch.GradScaler (min_scale=1.0, on_floor='raise')" in out
+    assert "[torch, pid" in out and "ampsafe.torch.scaler.GradScaler: 6 steps, 0 skipped, 0 floor hits, 0 heals" in out
+
+
+def test_floor_option_reaches_the_scaler_clamp_finishes_raise_stops():
+    poisoned = ["--", sys.executable, str(SCRIPTS / "train_torch.py"), "--poison", "--init-scale", "8", "--steps", "6"]
+    clamp = ampsafe_run("--on-floor", "clamp", *poisoned)
+    assert clamp.returncode == 0, clamp.stderr
+    assert "6 steps, 6 skipped, 3 floor hits" in clamp.stdout  # 8 -> 4 -> 2 -> 1, then three steps at the floor
+    raised = ampsafe_run(*poisoned)
+    assert raised.returncode == 1
+    assert "LossScaleFloorError" in raised.stderr
+    assert "floor hits" in raised.stdout and "the command exited with status 1" in raised.stdout
+
+
+def test_paddle_script_reads_ampsafe_section_of_its_config(tmp_path):
+    config = tmp_path / "train.yml"
+    config.write_text("Global:\n  init_loss_scaling: 512\nampsafe:\n  on_floor: clamp\n  min_scale: 4\n")
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_paddle.py"), "-c", str(config), "--steps", "4")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"min_scale=4.0, on_floor='clamp' (ampsafe: section of {config})" in out
+    assert "changed paddle.amp.GradScaler -> ampsafe.paddle.GradScaler (min_loss_scaling=4.0, on_floor='clamp')" in out
+    assert "[paddle, pid" in out and "ampsafe.paddle.scaler.GradScaler: 4 steps" in out
+    assert "final scale 512.0" in out  # the script's own init_loss_scaling was kept
+
+
+def test_command_line_beats_config_and_bad_options_are_refused(tmp_path, capsys):
+    import ampsafe
+    from ampsafe.launcher import _parser, _resolve, main
+
+    config = tmp_path / "train.yml"
+    config.write_text("ampsafe:\n  on_floor: clamp\n  min_scale: 8\n")
+    args = _parser().parse_args(["--min-scale", "2", "--", "python", "train.py", "-c", str(config)])
+    options, source = _resolve(args, args.command[1:])
+    assert options["min_scale"] == 2.0 and options["on_floor"] == "clamp" and str(config) in source
+    config.write_text("ampsafe:\n  on_floor: clamp\n  speed: 11\n")
+    with pytest.raises(ampsafe.ConfigError, match=r"unknown keys in `ampsafe:` \['speed'\]"):
+        main(["--", sys.executable, "train.py", "-c", str(config)])
+    with pytest.raises(ampsafe.ConfigError, match="min_scale must be >= 0"):
+        main(["--min-scale", "-1", "--", sys.executable, "-c", "pass"])
+    with pytest.raises(ampsafe.ConfigError, match="needs a command"):
+        main([])
+
+
+def test_import_ampsafe_auto_patches_in_process_and_uninstalls():
+    code = (
+        "import torch, ampsafe.auto as auto\n"
+        "from ampsafe.torch.scaler import GradScaler as Safe\n"
+        "s = torch.amp.GradScaler('cpu', min_scale=2.0)\n"
+        "assert isinstance(s, Safe) and s.policy.min_scale == 2.0 and s.policy.on_floor == 'raise'\n"
+        "assert auto.summary()['scalers'][0]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"
+        "c = torch.cuda.amp.GradScaler(init_scale=4.0, enabled=False)\n"
+        "assert isinstance(c, Safe) and auto.summary()['scalers'][1]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"
+        "auto.uninstall()\n"
+        "assert not isinstance(torch.amp.GradScaler('cpu'), Safe)\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.parametrize("value", ["sometimes", "x"])
+def test_install_rejects_bad_on_floor(value):
+    import ampsafe
+    from ampsafe.launcher import validate_options
+
+    with pytest.raises(ampsafe.ConfigError, match="on_floor must be one of"):
+        validate_options(on_floor=value)

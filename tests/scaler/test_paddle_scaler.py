@@ -1,0 +1,204 @@
+"""ampsafe.paddle.GradScaler against Paddle's own GradScaler (forced on: Paddle's disables itself on CPU)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import paddle
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scaler_helpers import forced_paddle_scaler, paddle_fp16_amp_state, paddle_model, poison_paddle_grad
+
+import ampsafe
+from ampsafe.paddle import GradScaler
+
+NEUTRAL = dict(min_loss_scaling=0.0, max_loss_scaling=math.inf)
+X = np.random.default_rng(1).standard_normal((16, 4)).astype("float32")
+
+
+def _train(scaler, pattern, *, model=None, opt=None, clip=False, minimize=False, value=math.inf):
+    model = model or paddle_model()
+    opt = opt or paddle.optimizer.Momentum(learning_rate=0.05, momentum=0.9, parameters=model.parameters())
+    x = paddle.to_tensor(X)
+    scales = []
+    with paddle_fp16_amp_state():
+        for bad in pattern:
+            loss = model(x).pow(2).mean()
+            scaled = scaler.scale(loss)
+            scaled.backward()
+            if bad:
+                poison_paddle_grad(model[2].weight, value)
+            if clip:
+                scaler.unscale_(opt)
+            if minimize:
+                scaler.minimize(opt, scaled)
+            else:
+                scaler.step(opt)
+                scaler.update()
+            opt.clear_grad()
+            scales.append(float(np.asarray(scaler.state_dict()["scale"]).reshape(-1)[0]))
+    return scales, [p.numpy().copy() for p in model.parameters()]
+
+
+def _same(a, b) -> bool:
+    return a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(1, 3), st.integers(1, 3))
+def test_neutral_extras_reproduce_forced_on_paddle_scaler_step_for_step(pattern, incr_n, decr_n):
+    kw = dict(init_loss_scaling=256.0, incr_every_n_steps=incr_n, decr_every_n_nan_or_inf=decr_n)
+    assert _same(_train(forced_paddle_scaler(**kw), pattern), _train(GradScaler(**kw, **NEUTRAL), pattern))
+
+
+@pytest.mark.parametrize("mode", ["adam_minimize", "adamw_clip_nan"])
+def test_neutral_extras_match_paddle_with_adam_minimize_and_unscale(mode):
+    pattern = [i % 4 == 1 for i in range(16)]
+    kw = dict(incr_every_n_steps=3, decr_every_n_nan_or_inf=2)
+
+    def run(scaler):
+        model = paddle_model()
+        cls = paddle.optimizer.Adam if mode == "adam_minimize" else paddle.optimizer.AdamW
+        opt = cls(learning_rate=1e-2, parameters=model.parameters())
+        if mode == "adam_minimize":
+            return _train(scaler, pattern, model=model, opt=opt, minimize=True)
+        return _train(scaler, pattern, model=model, opt=opt, clip=True, value=math.nan)
+
+    assert _same(run(forced_paddle_scaler(**kw)), run(GradScaler(**kw, **NEUTRAL)))
+
+
+def test_works_on_cpu_where_paddles_own_disables_itself():
+    assert not paddle.amp.GradScaler().is_enable()
+    scaler = GradScaler(init_loss_scaling=8.0, on_floor="clamp")
+    assert scaler.is_enable() and scaler.is_use_dynamic_loss_scaling()
+    scales, params = _train(scaler, [True] * 6)
+    assert scales == [4.0, 2.0, 1.0, 1.0, 1.0, 1.0] and scaler.stats.floor_hits == 3
+    assert all(np.isfinite(p).all() for p in params)
+
+
+def test_floor_raise_names_poisoned_parameter_and_scale_history():
+    model = paddle_model()
+    scaler = GradScaler(init_loss_scaling=2.0**6, decr_every_n_nan_or_inf=2)
+    with pytest.raises(ampsafe.LossScaleFloorError, match="backward pass") as info:
+        _train(scaler, [True] * 50, model=model)
+    assert scaler.stats.total_steps == 2 * 6 + 1
+    assert info.value.offenders == ["2.weight"] and info.value.modules == ["2"]
+    assert list(info.value.scale_history)[-3:] == [2.0, 2.0, 1.0]
+
+
+def test_fp32_guard_skips_nonfinite_steps_and_counts_them():
+    scaler = GradScaler(fp32_guard=True)
+    model = paddle_model()
+    before = [p.numpy().copy() for p in model.parameters()]
+    scales, params = _train(scaler, [True, False, True], model=model)
+    assert scales == [1.0, 1.0, 1.0] and scaler.stats.skipped_steps == 2 and scaler.stats.total_steps == 3
+    assert not all(np.array_equal(a, b) for a, b in zip(before, params))
+    assert all(np.isfinite(p).all() for p in params)
+
+
+def test_misuse_raises_paddles_errors_and_disabled_is_passthrough():
+    model = paddle_model()
+    opt = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    scaler = GradScaler()
+    scaler.scale(model(paddle.to_tensor(X)).sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="already been called on this optimizer"):
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+        scaler.step(opt)
+    off = GradScaler(enable=False)
+    loss = model(paddle.to_tensor(X)).sum()
+    assert off.scale(loss) is loss and off.state_dict() == {} and off.get_loss_scaling() == 1.0
+
+
+def test_state_dict_has_paddles_keys_and_loads_into_paddles_scaler(tmp_path):
+    scaler = GradScaler(init_loss_scaling=64.0, incr_every_n_steps=2, decr_every_n_nan_or_inf=2)
+    _train(scaler, [True, False, False, True])
+    sd = scaler.state_dict()
+    native = forced_paddle_scaler()
+    assert set(native.state_dict()) <= set(sd)
+    native.load_state_dict(sd)
+    assert float(native._scale.numpy()[0]) == scaler.get_loss_scaling() and native._decr_count == 1
+    ours = GradScaler()
+    ours.load_state_dict(native.state_dict())  # Paddle's own (scale as an array of shape [1])
+    assert ours.get_loss_scaling() == scaler.get_loss_scaling() and ours._decr_count == 1
+
+
+def test_resume_through_paddle_save_reproduces_uninterrupted_run(tmp_path):
+    pattern = list(np.random.default_rng(2).random(30) < 0.35)
+    kw = dict(
+        init_loss_scaling=2.0**8,
+        incr_every_n_steps=3,
+        decr_every_n_nan_or_inf=2,
+        min_loss_scaling=4.0,
+        on_floor="clamp",
+    )
+    full = _train(GradScaler(**kw), pattern)
+    model = paddle_model()
+    opt = paddle.optimizer.Momentum(learning_rate=0.05, momentum=0.9, parameters=model.parameters())
+    first = GradScaler(**kw)
+    head = _train(first, pattern[:13], model=model, opt=opt)[0]
+    path = os.fspath(tmp_path / "ckpt.pdparams")
+    paddle.save({"scaler": first.state_dict(), "opt": opt.state_dict(), "model": model.state_dict()}, path)
+    ckpt = paddle.load(path)
+    # Paddle keys optimizer state by global parameter names, so the model and optimizer objects are reused (their
+    # state reloaded from the file); the scaler is a fresh object built only from the checkpoint.
+    model.set_state_dict(ckpt["model"])
+    opt.set_state_dict(ckpt["opt"])
+    second = GradScaler()
+    second.load_state_dict(ckpt["scaler"])
+    tail = _train(second, pattern[13:], model=model, opt=opt)
+    assert _same(full, (head + tail[0], tail[1]))
+    assert second.stats.skipped_steps == sum(pattern)
+
+
+@pytest.mark.parametrize("rate", [0.001, 0.1, 0.5, 1.0])
+def test_injected_steps_never_corrupt_parameters(rate):
+    """10,000 simulated steps (random gradients, real Paddle model and optimizer) per rate."""
+    rng = np.random.default_rng(int(rate * 1000))
+    model = paddle_model(width=4)
+    params = list(model.parameters())
+    opt = paddle.optimizer.SGD(learning_rate=1e-3, parameters=params)
+    scaler = GradScaler(init_loss_scaling=2.0**16, incr_every_n_steps=50, decr_every_n_nan_or_inf=2, on_floor="clamp")
+    x = paddle.to_tensor(X[:2])
+    loss = model(x).sum()
+    scaler.scale(loss).backward()  # creates the gradient tensors; below they are overwritten in place
+    steps = 10_000
+    injected = rng.random(steps) < rate
+    for i in range(steps):
+        for p in params:
+            p._grad_ivar().set_value((rng.standard_normal(p.shape) * scaler.get_loss_scaling()).astype("float32"))
+        if injected[i]:
+            poison_paddle_grad(params[rng.integers(len(params))], math.nan if rng.random() < 0.5 else math.inf)
+        scaler.step(opt)
+        scaler.update()
+        assert 1.0 <= scaler.get_loss_scaling() <= 2.0**24
+    assert all(np.isfinite(p.numpy()).all() for p in params)
+    assert scaler.stats.skipped_steps == int(injected.sum()) and scaler.stats.total_steps == steps
+
+
+def test_overflow_and_state_dict_are_numpy_2_4_safe_where_paddles_own_is_not():
+    """NumPy 2.4 turns 'float() of an array with ndim > 0' from a DeprecationWarning into an error; treating that
+    warning as an error reproduces it on the installed NumPy."""
+    import warnings
+
+    outcomes = {}
+    for name, scaler in (("paddle", forced_paddle_scaler()), ("ampsafe", GradScaler())):
+        model = paddle_model()
+        opt = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+        with paddle_fp16_amp_state(), warnings.catch_warnings():
+            scaler.scale(model(paddle.to_tensor(X)).sum()).backward()
+            poison_paddle_grad(model[2].weight)
+            warnings.filterwarnings("error", message=".*ndim > 0.*")
+            try:
+                scaler.step(opt)
+                scaler.update()
+                scaler.load_state_dict(scaler.state_dict())
+                outcomes[name] = "ok"
+            except DeprecationWarning:
+                outcomes[name] = "numpy-2.4 error"
+    assert outcomes == {"paddle": "numpy-2.4 error", "ampsafe": "ok"}

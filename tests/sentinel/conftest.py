@@ -1,0 +1,34 @@
+"""Shared fixtures for the sentinel tests: a hook census to prove nothing is left on a model."""
+
+from __future__ import annotations
+
+
+def torch_hook_census(model) -> dict:
+    """Every hook a torch model (and torch globally) carries: module hooks, parameter hooks, global hooks, modes."""
+    import torch
+    from torch.nn.modules import module as M
+    from torch.overrides import _get_current_function_mode_stack
+
+    counts = {"module": 0, "param": 0}
+    for m in model.modules():
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+            counts["module"] += len(getattr(m, attr))
+    for p in model.parameters():
+        counts["param"] += len(p._backward_hooks or {})
+    counts["global"] = len(M._global_forward_hooks) + len(M._global_forward_pre_hooks) + len(M._global_backward_hooks)
+    counts["modes"] = len(_get_current_function_mode_stack())
+    counts["tensor_backward"] = torch.Tensor.backward.__qualname__
+    return counts
+
+
+def paddle_hook_census(model) -> dict:
+    import paddle
+
+    from ampsafe.paddle import intercept
+
+    counts = {"layer": 0}
+    for layer in [model, *model.sublayers()]:
+        counts["layer"] += len(layer._forward_pre_hooks) + len(layer._forward_post_hooks)
+    counts["modes"] = len(intercept.active_modes())
+    counts["backward"] = getattr(paddle.Tensor.backward, "_ampsafe_watch", False)
+    return counts
