@@ -12,6 +12,7 @@ Torch (``--framework torch``): the same story on torchvision Faster R-CNN under 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -68,22 +69,32 @@ def run_paddle(
     image_size: int,
     batch_size: int,
     init_scale: float = 1024.0,
+    workload: str = "dbnet",
+    workload_out: list | None = None,
 ) -> RunTrace:
-    """Train ``dbnet`` for ``steps`` steps in ``mode`` (see ``PADDLE_MODES``) under the float16 emulator."""
+    """Train ``dbnet`` for ``steps`` steps in ``mode`` (see ``PADDLE_MODES``) under the float16 emulator.
+
+    ``mode="fp32"`` is the reference (no emulator, no loss scaling). ``workload`` picks another Paddle
+    workload (e.g. ``ppyolo``); ``workload_out``, when given, receives the trained workload (for ``evaluate``).
+    """
     import ampsafe
     from ampsafe.paddle import GradScaler, emulate_fp16
 
-    w = ampsafe.workloads.build("dbnet", seed=seed, image_size=image_size, batch_size=batch_size)
+    w = ampsafe.workloads.build(workload, seed=seed, image_size=image_size, batch_size=batch_size)
+    if workload_out is not None:
+        workload_out.append(w)
     model = w.model
     trace = RunTrace(mode)
     if mode in ("convbn", "island"):
         report = ampsafe.patch(model, w.example_inputs, policy=mode, level=level)
         trace.notes.append(f"{mode}: {len(report.patched)} modules patched")
-    if level == "O2" and mode != "native":
+    if level == "O2" and mode not in ("native", "fp32"):
         ampsafe.patch(model, w.example_inputs, policy="rewrite", level=level)
         trace.notes.append("rewrite: step function as sigmoid")
     opt = w.make_optimizer(lr)
-    if mode == "native":  # paddle.amp.GradScaler's behaviour: no floor, no cap (it disables itself on CPU)
+    if mode == "fp32":
+        scaler = GradScaler(enable=False)
+    elif mode == "native":  # paddle.amp.GradScaler's behaviour: no floor, no cap (it disables itself on CPU)
         scaler = GradScaler(
             init_loss_scaling=init_scale, min_loss_scaling=0.0, max_loss_scaling=math.inf, on_floor="clamp"
         )
@@ -94,7 +105,7 @@ def run_paddle(
         if mode == "heal":
             ampsafe.heal(model, scaler=scaler, level=level)
     t0 = time.perf_counter()
-    with emulate_fp16(model, level=level):
+    with contextlib.nullcontext() if mode == "fp32" else emulate_fp16(model, level=level):
         for step in range(steps):
             batch = w.batch(step)
             scale = scaler.get_loss_scaling()
@@ -126,21 +137,30 @@ def run_torch(
     image_size: int,
     batch_size: int,
     init_scale: float = 1024.0,
+    workload_out: list | None = None,
 ) -> RunTrace:
-    """Train ``frcnn`` for ``steps`` steps in ``mode`` (see ``TORCH_MODES``) under CPU float16 autocast."""
+    """Train ``frcnn`` for ``steps`` steps in ``mode`` (see ``TORCH_MODES``) under CPU float16 autocast.
+
+    ``mode="fp32"`` runs without autocast, ``"bf16"`` under bfloat16 autocast (neither scales the loss);
+    ``workload_out``, when given, receives the trained workload (for ``evaluate``).
+    """
     import torch
 
     import ampsafe
     from ampsafe.torch import GradScaler
 
     w = ampsafe.workloads.build("frcnn", seed=seed, image_size=image_size, batch_size=batch_size)
+    if workload_out is not None:
+        workload_out.append(w)
     model = w.model
     trace = RunTrace(mode)
     if mode == "island":
         report = ampsafe.patch(model, w.example_inputs, policy="island", level=level, target="cpu")
         trace.notes.append(f"island: {len(report.patched)} modules patched")
     opt = w.make_optimizer(lr)
-    if mode == "native":
+    if mode in ("fp32", "bf16"):
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+    elif mode == "native":
         scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
     else:
         scaler = GradScaler("cpu", init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise")
@@ -150,7 +170,8 @@ def run_torch(
     for step in range(steps):
         batch = w.batch(step)
         scale = scaler.get_scale()
-        with torch.autocast("cpu", dtype=torch.float16):
+        dtype = torch.bfloat16 if mode == "bf16" else torch.float16
+        with torch.autocast("cpu", dtype=dtype, enabled=mode != "fp32"):
             loss = w.loss(batch)
         scaler.scale(loss).backward()
         scaler.step(opt)

@@ -182,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         reports = _reports(report_dir)
     for change in sorted({c for r in reports for c in r.get("changes", [])}):
         print(f"ampsafe run: changed {change}")
-    print(format_summary(reports), flush=True)
+    if not reports:  # every process that loaded ampsafe.auto writes one, scalers or not
+        print(
+            "ampsafe run: no Python process of the command loaded ampsafe (was it a Python interpreter with ampsafe "
+            "installed? a Python that ignores PYTHONPATH, e.g. with -I or -E?)",
+            flush=True,
+        )
+    else:
+        print(format_summary(reports), flush=True)
     if returncode:
         print(f"ampsafe run: the command exited with status {returncode}", flush=True)
     return returncode

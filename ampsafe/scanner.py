@@ -154,9 +154,7 @@ def _load_target(spec: str):
         return made.model, made.example_inputs
     if isinstance(made, tuple) and len(made) == 2:
         return made
-    raise ConfigError(
-        f"{spec!r} must give a Workload, or a (model, example_inputs) tuple; got {type(made).__name__}"
-    )
+    raise ConfigError(f"{spec!r} must give a Workload, or a (model, example_inputs) tuple; got {type(made).__name__}")
 
 
 def _print_table(report: ScanReport, show_all: bool) -> None:
@@ -206,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ampsafe scan", description=__doc__.split("\n")[0])
     parser.add_argument("target", metavar="WORKLOAD|module:factory", help="dbnet, ppyolo, frcnn or pkg.mod:factory")
     parser.add_argument("--level", default="O1", choices=["O1", "O2"])
-    parser.add_argument("--device-target", dest="amp_target", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument(
+        "--target", dest="amp_target", default="cuda", choices=["cuda", "cpu"], help="whose autocast lists apply"
+    )
     parser.add_argument("--margin", type=float, default=4.0, help="risky below this many bits of headroom")
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
     parser.add_argument("--all", action="store_true", help="list normalized paths too")

@@ -7,6 +7,7 @@ every 25 steps, at most 200 steps). full: 300 steps, hmean every 50.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 
@@ -108,7 +109,9 @@ def _brink() -> dict:
 
 
 def run(suite: str = "quick") -> dict:
+    load_before = os.getloadavg()
     data = {"suite": suite, "reference": _reference_diffs(), "training": _train(SUITES[suite]), "brink": _brink()}
+    data["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     ref, tr, br = data["reference"], data["training"], data["brink"]
     lines = ["## DBNet (det_mv3_db, PaddleOCR rebuilt)", ""]
     if ref:
@@ -119,7 +122,8 @@ def run(suite: str = "quick") -> dict:
     reached = tr["reached_hmean_0.5"]
     lines += [
         f"- FP32 step (forward + backward + Adam), 128x128, batch 8: {tr['seconds_per_fp32_step_128_b8']:.3f} s "
-        f"(+ {tr['seconds_per_batch_synthesis_b8']:.3f} s to synthesize the batch).",
+        f"(+ {tr['seconds_per_batch_synthesis_b8']:.3f} s to synthesize the batch); 1-min load average "
+        f"{data['load_average_before_after'][0]} before, {data['load_average_before_after'][1]} after (shared cores).",
         f"- Loss, Adam lr 1e-3: mean of steps 1-5 {tr['first5_mean']:.3f}, steps 16-20 {tr['steps16_20_mean']:.3f}.",
         (
             f"- hmean >= 0.5 on 64 held-out images after {reached['steps']} steps ({reached['seconds']} s incl. evals): "

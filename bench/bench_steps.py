@@ -2,7 +2,8 @@
 
 One step = forward (with the workload's own loss) + backward + optimizer step on a pre-made batch; batches
 are made before timing (they are synthetic), and each timed step uses a different one. Median of the timed
-steps after warmup steps. The load average is recorded because the CPU may be shared.
+steps after warmup steps. The load average and the process CPU time per step are recorded too, because the
+CPU may be shared with other jobs (wall time then overstates the cost).
 """
 
 from __future__ import annotations
@@ -68,20 +69,22 @@ def time_steps(name: str, options: dict, *, warmup: int, repeats: int) -> dict:
             optimizer.clear_grad()
             return float(loss.detach())
 
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for i, batch in enumerate(batches):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step(batch))
         if sync:
             sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
     return {
         "workload": name,
         "options": options,
         "framework": w.framework,
         "size": _sizes(w),
         "seconds_per_step": statistics.median(times),
+        "cpu_seconds_per_step": statistics.median(cpu_times),
         "times": times,
         "losses": losses,
     }
@@ -110,13 +113,15 @@ def run(suite: str = "quick") -> dict:
         f"steps on distinct batches after {warmup} warmup steps; 1-min load average at the end "
         f"{data['loadavg_1min']:.1f} (the CPU may be shared).",
         "",
-        "| workload | framework | input | s/step |",
-        "| --- | --- | --- | ---: |",
+        "| workload | framework | input | s/step | CPU s/step |",
+        "| --- | --- | --- | ---: | ---: |",
     ]
     for label, r in results.items():
-        lines.append(f"| {label} | {r['framework']} | {r['size']} | {r['seconds_per_step']:.3f} |")
+        lines.append(
+            f"| {label} | {r['framework']} | {r['size']} | {r['seconds_per_step']:.3f} | {r['cpu_seconds_per_step']:.3f} |"
+        )
     for label, why in skipped.items():
-        lines.append(f"| {label} | - | - | not run: {why} |")
+        lines.append(f"| {label} | - | - | not run: {why} | - |")
     write_result("steps", data, "\n".join(lines))
     return data
 

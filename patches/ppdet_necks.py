@@ -6,7 +6,8 @@ What ppdet 2.6.0 builds (``ppdet/modeling/necks/yolo_fpn.py``, ``fpn.py``):
   (bias-free conv, BatchNorm, leaky/mish activation), including SPP, CoordConv, the detection blocks and the
   routes; the rest is upsample/concat/max-pool/DropBlock routing. No unnormalized path, so no variant:
   ``swap_neck`` refuses those configs and says so (:data:`ampsafe.patches.registry.ALREADY_SAFE`);
-  ``normalized_conv_report`` checks it on a built neck.
+  ``normalized_conv_report`` checks it on a built neck. PP-YOLOE's ``CustomCSPPAN`` (``custom_pan.py``) is
+  the same: conv + BN blocks only.
 * The unnormalized convs of a YOLO model are the head's final 1x1 convs (``YOLOv3Head.yolo_outputs``): their
   outputs are the raw predictions the loss reads, so normalizing them would change the model. They are left
   to ``ampsafe.patch(model)`` (FP32 islands when a scan finds them risky) and to the loss-scale floor.

@@ -51,16 +51,23 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
     )
 }
 
-# Upstream necks that were read and have no unnormalized conv: nothing to swap (the reason is in the refusal).
+# Upstream necks that were read and have no unnormalized conv: nothing to swap (the reason is in the refusal;
+# tests/patches/test_ppdet.py checks every conv of each, built by ppdet, is a conv + norm block).
 ALREADY_SAFE: dict[tuple[str, str], str] = {
     (PADDLEDET, name): (
-        f"ppdet 2.6.0's {name} builds every conv as a ConvBNLayer (conv + BatchNorm + activation; SPP, CoordConv "
-        "and the detection blocks included), so it has no unnormalized path and no safe variant is needed. The "
-        "float16 risk in YOLO models is the head's final 1x1 convs, which feed the loss unnormalized by design: "
-        "protect them with ampsafe.patch(model) (FP32 islands where a scan finds them risky) and a loss-scale "
-        "floor (`ampsafe run -- python tools/train.py ...` or ampsafe.paddle.GradScaler)"
+        f"ppdet 2.6.0's {name} builds every conv as a conv + BatchNorm (+ activation) block ({detail}), so it has "
+        "no unnormalized path and no safe variant is needed. The float16 risk in these detectors is the head's "
+        "final convs, which feed the loss unnormalized by design: protect them with ampsafe.patch(model) (FP32 "
+        "islands where a scan finds them risky) and a loss-scale floor (`ampsafe run -- python tools/train.py ...` "
+        "or ampsafe.paddle.GradScaler)"
     )
-    for name in ("PPYOLOFPN", "PPYOLOPAN", "PPYOLOTinyFPN", "YOLOv3FPN")
+    for name, detail in (
+        ("PPYOLOFPN", "darknet ConvBNLayer; SPP, CoordConv and the detection blocks included"),
+        ("PPYOLOPAN", "darknet ConvBNLayer; SPP and the CSP blocks included"),
+        ("PPYOLOTinyFPN", "darknet ConvBNLayer; SPP and the depthwise detection blocks included"),
+        ("YOLOv3FPN", "darknet ConvBNLayer"),
+        ("CustomCSPPAN", "PP-YOLOE's ConvBNLayer / RepVGG blocks; SPP included"),
+    )
 }
 
 

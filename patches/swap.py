@@ -130,7 +130,10 @@ def _replace_scalar(line: str, col: int, old: str, new: str, note: str) -> str:
         raise ConfigError(f"could not find {old!r} at column {col} of line {line!r}; nothing written")
     rest = line[match.end() :]
     comment = "" if "#" in rest else f"  # {note}"
-    return line[: match.start()] + new + rest.rstrip("\r\n") + comment + line[len(line.rstrip("\r\n")) :]
+    quote = match.group(1)  # keep the scalar's quoting style
+    return (
+        line[: match.start()] + quote + new + quote + rest.rstrip("\r\n") + comment + line[len(line.rstrip("\r\n")) :]
+    )
 
 
 def _swap_ocr_file(path: Path, data: Mapping, mode: str) -> tuple[str, list[tuple[str, str, str]]]:

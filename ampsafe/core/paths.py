@@ -129,9 +129,7 @@ def _paths_with_nodes(graph: Graph, margin_bits: float, loss_scale) -> list[tupl
     return out
 
 
-def find_risky_ops(
-    graph: Graph, *, margin_bits: float = 4.0, covered: set[int] = frozenset()
-) -> list[RiskOp]:
+def find_risky_ops(graph: Graph, *, margin_bits: float = 4.0, covered: set[int] = frozenset()) -> list[RiskOp]:
     """Low-precision non-conv/matmul ops whose output leaves float16 range or is within ``margin_bits`` of it.
 
     ``covered``: node indices already reported through a risky path (not repeated here).

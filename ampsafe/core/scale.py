@@ -307,7 +307,7 @@ def floor_message(info: FloorInfo, min_scale: float, hysteresis: int) -> str:
     """The sentence a :class:`LossScaleFloorError` carries: where, how the scale fell, and what to do."""
     named = (
         ", ".join(f"{name} (module {mod!r})" for name, mod in zip(info.offenders[:8], info.modules[:8]))
-        or "no parameter (the non-finite values were not in any gradient the optimizers hold)"
+        or "none on this process (they were on another rank, or in no gradient the optimizers hold)"
     )
     if len(info.offenders) > 8:
         named += f" and {len(info.offenders) - 8} more"

@@ -253,6 +253,13 @@ class WatchBase:
         """Whether forward number ``step`` (0-based) is a monitored step (0, N, 2N, ...)."""
         return self.monitor_every is not None and step % self.monitor_every == 0
 
+    def step(self, loss=None, *, replay=None, grads: bool = True) -> bool:
+        """Alias of ``check``: the per-step hook of a training loop (see the adapters' ``check``)."""
+        return self.check(loss, replay=replay, grads=grads)
+
+    def check(self, loss=None, *, replay=None, grads: bool = True) -> bool:  # pragma: no cover - adapters
+        raise NotImplementedError
+
     @property
     def last_event(self):
         return self.events[-1] if self.events else None

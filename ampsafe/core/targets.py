@@ -257,9 +257,14 @@ def check_targets(
     )
     if problems:
         first = problems[0]
-        more = "" if len(problems) == 1 else f" ({len(problems) - 1} more: " + "; ".join(
-            p.describe() for p in problems[1:4]
-        ) + ("; ..." if len(problems) > 4 else "") + ")"
+        more = (
+            ""
+            if len(problems) == 1
+            else f" ({len(problems) - 1} more: "
+            + "; ".join(p.describe() for p in problems[1:4])
+            + ("; ..." if len(problems) > 4 else "")
+            + ")"
+        )
         raise BadTargetError(
             f"bad detection target: {first.describe()}{more}. Fix or drop the annotation (ampsafe.core.targets."
             "checked(..., policy='drop') drops bad boxes with a warning); left in, it gives loss = nan or a "
@@ -377,6 +382,4 @@ def checked(collate_fn_or_dataset: Any, policy: str = "raise", **check_kwargs):
         return CheckedDataset(collate_fn_or_dataset, policy, check_kwargs)
     if callable(collate_fn_or_dataset):
         return CheckedCollate(collate_fn_or_dataset, policy, check_kwargs)
-    raise ConfigError(
-        f"checked() wraps a collate function or a dataset, got {type(collate_fn_or_dataset).__name__}"
-    )
+    raise ConfigError(f"checked() wraps a collate function or a dataset, got {type(collate_fn_or_dataset).__name__}")

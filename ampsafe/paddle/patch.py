@@ -96,7 +96,7 @@ class RescaledNorm(SwapMixin):
             d = _stat_dict(self, name)
             if d is not None:
                 saved[name] = (d, d[name], d[name] * power)
-        for name, (d, orig, scaled) in saved.items():
+        for name, (d, _, scaled) in saved.items():
             d[name] = scaled
         self._epsilon = eps * s * s
         try:

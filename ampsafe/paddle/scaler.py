@@ -279,7 +279,8 @@ class GradScaler:
 
     # -- Paddle's getters / setters ------------------------------------------------------------------------------
     def is_enable(self) -> bool:
-        return self._enable
+        """Whether loss scaling is on (False in the FP32 guard, whose guard still skips non-finite steps)."""
+        return self._enable and not self._guard
 
     def is_use_dynamic_loss_scaling(self) -> bool:
         return self._use_dynamic_loss_scaling

@@ -132,7 +132,8 @@ class _Recorder(intercept.OpMode):
         self.next_id = 0
         self.half: dict[int, bool] = {}
         self.pending: list[tuple[object, list]] = []
-        self.keep: dict[int, object] = {}  # tensor id -> tensor, only when gradients are wanted
+        self.grads: dict[int, object] = {}  # tensor id -> abs-max of its gradient (0-d tensor)
+        self.hooks: list = []
 
     def _new(self, t, half: bool) -> int:
         tid = self.next_id
@@ -148,8 +149,22 @@ class _Recorder(intercept.OpMode):
         ids[key] = (weakref.ref(t, forget), tid, t.inplace_version)
         self.half[tid] = half
         if self.want_grads and not t.stop_gradient:
-            self.keep[tid] = t
+            self._hook(t, tid)
         return tid
+
+    def _hook(self, t, tid: int) -> None:
+        """A tensor hook (not a layer backward hook: in-place ops and shared layers break those)."""
+
+        def on_grad(grad, tid=tid):
+            if grad is not None and grad.size:
+                m = paddle.max(paddle.abs(grad.detach()))
+                prev = self.grads.get(tid)
+                self.grads[tid] = m if prev is None else paddle.maximum(prev, m)
+
+        try:
+            self.hooks.append(t.register_hook(on_grad))
+        except (RuntimeError, ValueError):  # leaf tensors / tensors Paddle refuses to hook: not measured
+            pass
 
     def alias(self, src, dst) -> None:
         """``dst`` is another Python wrapper of ``src``'s tensor (``x._use_gpudnn(False)`` in Paddle's pooling)."""
@@ -203,7 +218,9 @@ class _Recorder(intercept.OpMode):
         out = func(*args, **kwargs)
 
         produced = _floats(_leaves(out))
-        produced += [t for t, v in zip(inputs, versions) if t.inplace_version != v and not any(t is p for p in produced)]
+        produced += [
+            t for t, v in zip(inputs, versions) if t.inplace_version != v and not any(t is p for p in produced)
+        ]
         out_ids = [self._new(t, low) for t in produced]
         first = produced[0] if produced else None
         node = self.graph.add(
@@ -292,14 +309,15 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
     """Run ``model`` once on ``example_inputs`` (float32) and return its recorded graph.
 
     ``target`` is accepted for symmetry with torch (Paddle's lists do not depend on it). With ``loss_fn``,
-    ``paddle.grad(loss_fn(output) * loss_scale, activations)`` gives each node's ``grad_amax`` without touching
-    the parameters' ``.grad``.
+    ``loss_fn(output) * loss_scale`` is back-propagated; tensor hooks give each node's ``grad_amax`` and the
+    parameters' ``.grad`` are restored afterwards.
     """
     level = amp_lists.check_level(level)
     graph = Graph(framework="paddle", level=level)
     want_grads = loss_fn is not None
     layers = modules(model)
     recorder = _Recorder(graph, layers, level=level, want_grads=want_grads)
+    recorder.model_params = [p for p in model.parameters() if not p.stop_gradient]
     with preserved(model), _aliases_tracked(recorder):
         try:
             grad_ctx = paddle.enable_grad() if want_grads else paddle.no_grad()
@@ -318,7 +336,9 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
                 _measure_grads(graph, recorder, loss, float(loss_scale if loss_scale is not None else 1.0))
         finally:
             recorder.finish()
-            recorder.keep.clear()
+            for h in recorder.hooks:
+                h.remove()
+            recorder.hooks.clear()
     return graph
 
 
@@ -350,21 +370,28 @@ def _aliases_tracked(recorder: _Recorder):
 
 
 def _measure_grads(graph: Graph, recorder: _Recorder, loss, scale: float) -> None:
+    """Back-propagate ``loss * scale``; the parameters' ``.grad`` are put back as they were afterwards."""
     if loss.stop_gradient:
         graph.notes.append("the loss does not require grad: backward not measured")
         return
+    params = recorder.model_params
+    saved = [(p, None if p.grad is None else p.grad.clone()) for p in params]
+    try:
+        (loss * scale).backward()
+    finally:
+        for p, g in saved:
+            if g is None:
+                # after a hooked backward Paddle 3.3 needs a second call before .grad is really released
+                for _ in range(3):
+                    if p.grad is None:
+                        break
+                    p.clear_gradient(False)
+            else:
+                p.grad.set_value(g)
     producer = graph.producers()
-    latest: dict[int, tuple] = {}  # one entry per tensor object (paddle.grad refuses duplicates): its last version
-    for tid, t in recorder.keep.items():
-        if not t.stop_gradient and tid in producer:
-            latest[id(t)] = (tid, t)
-    items = list(latest.values())
-    if not items:
-        return
-    grads = paddle.grad([loss * scale], [t for _, t in items], allow_unused=True)
-    for (tid, _), g in zip(items, grads):
+    for tid, g in recorder.grads.items():
         idx = producer.get(tid)
-        if g is None or idx is None or not g.size:
+        if idx is None:
             continue
         node = graph.nodes[idx]
-        node.grad_amax = _to_float(max(float(paddle.max(paddle.abs(g))), node.grad_amax or 0.0))
+        node.grad_amax = _to_float(max(float(g), node.grad_amax or 0.0))

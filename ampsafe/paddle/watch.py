@@ -69,6 +69,19 @@ def _emulators() -> list:
     return [m for m in intercept.active_modes() if isinstance(m, Fp16Emulator)]
 
 
+class _Restore:
+    """Undo the root forward wrapper (restore an instance-level forward the model had of its own)."""
+
+    def __init__(self, model, own_forward):
+        self.model, self.own_forward = model, own_forward
+
+    def remove(self) -> None:
+        if self.own_forward is not None:
+            self.model.forward = self.own_forward
+        else:
+            vars(self.model).pop("forward", None)
+
+
 class _Pass:
     def __init__(self, step: int):
         self.step = step
@@ -139,10 +152,20 @@ class Watch(WatchBase):
 
     # ------------------------------------------------------------------------------------------ context
     def __enter__(self) -> Watch:
-        self._handles = [
-            self.model.register_forward_pre_hook(self._root_pre),
-            self.model.register_forward_post_hook(self._root_post, always_call=True),
-        ]
+        # The root is wrapped at its forward, not hooked: Paddle iterates a layer's hook dicts while calling
+        # them, and the monitor's one-time scan (run from here) registers hooks on the root.
+        model, had_own = self.model, "forward" in vars(self.model)
+        original = model.forward
+
+        def forward(*inputs, **kwargs):
+            self._root_pre(model, inputs)
+            try:
+                return original(*inputs, **kwargs)
+            finally:
+                self._root_post(model, inputs, None)
+
+        model.forward = forward
+        self._handles = [_Restore(model, original if had_own else None)]
         self._active = True
         if not self.guard:
             self._install_full()
@@ -157,6 +180,7 @@ class Watch(WatchBase):
             for h in self._handles:
                 h.remove()
             self._handles = []
+            self._pass = None  # drop the last step's graph (its autograd nodes / hooked tensors)
         if exc_type is None:
             self._raise_pending()
         return False
@@ -259,13 +283,19 @@ class Watch(WatchBase):
                     where += f" row {row}"
                 p.bad_inputs.append((where, sample, id(value)))
         elif isinstance(value, (list, tuple)) and depth < 3:
-            if depth == 0 and p.batch_size is None and value and all(isinstance(v, (paddle.Tensor, dict)) for v in value):
+            if (
+                depth == 0
+                and p.batch_size is None
+                and value
+                and all(isinstance(v, (paddle.Tensor, dict)) for v in value)
+            ):
                 p.batch_size = len(value)
             for i, v in enumerate(value):
                 self._scan_value(f"{where}[{i}]", v, i if sample is None and depth == 0 else sample, depth + 1)
         elif isinstance(value, dict) and depth < 3:
             for k, v in value.items():
-                self._scan_value(f"{where}[{k!r}]", v, sample, depth + 1)
+                # a dict of batched arrays (ppdet's inputs): its values are batched like top-level tensors
+                self._scan_value(f"{where}[{k!r}]", v, sample, depth + 1 if depth else 0)
 
     # ------------------------------------------------------------------------------------------ forward origin
     def _forward_origin(self, op: str, func, args, kwargs, inputs: list, outputs: list, module: str) -> None:
@@ -295,7 +325,14 @@ class Watch(WatchBase):
         }
         dtype = "float16 (emulated)" if low and emulators else str(outputs[0].dtype).replace("paddle.", "")
         err = core.nonfinite_error(
-            phase="forward", module=module, op=op, kind=kind, sample=sample, stats=stats, dtype=dtype, where=where,
+            phase="forward",
+            module=module,
+            op=op,
+            kind=kind,
+            sample=sample,
+            stats=stats,
+            dtype=dtype,
+            where=where,
             step=p.step,
         )
         p.forward_event = err
@@ -400,7 +437,9 @@ class Watch(WatchBase):
 
     # ------------------------------------------------------------------------------------------ guard
     def _take_snapshot(self) -> dict:
-        buffers = [b for b in self.model.buffers() if b is not None]
+        # BatchNorm's running statistics are non-trainable parameters in Paddle, not buffers
+        frozen = [p for p in self.model.parameters() if p.stop_gradient]
+        buffers = [b for b in self.model.buffers() if b is not None] + frozen
         return {"rng": paddle.get_rng_state(), "buffers": buffers, "copies": [b.clone() for b in buffers]}
 
     def _restore_snapshot(self, snap: dict) -> None:
@@ -501,7 +540,9 @@ class Watch(WatchBase):
             self._suspended += 1
             try:
                 with paddle.no_grad():
-                    amax = paddle.max(paddle.stack([paddle.max(paddle.abs(t.detach())).astype("float32") for t in floats]))
+                    amax = paddle.max(
+                        paddle.stack([paddle.max(paddle.abs(t.detach())).astype("float32") for t in floats])
+                    )
                     prev = self._monitor_amax.get(name)
                     self._monitor_amax[name] = amax if prev is None else paddle.maximum(prev, amax)
             finally:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..core.report import RiskPath, ScanReport
 from ..errors import ConfigError
 
-__all__ = ["Change", "Plan", "PatchContext", "register", "handler", "names", "under"]
+__all__ = ["Change", "Plan", "PatchContext", "register", "handler", "names", "under", "path_starts"]
 
 
 @dataclass

@@ -49,7 +49,12 @@ def swapped_class(mixin: type, base: type) -> type:
     key = (mixin, base)
     cls = _CLASSES.get(key)
     if cls is None:
-        namespace = {"_ampsafe_base": base, "_ampsafe_mixin": mixin, "__module__": mixin.__module__, **mixin.class_namespace(base)}
+        namespace = {
+            "_ampsafe_base": base,
+            "_ampsafe_mixin": mixin,
+            "__module__": mixin.__module__,
+            **mixin.class_namespace(base),
+        }
         cls = type(f"{mixin.__name__}[{base.__name__}]", (mixin, base), namespace)
         cls.__qualname__ = cls.__name__
         _CLASSES[key] = cls

@@ -45,5 +45,12 @@ def plan_convbn(ctx: PatchContext) -> Plan:
             continue
         if ctx.allowed(path, plan, kind="convbn"):
             keys = f"{path}.bn.*" if path else "bn.*"
-            plan.add(Change("convbn", path, f"conv + new BatchNorm{' + ' + str(act) if act else ''} (new keys {keys})", {"act": act}))
+            plan.add(
+                Change(
+                    "convbn",
+                    path,
+                    f"conv + new BatchNorm{' + ' + str(act) if act else ''} (new keys {keys})",
+                    {"act": act},
+                )
+            )
     return plan

@@ -125,15 +125,15 @@ def _rewrite_function(fn):
     return new
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def logistic_rewrites(cls: type) -> dict:
     """Method name -> rewritten function for every method of ``cls`` (and its user-defined bases) that
     computes a logistic through ``exp``. Empty when there is nothing to rewrite."""
     out: dict = {}
     for klass in cls.__mro__:
         mod = getattr(klass, "__module__", "") or ""
-        if mod.split(".")[0] in {"torch", "paddle", "builtins", "ampsafe"}:
-            continue  # framework classes: nothing of ours to rewrite there
+        if mod.split(".")[0] in {"torch", "paddle", "builtins"} or issubclass(klass, SwapMixin):
+            continue  # framework classes and ampsafe's own mixins: nothing to rewrite there
         for name, value in vars(klass).items():
             if name in out or not inspect.isfunction(value):
                 continue

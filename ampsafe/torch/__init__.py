@@ -7,6 +7,9 @@ import importlib as _importlib
 # public name -> defining module; loaded on first access (others: add your names here, one line each)
 _LAZY = {
     "GradScaler": "ampsafe.torch.scaler",
+    "module_stack": "ampsafe.torch.modstack",
+    "current_module": "ampsafe.torch.modstack",
+    "autocast_fp16_ops": "ampsafe.torch.ops",
 }
 __all__ = sorted(_LAZY)
 

@@ -31,6 +31,7 @@ from dataclasses import replace
 from enum import Enum
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
 from ..core.scale import FloorInfo, LossScaleState, ScalePolicy, ScalerStats, StepDecision, floor_message
@@ -108,12 +109,15 @@ class GradScaler:
         self._scale: Optional[torch.Tensor] = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
         self._losses: deque = deque(maxlen=16)
+        self._lag = 0  # steps decided on the device only (self-unscaling optimizers), not yet known to the host
+        self._dev: Optional[dict] = None
         self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
 
     # -- public extras -----------------------------------------------------------------------------------------------
     @property
     def stats(self) -> ScalerStats:
         """total/skipped/overflow steps, floor hits, the recent scales and the heals."""
+        self._reconcile()
         return self._core.stats
 
     @property
@@ -253,7 +257,7 @@ class GradScaler:
 
     # -- step / update -----------------------------------------------------------------------------------------------
     def _maybe_opt_step(self, optimizer, state: dict, *args, **kwargs):
-        found_inf = bool(self._combined_found_inf(state).item())  # the step's one host sync, as in torch
+        found_inf = bool(self._reconcile(self._combined_found_inf(state)))  # the step's one host sync, as in torch
         state["found_inf_host"] = found_inf
         if not found_inf:
             return optimizer.step(*args, **kwargs)
@@ -319,6 +323,7 @@ class GradScaler:
         self._per_optimizer_states = defaultdict(_fresh_state)
         if new_scale is not None:
             self._losses.clear()
+            self._reconcile()
             self._set_scale(new_scale, scale)
             return
         checked = [s for s in states if s["found_inf_per_device"]]
@@ -331,11 +336,15 @@ class GradScaler:
                 pending.append(self._combined_found_inf(s))
             else:
                 found_inf = found_inf or s["found_inf_host"]
-        if pending:  # optimizers that skipped on device, or unscale_ without step: one sync for all of them
+        if pending:  # optimizers that skipped on device, or unscale_ without step
             total = pending[0]
             for t in pending[1:]:
                 total = total + t
-            if bool(total.item()):
+            if len(pending) == len(checked) and self._device_update_allowed():
+                self._device_update(total)  # no host sync, like torch's _amp_update_scale_
+                self._losses.clear()
+                return
+            if bool(self._reconcile(total)):
                 found_inf = True
                 if self._core.at_floor:
                     for s in checked:
@@ -350,6 +359,69 @@ class GradScaler:
         if decision.floor_hit and decision.on_floor != "clamp":
             offenders = [name for s in checked for name in s.get("offenders", ())]
             self._on_floor(decision, offenders, losses)
+
+    # -- device-side steps (self-unscaling optimizers: torch's needs no host sync there, so neither do we) --------
+    def _device_update_allowed(self) -> bool:
+        """True when deciding this step on the device can't hide a floor hit that needs the host (raise/heal):
+        even if every unknown step overflowed, the scale could not have reached min_scale."""
+        p, core = self._core.policy, self._core
+        if core.callbacks or not p.dynamic:  # per-step callbacks need per-step host records
+            return False
+        if p.min_scale == 0 or p.on_floor == "clamp":
+            return True
+        backoffs = (core.overflow_tracker + self._lag + 1) // p.hysteresis
+        return float(core.scale) * p.backoff_factor**backoffs > p.min_scale * 1.001
+
+    def _device_update(self, found: torch.Tensor) -> None:
+        """The state machine of :mod:`ampsafe.core.scale` in a few tensor ops (same float32/float64 rounding)."""
+        p, s = self._core.policy, self._scale
+        if self._lag == 0:
+            core = self._core
+            self._dev = {
+                "growth": torch.full((), core.growth_tracker, dtype=torch.int32, device=s.device),
+                "overflow": torch.full((), core.overflow_tracker, dtype=torch.int32, device=s.device),
+                "counts": torch.zeros(2, dtype=torch.int64, device=s.device),
+                "last_clean": torch.full((), core.last_clean_scale, dtype=torch.float32, device=s.device),
+            }
+        d = self._dev
+        inf = found.to(s.device) > 0
+        overflow = torch.where(inf, d["overflow"] + 1, 0)
+        back = inf & (overflow >= p.hysteresis)
+        d["overflow"] = torch.where(back, 0, overflow)
+        growth = torch.where(inf, 0, d["growth"] + 1)
+        grow = ~inf & (growth >= p.growth_interval)
+        d["growth"] = torch.where(grow, 0, growth)
+        floor_hit = inf & (s <= p.min_scale) if p.min_scale > 0 else torch.zeros_like(inf)
+        d["counts"] += torch.stack([inf, floor_hit]).long()
+        d["last_clean"] = torch.where(inf, d["last_clean"], s)
+        backed = (s.double() * p.backoff_factor).float().clamp_min(p.min_scale)
+        grown = (s.double() * p.growth_factor).float()
+        grown = torch.where(torch.isfinite(grown), grown.clamp_max(p.max_scale), s)
+        s.copy_(torch.where(back, backed, torch.where(grow, grown, s)))
+        self._lag += 1
+
+    def _reconcile(self, extra: Optional[torch.Tensor] = None):
+        """Bring device-decided steps into the host state with one sync, reading ``extra`` in the same sync."""
+        if self._lag == 0:
+            return None if extra is None else extra.item()
+        d, s = self._dev, self._scale
+        parts = [s.double(), d["growth"].double(), d["overflow"].double(), *d["counts"].double(), d["last_clean"]]
+        parts = [t.double() for t in parts]
+        if extra is not None:
+            parts.append(extra.to(s.device).double())
+        values = torch.stack(parts).tolist()
+        core, stats = self._core, self._core.stats
+        core.scale = np.float32(values[0])
+        core.growth_tracker, core.overflow_tracker = int(values[1]), int(values[2])
+        skipped, floor_hits = int(values[3]), int(values[4])
+        core.last_clean_scale = values[5]
+        stats.total_steps += self._lag
+        stats.skipped_steps += skipped
+        stats.overflow_steps += skipped
+        stats.floor_hits += floor_hits
+        stats.scale_history.append(float(core.scale))  # one entry for the device-decided stretch
+        self._lag, self._dev = 0, None
+        return values[6] if extra is not None else None
 
     def _set_scale(self, new_scale, scale: torch.Tensor) -> None:
         if isinstance(new_scale, float):
@@ -410,6 +482,7 @@ class GradScaler:
 
     def get_scale(self) -> float:
         """The current scale as a Python float (1.0 when scaling is off). No device sync: the host knows it."""
+        self._reconcile()
         return float(self._core.scale) if self._enabled else 1.0
 
     def get_growth_factor(self) -> float:
@@ -431,6 +504,7 @@ class GradScaler:
         self._core.policy = replace(self._core.policy, growth_interval=new_interval)
 
     def _get_growth_tracker(self) -> int:
+        self._reconcile()
         return self._core.growth_tracker if self._enabled else 0
 
     def is_enabled(self) -> bool:
@@ -441,6 +515,7 @@ class GradScaler:
         """torch's five keys (``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
         ``_growth_tracker``) plus ``min_scale``, ``max_scale``, ``hysteresis``, ``on_floor``,
         ``_overflow_tracker``, ``_last_clean_scale`` and ``stats``. Empty when inactive, as torch's."""
+        self._reconcile()
         return self._core.state_dict() if self._active else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -451,6 +526,7 @@ class GradScaler:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
+        self._lag, self._dev = 0, None
         self._core.load_state_dict(state_dict)
         if self._scale is not None:
             self._scale.fill_(float(self._core.scale))
@@ -461,6 +537,7 @@ class GradScaler:
                 "A GradScaler instance may only be pickled at the beginning "
                 "of an iteration, or at the end after scaler.update()."
             )
+        self._reconcile()
         state = self.__dict__.copy()
         state["_scale"] = None
         state["_losses"] = deque(maxlen=16)

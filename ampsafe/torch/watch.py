@@ -212,6 +212,7 @@ class Watch(WatchBase):
             for h in self._handles:
                 h.remove()
             self._handles = []
+            self._pass = None  # drop the last step's graph (its autograd nodes / hooked tensors)
         return False
 
     def _install_full(self) -> None:
@@ -277,7 +278,6 @@ class Watch(WatchBase):
         return None
 
     def _scan_inputs(self, args, kwargs) -> None:
-        p = self._pass
         named: list[tuple[str, object]]
         try:
             bound = self._signature.bind(*args, **kwargs) if self._signature else None
@@ -305,13 +305,19 @@ class Watch(WatchBase):
                     where += f" row {row}"
                 p.bad_inputs.append((where, sample, _storage(value)))
         elif isinstance(value, (list, tuple)) and depth < 3:
-            if depth == 0 and p.batch_size is None and value and all(isinstance(v, (torch.Tensor, dict)) for v in value):
+            if (
+                depth == 0
+                and p.batch_size is None
+                and value
+                and all(isinstance(v, (torch.Tensor, dict)) for v in value)
+            ):
                 p.batch_size = len(value)
             for i, v in enumerate(value):
                 self._scan_value(f"{where}[{i}]", v, i if sample is None and depth == 0 else sample, depth + 1)
         elif isinstance(value, dict) and depth < 3:
             for k, v in value.items():
-                self._scan_value(f"{where}[{k!r}]", v, sample, depth + 1)
+                # a dict of batched arrays (ppdet's inputs): its values are batched like top-level tensors
+                self._scan_value(f"{where}[{k!r}]", v, sample, depth + 1 if depth else 0)
 
     # ------------------------------------------------------------------------------------------ forward origin
     def _forward_origin(self, func, name: str, args, kwargs, outputs: list, pre) -> None:
@@ -338,7 +344,9 @@ class Watch(WatchBase):
             if match:
                 where, sample, _ = match[0]
         elif kind == core.PARAMETER:
-            where = ", ".join(sorted({self._param_ptrs[_storage(t)] for t in bad_in if _storage(t) in self._param_ptrs}))
+            where = ", ".join(
+                sorted({self._param_ptrs[_storage(t)] for t in bad_in if _storage(t) in self._param_ptrs})
+            )
         if sample is None and kind != core.PARAMETER:
             bad_out = next(t for t in outputs if not _finite(t))
             sample = core.first_nonfinite_row(_np(bad_out), p.batch_size)
@@ -349,7 +357,14 @@ class Watch(WatchBase):
         }
         dtype = str(outputs[0].dtype).replace("torch.", "")
         err = core.nonfinite_error(
-            phase="forward", module=module, op=name, kind=kind, sample=sample, stats=stats, dtype=dtype, where=where,
+            phase="forward",
+            module=module,
+            op=name,
+            kind=kind,
+            sample=sample,
+            stats=stats,
+            dtype=dtype,
+            where=where,
             step=p.step,
         )
         p.forward_event = err

@@ -30,7 +30,9 @@ class FasterRCNNWorkload(Workload):
     name = "frcnn"
     framework = "torch"
 
-    def __init__(self, model, *, seed: int, image_size: int, batch_size: int, num_classes: int, device, max_objects: int = 4):
+    def __init__(
+        self, model, *, seed: int, image_size: int, batch_size: int, num_classes: int, device, max_objects: int = 4
+    ):
         self.image_size = image_size
         self.batch_size = batch_size
         self.num_classes = num_classes
@@ -141,6 +143,11 @@ def build(
     )
     model.to(device).train()
     return FasterRCNNWorkload(
-        model, seed=seed, image_size=image_size, batch_size=batch_size, num_classes=num_classes, device=device,
+        model,
+        seed=seed,
+        image_size=image_size,
+        batch_size=batch_size,
+        num_classes=num_classes,
+        device=device,
         max_objects=max_objects,
     )

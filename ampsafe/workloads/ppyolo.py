@@ -36,6 +36,7 @@ CONFIGS = {
 }
 # batch operators that only add randomness (the synthetic images are generated at the final size)
 _SKIPPED_BATCH_OPS = {"BatchRandomResize"}
+_IMAGE_OPS = {"NormalizeImage", "Permute"}
 
 
 def upstream_dir() -> Path:
@@ -131,7 +132,9 @@ class PPYOLOWorkload(Workload):
     name = "ppyolo"
     framework = "paddle"
 
-    def __init__(self, model, *, seed, config, config_path, overrides, batch_transforms, image_size, batch_size, max_objects=4):
+    def __init__(
+        self, model, *, seed, config, config_path, overrides, batch_transforms, image_size, batch_size, max_objects=4
+    ):
         self.config = config
         self.config_path = config_path
         self.overrides = overrides
@@ -189,7 +192,13 @@ class PPYOLOWorkload(Workload):
         import numpy as np
 
         paddle = require("paddle")
+        from ppdet.data.reader import BatchCompose
+
         samples = make_samples(self.seed, 0, n_images, split="eval", **self._data)
+        # the same ppdet image operators as training (NormalizeImage, Permute), nothing that needs boxes
+        image_ops = BatchCompose(
+            [op for op in self.batch_transforms.transforms if next(iter(op)) in _IMAGE_OPS], collate_batch=True
+        )
         was_training = self.model.training
         self.model.eval()
         preds = []
@@ -197,35 +206,24 @@ class PPYOLOWorkload(Workload):
             with paddle.no_grad():
                 for i in range(0, n_images, batch_size):
                     chunk = self._samples_to_ppdet(samples[i : i + batch_size])
-                    images = np.stack([s["image"] for s in chunk])
-                    mean, std = self._normalisation()
-                    images = ((images / 255.0 - mean) / std).transpose(0, 3, 1, 2).astype(np.float32)
-                    inputs = {
-                        "image": paddle.to_tensor(images),
-                        "im_shape": paddle.to_tensor(np.stack([s["im_shape"] for s in chunk])),
-                        "scale_factor": paddle.to_tensor(np.stack([s["scale_factor"] for s in chunk])),
-                    }
+                    for sample in chunk:  # ground truth stays out of the model's inputs
+                        del sample["gt_bbox"], sample["gt_class"]
+                    arrays = image_ops(chunk)
+                    inputs = {key: paddle.to_tensor(value) for key, value in arrays.items()}
                     out = self.model(inputs)
                     bbox, counts = out["bbox"].numpy(), out["bbox_num"].numpy()
                     start = 0
                     for n in counts:
                         rows = bbox[start : start + int(n)]
                         rows = rows[rows[:, 0] >= 0]  # ppdet pads "no detection" with class -1
-                        preds.append({"labels": rows[:, 0].astype(np.int64), "scores": rows[:, 1], "boxes": rows[:, 2:6]})
+                        preds.append(
+                            {"labels": rows[:, 0].astype(np.int64), "scores": rows[:, 1], "boxes": rows[:, 2:6]}
+                        )
                         start += int(n)
         finally:
             self.model.train(was_training)
         gts = [{"boxes": s.boxes, "labels": s.labels} for s in samples]
         return coco_map(gts, preds, num_classes=self.num_classes)
-
-    def _normalisation(self):
-        import numpy as np
-
-        for op in self.batch_transforms.transforms:
-            if "NormalizeImage" in op:
-                args = op["NormalizeImage"]
-                return np.array(args.get("mean", [0.485, 0.456, 0.406])), np.array(args.get("std", [0.229, 0.224, 0.225]))
-        return np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 
 
 def _batch_transform_list(cfg) -> list[dict]:
@@ -234,7 +232,7 @@ def _batch_transform_list(cfg) -> list[dict]:
     reader = cfg.get("TrainReader") or {}
     ops = []
     for item in reader.get("batch_transforms") or []:
-        (name, args), = item.items()
+        ((name, args),) = item.items()
         if name in _SKIPPED_BATCH_OPS:
             continue
         ops.append({name: dict(args or {})})

@@ -42,9 +42,7 @@ class _FirstNonFinite:
 
     def __init__(self, model):
         self.first = None
-        self.handles = [
-            layer.register_forward_post_hook(self._hook(name)) for name, layer in model.named_sublayers()
-        ]
+        self.handles = [layer.register_forward_post_hook(self._hook(name)) for name, layer in model.named_sublayers()]
 
     def _hook(self, name):
         def hook(layer, inputs, output):
@@ -98,15 +96,12 @@ def test_brink_convbn_is_finite_after_retraining_a_few_steps(fresh):
     )
     assert len(report.patched) == 8  # DBFPN's eight convs
     optimizer = workload.make_optimizer(1e-3)
-    results = []
-    for step in range(3):
-        results.append(emulated_step(workload, workload.batch(step)) if step else None)
+    for step in range(2):  # FP32 re-training: the new BatchNorms learn their statistics and affine terms
         loss = workload.loss(workload.batch(step))
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
-    results.append(emulated_step(workload, batch))
-    assert all(healthy(r) for r in results if r is not None)
+    assert healthy(emulated_step(workload, batch))
 
 
 def test_brink_rescale_is_exact_in_fp32_and_finite_in_emulated_fp16(fresh, brink):
@@ -137,7 +132,7 @@ def test_brink_rescale_is_exact_in_fp32_and_finite_in_emulated_fp16(fresh, brink
     assert healthy(emulated_step(workload, batch))
 
 
-def test_brink_step_function_rewrite_is_finite_at_o2(fresh):
+def test_brink_auto_at_o2_rewrites_the_step_function_and_makes_the_step_finite(fresh):
     workload, batch = fresh
     model = workload.model
     shrink = paddle.to_tensor(np.linspace(-3, 3, 2 * 64 * 64, dtype="float32").reshape(2, 1, 64, 64))
@@ -153,7 +148,9 @@ def test_brink_step_function_rewrite_is_finite_at_o2(fresh):
 
     ref = model.head.step_function(shrink, thresh).numpy()
     assert not step_grad_finite()
-    report = ampsafe.patch(model, policy="rewrite")
-    assert report.patched == ["head"]
+    report = ampsafe.patch(model, workload.example_inputs, level="O2")  # auto: scan at O2 flags head's exp
+    assert report.details["head"].startswith("reciprocal(1 + exp(-z)) -> sigmoid(z)")
+    assert report.details["neck"].startswith("FP32 island")  # at O2 the neck's own add/concat need it too
     np.testing.assert_allclose(model.head.step_function(shrink, thresh).numpy(), ref, rtol=1e-6, atol=1e-7)
     assert step_grad_finite()
+    assert healthy(emulated_step(workload, batch, level="O2"))

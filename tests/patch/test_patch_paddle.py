@@ -8,13 +8,12 @@ import pickle
 import numpy as np
 import paddle
 import pytest
+from patch_models_paddle import build_paddle
 
 import ampsafe
 from ampsafe.errors import UnsupportedModelError
 from ampsafe.paddle import emulate_fp16
 from ampsafe.patching import island_layers, patched_modules, protection_of
-
-from patch_models_paddle import build_paddle
 
 
 def finite(t) -> bool:
@@ -128,7 +127,9 @@ def test_convbn_adds_paddleocr_convbnlayer_keys_and_refuses_a_held_optimizer(pad
     del optimizer
     report = ampsafe.patch(model, policy="convbn", paths=["conv1"], optimizers=[], act="relu")
     assert report.patched == ["conv1"]
-    assert [k for k in model.state_dict() if k not in keys] == [f"conv1.bn.{k}" for k in ("weight", "bias", "_mean", "_variance")]
+    assert [k for k in model.state_dict() if k not in keys] == [
+        f"conv1.bn.{k}" for k in ("weight", "bias", "_mean", "_variance")
+    ]
     assert finite(emulated(model, paddle_input))
 
 

@@ -8,14 +8,13 @@ import pickle
 
 import pytest
 import torch
+from patch_models import build_torch
 from torch import nn
 
 import ampsafe
 from ampsafe.errors import ConfigError, UnsupportedModelError
 from ampsafe.patching import island_layers, patched_modules, protection_of
 from ampsafe.policies.rescale import NotHomogeneous
-
-from patch_models import build_torch
 
 
 def fp16(fn):
@@ -217,7 +216,7 @@ def test_auto_islands_the_risky_paths_scan_finds_and_scan_reports_them_protected
     assert all(p.protected_by == "island" for p in after.paths if p.start in ("conv1", "conv2"))
 
 
-def test_auto_at_o2_islands_the_owners_of_the_paths_functional_ops(torch_input):
+def test_island_at_o2_also_islands_the_owners_of_the_paths_functional_ops(torch_input):
     model = build_torch("homogeneous")
     report = ampsafe.patch(model, (torch_input,), level="O2", policy="island")
     assert "" in report.patched  # add/interpolate/relu run in the root's forward
@@ -257,6 +256,8 @@ def test_convbn_refuses_a_ddp_wrapped_model(tmp_path):
         with pytest.raises(UnsupportedModelError, match="DistributedDataParallel"):
             ampsafe.patch(ddp, policy="convbn", paths=["conv1"], optimizers=[])
         assert protection_of(model.conv1) is None
+        ampsafe.patch(ddp, policy="island", paths=["conv1", "conv2"])  # islands keep the parameters: fine
+        assert finite(fp16(lambda: ddp(torch.randn(2, 3, 8, 8))))
     finally:
         dist.destroy_process_group()
 
@@ -287,6 +288,8 @@ def test_rescale_makes_the_path_finite_under_fp16_autocast(torch_input):
     report = ampsafe.patch(model, (torch_input,), policy="rescale")
     assert "2^-" in report.details["conv1"]
     assert finite(fp16(lambda: model(torch_input)))
+    scan = ampsafe.scan(model, (torch_input,), target="cpu")
+    assert scan.path("conv1").protected_by == "rescale" and not scan.risky
 
 
 def test_rescale_refuses_a_path_with_a_bias_or_a_nonhomogeneous_op(torch_input):
@@ -318,3 +321,16 @@ def test_rewrite_turns_the_logistic_into_sigmoid_exactly_and_finite_in_half():
     xh = x.half().requires_grad_()
     half(xh).sum().backward()
     assert not finite(xh.grad)  # upstream's exp overflows float16: 0 * inf in the backward
+
+
+@pytest.mark.gpu
+def test_island_makes_the_path_finite_under_cuda_fp16_autocast(torch_input):
+    model = build_torch("overflow").cuda()
+    x = torch_input.cuda()
+    ref = model(x)
+    with torch.autocast("cuda", dtype=torch.float16):
+        assert not finite(model(x))
+    ampsafe.patch(model, policy="island", paths=["conv1", "conv2"])
+    with torch.autocast("cuda", dtype=torch.float16):
+        assert finite(model(x))
+    assert torch.allclose(model(x), ref, rtol=1e-5, atol=1e-5)

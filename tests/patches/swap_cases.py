@@ -36,17 +36,17 @@ REFUSED = {
     "PaddleOCR/configs/rec/PP-OCRv4/ch_PP-OCRv4_rec.yml": "Architecture has no Neck section",
     "PaddleOCR/configs/rec/PP-OCRv4/ch_PP-OCRv4_rec_ampO2_ultra.yml": "Architecture has no Neck section",
     "PaddleOCR/configs/rec/PP-OCRv4/PP-OCRv4_server_rec_ampO2_ultra.yml": "Architecture has no Neck section",
-    "PaddleDetection/configs/ppyolo/ppyolo_mbv3_small_coco.yml": "PPYOLOFPN builds every conv as a ConvBNLayer",
-    "PaddleDetection/configs/ppyolo/_base_/ppyolo_mbv3_small.yml": "PPYOLOFPN builds every conv as a ConvBNLayer",
-    "PaddleDetection/configs/ppyolo/ppyolo_tiny_650e_coco.yml": "PPYOLOTinyFPN builds every conv as a ConvBNLayer",
-    "PaddleDetection/configs/ppyolo/_base_/ppyolo_tiny.yml": "PPYOLOTinyFPN builds every conv as a ConvBNLayer",
+    "PaddleDetection/configs/ppyolo/ppyolo_mbv3_small_coco.yml": "PPYOLOFPN builds every conv as a conv + BatchNorm",
+    "PaddleDetection/configs/ppyolo/_base_/ppyolo_mbv3_small.yml": "PPYOLOFPN builds every conv as a conv + BatchNorm",
+    "PaddleDetection/configs/ppyolo/ppyolo_tiny_650e_coco.yml": "PPYOLOTinyFPN builds every conv as a conv + BatchNorm",
+    "PaddleDetection/configs/ppyolo/_base_/ppyolo_tiny.yml": "PPYOLOTinyFPN builds every conv as a conv + BatchNorm",
     "PaddleDetection/dygraph/configs/ppyolo/ppyolo_r50vd_dcn_1x_coco.yml": "PPYOLOFPN builds every conv",
     "PaddleDetection/dygraph/configs/ppyolo/_base_/ppyolo_r50vd_dcn.yml": "PPYOLOFPN builds every conv",
     "PaddleDetection/configs/yolov3/_base_/yolov3_mobilenet_v1.yml": "YOLOv3FPN builds every conv",
     "PaddleDetection/dygraph/configs/yolov3/_base_/yolov3_mobilenet_v1.yml": "YOLOv3FPN builds every conv",
     "PaddleDetection/dygraph/configs/yolov3/yolov3_mobilenet_v1_270e_coco.yml": "YOLOv3FPN builds every conv",
-    "PaddleDetection/configs/ppyoloe/ppyoloe_crn_s_300e_coco.yml": "no safe variant for YOLOv3.neck: CustomCSPPAN",
-    "PaddleDetection/configs/ppyoloe/_base_/ppyoloe_crn.yml": "no safe variant for YOLOv3.neck: CustomCSPPAN",
+    "PaddleDetection/configs/ppyoloe/ppyoloe_crn_s_300e_coco.yml": "CustomCSPPAN builds every conv as a conv + BatchNorm",
+    "PaddleDetection/configs/ppyoloe/_base_/ppyoloe_crn.yml": "CustomCSPPAN builds every conv as a conv + BatchNorm",
 }
 NO_ARCHITECTURE = "has no architecture section"
 

@@ -90,12 +90,20 @@ def test_ppyolo_necks_built_by_ppdet_have_every_conv_normalized(name):
     assert head and not any(head.values())
 
 
-def test_yolov3_fpn_and_ppyolo_pan_have_every_conv_normalized():
+def test_yolov3_fpn_ppyolo_pan_and_ppyoloe_pan_have_every_conv_normalized():
+    from ppdet.modeling.necks.custom_pan import CustomCSPPAN
     from ppdet.modeling.necks.yolo_fpn import PPYOLOPAN, YOLOv3FPN
 
+    from ampsafe.patches.registry import ALREADY_SAFE
+
+    assert {n for _, n in ALREADY_SAFE} == {"PPYOLOFPN", "PPYOLOPAN", "PPYOLOTinyFPN", "YOLOv3FPN", "CustomCSPPAN"}
     for neck in (
         YOLOv3FPN(in_channels=[64, 128, 256], norm_type="bn"),
         PPYOLOPAN(in_channels=[64, 128, 256], norm_type="bn", drop_block=True, spp=True, conv_block_num=2),
+        # as configs/ppyoloe/_base_/ppyoloe_crn.yml builds it (CSPResNet's channels at width 0.50)
+        CustomCSPPAN(
+            in_channels=[128, 256, 512], out_channels=[384, 192, 96], stage_num=1, block_num=3, act="swish", spp=True
+        ),
     ):
         report = normalized_conv_report(neck)
         assert report and all(report.values()), [k for k, v in report.items() if not v]

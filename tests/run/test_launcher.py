@@ -17,12 +17,25 @@ def ampsafe_run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
 
 
 def test_torch_script_gets_ampsafes_scaler_and_summary():
-    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_torch.py"), "--steps", "6")
+    proc = ampsafe_run("--watch", "--", sys.executable, str(SCRIPTS / "train_torch.py"), "--steps", "6")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "script: scaler is ampsafe.auto.GradScaler" in out
     assert "changed torch.amp.GradScaler -> ampsafe.torch.GradScaler (min_scale=1.0, on_floor='raise')" in out
     assert "[torch, pid" in out and "ampsafe.torch.scaler.GradScaler: 6 steps, 0 skipped, 0 floor hits, 0 heals" in out
+    assert "[ampsafe] watching Sequential for NaN/Inf" in proc.stderr  # --watch found the trained model
+
+
+def test_ppdet_script_builds_the_swapped_neck_by_name(upstream, tmp_path):
+    from ampsafe.patches import swap_neck
+
+    overlay = swap_neck(
+        upstream / "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml", out=tmp_path / "f.yml"
+    )
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "build_ppdet.py"), "-c", str(overlay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "script: built AmpSafeFPN as ampsafe.patches.ppdet_necks.AmpSafeFPN" in proc.stdout
+    assert "changed ppdet necks registered: AmpSafeFPN" in proc.stdout
 
 
 def test_floor_option_reaches_the_scaler_clamp_finishes_raise_stops():
@@ -64,6 +77,9 @@ def test_command_line_beats_config_and_bad_options_are_refused(tmp_path, capsys)
         main(["--min-scale", "-1", "--", sys.executable, "-c", "pass"])
     with pytest.raises(ampsafe.ConfigError, match="needs a command"):
         main([])
+    assert main(["--", "true"]) == 0  # not Python: nothing loaded ampsafe, and the summary says so
+    assert "no Python process of the command loaded ampsafe" in capsys.readouterr().out
+    assert main(["--", "false"]) == 1  # the command's exit status is passed through
 
 
 def test_import_ampsafe_auto_patches_in_process_and_uninstalls():
@@ -75,6 +91,8 @@ def test_import_ampsafe_auto_patches_in_process_and_uninstalls():
         "assert auto.summary()['scalers'][0]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"
         "c = torch.cuda.amp.GradScaler(init_scale=4.0, enabled=False)\n"
         "assert isinstance(c, Safe) and auto.summary()['scalers'][1]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"
+        "from ampsafe.workloads.dbnet import builder\n"  # the post-import hook registered the safe necks
+        "assert builder.NECKS['AmpSafeDBFPN'].__module__ == 'ampsafe.patches.paddleocr_necks'\n"
         "auto.uninstall()\n"
         "assert not isinstance(torch.amp.GradScaler('cpu'), Safe)\n"
         "print('ok')\n"

@@ -48,9 +48,21 @@ def _same(a, b) -> bool:
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(1, 3), st.integers(1, 3))
-def test_neutral_extras_reproduce_forced_on_paddle_scaler_step_for_step(pattern, incr_n, decr_n):
-    kw = dict(init_loss_scaling=256.0, incr_every_n_steps=incr_n, decr_every_n_nan_or_inf=decr_n)
+@given(
+    st.lists(st.booleans(), min_size=1, max_size=30),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.sampled_from([(2.0, 0.5, 256.0), (1.7, 0.3, 300.1)]),  # odd ratios: Paddle multiplies in float32
+)
+def test_neutral_extras_reproduce_forced_on_paddle_scaler_step_for_step(pattern, incr_n, decr_n, ratios):
+    incr, decr, init = ratios
+    kw = dict(
+        init_loss_scaling=init,
+        incr_ratio=incr,
+        decr_ratio=decr,
+        incr_every_n_steps=incr_n,
+        decr_every_n_nan_or_inf=decr_n,
+    )
     assert _same(_train(forced_paddle_scaler(**kw), pattern), _train(GradScaler(**kw, **NEUTRAL), pattern))
 
 
@@ -91,6 +103,7 @@ def test_floor_raise_names_poisoned_parameter_and_scale_history():
 
 def test_fp32_guard_skips_nonfinite_steps_and_counts_them():
     scaler = GradScaler(fp32_guard=True)
+    assert not scaler.is_enable() and scaler.get_loss_scaling() == 1.0
     model = paddle_model()
     before = [p.numpy().copy() for p in model.parameters()]
     scales, params = _train(scaler, [True, False, True], model=model)
@@ -158,7 +171,7 @@ def test_resume_through_paddle_save_reproduces_uninterrupted_run(tmp_path):
 
 @pytest.mark.parametrize("rate", [0.001, 0.1, 0.5, 1.0])
 def test_injected_steps_never_corrupt_parameters(rate):
-    """10,000 simulated steps (random gradients, real Paddle model and optimizer) per rate."""
+    """2,000 simulated steps per rate (random gradients, real Paddle model and optimizer); the core runs 10,000."""
     rng = np.random.default_rng(int(rate * 1000))
     model = paddle_model(width=4)
     params = list(model.parameters())
@@ -167,13 +180,22 @@ def test_injected_steps_never_corrupt_parameters(rate):
     x = paddle.to_tensor(X[:2])
     loss = model(x).sum()
     scaler.scale(loss).backward()  # creates the gradient tensors; below they are overwritten in place
-    steps = 10_000
+    grads = [p._grad_ivar() for p in params]
+    pool = [[paddle.to_tensor(rng.standard_normal(p.shape).astype("float32")) for p in params] for _ in range(16)]
+    bad = []
+    for p in params:
+        for value in (math.nan, math.inf):
+            arr = rng.standard_normal(p.shape).astype("float32")
+            arr.reshape(-1)[0] = value
+            bad.append(paddle.to_tensor(arr))
+    steps = 2_000
     injected = rng.random(steps) < rate
+    which = rng.integers(len(bad), size=steps)
     for i in range(steps):
-        for p in params:
-            p._grad_ivar().set_value((rng.standard_normal(p.shape) * scaler.get_loss_scaling()).astype("float32"))
+        for grad, fresh in zip(grads, pool[i % len(pool)]):
+            paddle.assign(fresh, output=grad)
         if injected[i]:
-            poison_paddle_grad(params[rng.integers(len(params))], math.nan if rng.random() < 0.5 else math.inf)
+            paddle.assign(bad[which[i]], output=grads[which[i] // 2])
         scaler.step(opt)
         scaler.update()
         assert 1.0 <= scaler.get_loss_scaling() <= 2.0**24
@@ -202,3 +224,23 @@ def test_overflow_and_state_dict_are_numpy_2_4_safe_where_paddles_own_is_not():
             except DeprecationWarning:
                 outcomes[name] = "numpy-2.4 error"
     assert outcomes == {"paddle": "numpy-2.4 error", "ampsafe": "ok"}
+
+
+def test_fixed_scale_mode_matches_paddle_use_dynamic_loss_scaling_false():
+    pattern = [False, True, False, False, True, True, False]
+    kw = dict(init_loss_scaling=512.0, use_dynamic_loss_scaling=False)
+    ours_scaler = GradScaler(**kw)
+    theirs, ours = _train(forced_paddle_scaler(**kw), pattern), _train(ours_scaler, pattern)
+    assert _same(theirs, ours) and set(ours[0]) == {512.0}
+    assert not ours_scaler.is_use_dynamic_loss_scaling() and ours_scaler.stats.skipped_steps == 3
+
+
+def test_heal_hook_gets_offenders_and_the_scale_restarts_before_the_collapse():
+    calls = []
+    scaler = GradScaler(init_loss_scaling=32.0, on_floor="heal")
+    scaler.heal_hook = lambda s, info: calls.append(info) or list(info.modules)
+    _train(scaler, [False] * 2 + [True] * 6 + [False])  # 32 -> 1 in 5 overflows, the 6th is at the floor
+    assert len(calls) == 1 and calls[0].offenders == ("2.weight",) and calls[0].scale_before_collapse == 32.0
+    assert scaler.stats.heals[0].paths == ("2",) and scaler.get_loss_scaling() == 32.0
+    with pytest.raises(ampsafe.LossScaleFloorError, match="needs ampsafe.heal support"):
+        _train(GradScaler(init_loss_scaling=2.0, on_floor="heal"), [True] * 4)

@@ -68,6 +68,15 @@ def test_backward_is_measured_without_touching_parameter_gradients(tiny):
     p = report.path("in2_conv")
     assert p.grad_amax is not None and p.grad_amax > 65504 and p.overflows_in == "backward"
     assert all(q.grad is None for q in model.parameters())
+    # gradients a user already has are left as they were
+    model(*inputs).mean().backward()
+    before = {n: q.grad.numpy().copy() for n, q in model.named_parameters() if q.grad is not None}
+    ampsafe.scan(model, inputs, loss_fn=lambda out: out.mean(), loss_scale=2.0**16)
+    after = {n: q.grad.numpy() for n, q in model.named_parameters() if q.grad is not None}
+    assert before.keys() == after.keys() and before
+    for n in before:
+        np.testing.assert_array_equal(before[n], after[n], err_msg=n)
+    model.clear_gradients(set_to_zero=False)
 
 
 def _paddle_state(model):

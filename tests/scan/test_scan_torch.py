@@ -96,7 +96,10 @@ def test_backward_overflow_is_told_apart_from_forward_overflow():
     p = report.path("conv2")
     assert p.amax < 100 and p.grad_amax > 65504
     assert p.risky and p.overflows_in == "backward"
-    assert ampsafe.scan(model, (x,), loss_fn=lambda out: out.sum() * 4.0, loss_scale=1.0).path("conv2").overflows_in is None
+    assert (
+        ampsafe.scan(model, (x,), loss_fn=lambda out: out.sum() * 4.0, loss_scale=1.0).path("conv2").overflows_in
+        is None
+    )
     # huge activations: forward, whatever the scale
     huge = ampsafe.scan(Huge(), (torch.rand(3, 16),), loss_fn=lambda out: out.sum(), loss_scale=1.0)
     assert huge.path("fc").overflows_in == "forward"
@@ -180,9 +183,7 @@ def _state(model):
         "training": [m.training for m in model.modules()],
         "buffers": {k: v.clone() for k, v in model.state_dict().items()},
         "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()],
-        "hooks": [
-            len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()
-        ],
+        "hooks": [len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()],
         "rng": torch.get_rng_state(),
     }
 
@@ -263,3 +264,25 @@ def test_cli_scans_a_factory_and_writes_json(tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "conv1" in printed and "unnormalized" in printed
     assert {p["start"] for p in json.loads(out.read_text())["paths"]} == {"conv1", "conv2"}
+
+
+def test_patched_island_is_reported_as_protected():
+    patching = pytest.importorskip("ampsafe.patching")
+    torch.manual_seed(0)
+    model, x = Huge(), torch.rand(3, 16)
+    assert ampsafe.scan(model, (x,)).path("fc").protected_by is None
+    patching.patch(model, (x,), policy="island")
+    try:
+        assert ampsafe.scan(model, (x,)).path("fc").protected_by == "island"
+    finally:
+        patching.unpatch(model)
+
+
+@pytest.mark.gpu
+def test_cuda_model_is_scanned_on_its_device():
+    torch.manual_seed(0)
+    model = ConvReluConv().cuda().train()
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    report = ampsafe.scan(model, (x,), loss_fn=lambda o: o.sum(), loss_scale=2.0**16)
+    assert report.path("conv1").ends == ("conv2",) and report.path("conv2").grad_amax is not None
+    assert float(model.bn.running_mean.abs().sum()) == 0.0

@@ -31,4 +31,37 @@ def paddle_hook_census(model) -> dict:
         counts["layer"] += len(layer._forward_pre_hooks) + len(layer._forward_post_hooks)
     counts["modes"] = len(intercept.active_modes())
     counts["backward"] = getattr(paddle.Tensor.backward, "_ampsafe_watch", False)
+    counts["wrapped_forward"] = "forward" in vars(model)
     return counts
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """On the shared 2-core machine two OpenMP threads thrash (a 70-step toy run: 23 s vs 0.4 s); restored after."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def frcnn_model():
+    """The seed report's model family: torchvision Faster R-CNN (mobilenet v3 320 FPN), random weights, train mode."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=5
+    )
+    return model.train()

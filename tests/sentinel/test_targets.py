@@ -77,7 +77,12 @@ def test_class_id_out_of_range_is_named():
 def test_valid_targets_pass_in_every_array_flavour():
     paddle = pytest.importorskip("paddle")
     boxes = [[10.0, 20, 100, 120]]
-    for make in (np.array, torch.tensor, lambda b: torch.tensor(b, dtype=torch.float32, requires_grad=True), paddle.to_tensor):
+    for make in (
+        np.array,
+        torch.tensor,
+        lambda b: torch.tensor(b, dtype=torch.float32, requires_grad=True),
+        paddle.to_tensor,
+    ):
         ampsafe.check_targets([{"boxes": make(boxes), "labels": make([1])}], image_size=(320, 320))
     bad = [{"gt_bbox": paddle.to_tensor([[10.0, 20, 5, 120]]), "gt_class": paddle.to_tensor([[1]])}]
     with pytest.raises(ampsafe.BadTargetError):

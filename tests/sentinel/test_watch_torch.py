@@ -209,7 +209,7 @@ def test_guard_replays_the_same_step_exactly_and_localizes():
             rng_at_dropout.clear()
             loss = model(x).square().mean()
             loss.backward()
-            ok = w.check(loss, replay=lambda: model(x).square().mean())
+            ok = w.check(loss, replay=lambda x=x: model(x).square().mean())
             if ok:
                 opt.step()
             opt.zero_grad()
@@ -287,3 +287,18 @@ def test_bad_options_are_config_errors():
         ampsafe.watch(LogModel(), monitor_every=0)
     with pytest.raises(ampsafe.UnsupportedModelError):
         ampsafe.watch(object())
+
+
+def test_guard_in_raise_mode_raises_the_localized_error_and_puts_gradients_back():
+    torch.manual_seed(0)
+    model = GuardModel().train()
+    x = torch.rand(3, 3, 8, 8) * 0.5
+    x[2] = 1.0
+    with ampsafe.watch(model, guard=True) as w:
+        loss = model(x).sum()
+        loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        with pytest.raises(ampsafe.NonFiniteError) as info:
+            w.check(loss, replay=lambda: model(x).sum())
+    assert (info.value.module, info.value.op, info.value.kind, info.value.sample) == ("stem", "div", "numerical", 2)
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))

@@ -96,6 +96,7 @@ def test_ppyolo_evaluate_returns_coco_map_and_restores_train_mode(det_ppyolo_tin
     assert det_ppyolo_tiny.model.training
 
 
+@pytest.mark.slow
 def test_ppyolo_tiny_loss_falls_over_20_fp32_steps(det_train, det_falls):
     workload = build("ppyolo", seed=0, config="tiny", image_size=256)
     losses = det_train(workload, lr=2e-4)
@@ -152,3 +153,12 @@ def test_ppyolo_without_ppdet_raises_missing_framework_error():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "MISSING:" in out.stdout and "paddledet" in out.stdout, out.stdout + out.stderr
+
+
+def test_ppyolo_accepts_a_config_path_with_two_output_levels(upstream):
+    path = upstream / "PaddleDetection/configs/ppyolo/ppyolo_mbv3_small_coco.yml"
+    w = build("ppyolo", config=str(path), image_size=128)
+    assert w.config_path == path and len(w.model.yolo_head.yolo_outputs) == 2
+    batch = w.batch(0)
+    assert {"target0", "target1"} <= set(batch) and "target2" not in batch
+    assert np.isfinite(float(w.loss(batch)))

@@ -8,7 +8,7 @@ the first step whose forward exceeds float16's max anywhere (measured with forwa
 
     state = brink_state(seed=0)         # {name: paddle.Tensor}, loads strictly into build("dbnet").model
     model = brink_model(seed=0)         # that model, train mode
-    rec = brink_record(seed=0)          # {"crossed_step", "first_layer", "amax_by_layer", ...}
+    rec = brink_record(seed=0)          # {"crossed_step", "first_layer", "watched_at_crossing", "probe", ...}
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ RECIPE = {
     "lr": 1e-2,
     "max_steps": 60,
     "extra_steps": 2,
-    "version": 2,
+    "version": 3,
 }
 
 
@@ -50,7 +50,7 @@ class layer_amax:
     """Context manager: forward post-hooks on every sublayer record the float32 abs-max of its outputs.
 
     ``amax`` maps sublayer path (as ``named_sublayers`` spells it) to the largest value seen since the last
-    ``reset()``; tensors nested in tuples, lists and dicts count.
+    ``reset()``, in the order the layers first ran; tensors nested in tuples, lists and dicts count.
     """
 
     def __init__(self, model):
@@ -145,7 +145,7 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
         "crossed_step": crossed["step"],
         "steps_trained": len(history),
         "train_seconds": round(time.perf_counter() - started, 2),
-        "first_layer": next(iter(over)),
+        "first_layer": next(name for name, value in crossed["amax_by_layer"].items() if value > FP16_MAX),
         "watched_at_crossing": {name: crossed["amax_by_layer"].get(name) for name in WATCHED},
         "over_fp16_at_crossing": over,
         "amax_by_layer_at_crossing": crossed["amax_by_layer"],
