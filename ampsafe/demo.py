@@ -138,40 +138,43 @@ def run_torch(
     batch_size: int,
     init_scale: float = 1024.0,
     workload_out: list | None = None,
+    device: str = "cpu",
 ) -> RunTrace:
     """Train ``frcnn`` for ``steps`` steps in ``mode`` (see ``TORCH_MODES``) under CPU float16 autocast.
 
     ``mode="fp32"`` runs without autocast, ``"bf16"`` under bfloat16 autocast (neither scales the loss);
-    ``workload_out``, when given, receives the trained workload (for ``evaluate``).
+    ``workload_out``, when given, receives the trained workload (for ``evaluate``); ``device="cuda"`` runs
+    the same loop under CUDA autocast.
     """
     import torch
 
     import ampsafe
     from ampsafe.torch import GradScaler
 
-    w = ampsafe.workloads.build("frcnn", seed=seed, image_size=image_size, batch_size=batch_size)
+    w = ampsafe.workloads.build("frcnn", seed=seed, image_size=image_size, batch_size=batch_size, device=device)
     if workload_out is not None:
         workload_out.append(w)
     model = w.model
     trace = RunTrace(mode)
     if mode == "island":
-        report = ampsafe.patch(model, w.example_inputs, policy="island", level=level, target="cpu")
+        scanned = ampsafe.scan(model, w.example_inputs, level=level, target=device)  # this device's autocast lists
+        report = ampsafe.patch(model, w.example_inputs, policy="island", level=level, report=scanned)
         trace.notes.append(f"island: {len(report.patched)} modules patched")
     opt = w.make_optimizer(lr)
     if mode in ("fp32", "bf16"):
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        scaler = torch.amp.GradScaler(device, enabled=False)
     elif mode == "native":
-        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+        scaler = torch.amp.GradScaler(device, init_scale=init_scale)
     else:
-        scaler = GradScaler("cpu", init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise")
+        scaler = GradScaler(device, init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise")
         if mode == "heal":
-            ampsafe.heal(model, scaler=scaler, level=level, target="cpu")
+            ampsafe.heal(model, scaler=scaler, level=level, target=device)
     t0 = time.perf_counter()
     for step in range(steps):
         batch = w.batch(step)
         scale = scaler.get_scale()
         dtype = torch.bfloat16 if mode == "bf16" else torch.float16
-        with torch.autocast("cpu", dtype=dtype, enabled=mode != "fp32"):
+        with torch.autocast(device, dtype=dtype, enabled=mode != "fp32"):
             loss = w.loss(batch)
         scaler.scale(loss).backward()
         scaler.step(opt)

@@ -173,8 +173,10 @@ def _print_table(report: ScanReport, show_all: bool) -> None:
         title=f"ampsafe scan ({report.framework}, {report.level}, target {report.target}): {len(report.paths)} "
         f"paths, {len(report.unnormalized)} unnormalized, {len(report.risky)} risky"
     )
-    for col in ("start", "ends", "kind", "normalized", "fwd amax", "bwd amax", "headroom", "risky", "pass"):
-        table.add_column(col)
+    table.add_column("start", overflow="fold")
+    table.add_column("ends", overflow="fold")
+    for col in ("kind", "normalized", "fwd amax", "bwd amax", "headroom", "risky", "pass"):
+        table.add_column(col, no_wrap=True)
     for p in rows:
         table.add_row(
             p.start,
@@ -188,6 +190,8 @@ def _print_table(report: ScanReport, show_all: bool) -> None:
             p.overflows_in or "-",
         )
     console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze module paths into 80 columns
+        console = Console(width=160)
     console.print(table)
     if report.risky_ops:
         ops = Table(title="risky low-precision ops")

@@ -80,8 +80,7 @@ def _walk(graph: Graph, start: Node, consumers: dict[int, list[int]]) -> _Walk:
                 walk.normalized = False
             else:
                 frontier.extend(node.outputs)
-    if not walk.ends:  # the values went nowhere a float16 overflow could matter, e.g. only into shapes
-        walk.normalized = True
+    # no ends at all (the values only fed shapes or integer ops): nothing unnormalized downstream, normalized stays True
     return walk
 
 

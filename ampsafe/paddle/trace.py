@@ -157,7 +157,7 @@ class _Recorder(intercept.OpMode):
 
         def on_grad(grad, tid=tid):
             if grad is not None and grad.size:
-                m = paddle.max(paddle.abs(grad.detach()))
+                m = _abs_max(grad.detach())
                 prev = self.grads.get(tid)
                 self.grads[tid] = m if prev is None else paddle.maximum(prev, m)
 
@@ -237,7 +237,7 @@ class _Recorder(intercept.OpMode):
         if produced and op not in _VIEWS and op not in _NON_EXPANDING:
             measured = produced[:1] if kind is OpKind.NORM else produced
             with paddle.no_grad():
-                maxima = [paddle.max(paddle.abs(t.detach())) for t in measured if t.size]
+                maxima = [_abs_max(t.detach()) for t in measured if t.size]
             if maxima:
                 self.pending.append((node, maxima))
         return out
@@ -246,6 +246,11 @@ class _Recorder(intercept.OpMode):
         for node, maxima in self.pending:
             node.amax = _to_float(max(float(m) for m in maxima))
         self.pending.clear()
+
+
+def _abs_max(t):
+    """max |t| as a 0-d tensor, without materialising |t| (two reductions, no full-size temporary)."""
+    return paddle.maximum(paddle.max(t), -paddle.min(t))
 
 
 def _to_float(x: float) -> float:

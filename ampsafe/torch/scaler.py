@@ -16,7 +16,9 @@ Example::
 
 The tensor work is torch's own (``_amp_foreach_non_finite_check_and_unscale_``, no per-parameter Python maths);
 the scale decisions come from :mod:`ampsafe.core.scale` on the host, fed by the one ``found_inf.item()`` sync
-that ``step`` needs anyway, so a step costs no more host syncs than torch's scaler. ``fp32_guard=True`` turns
+that ``step`` needs anyway, so a step costs no more host syncs than torch's scaler. Optimizers that unscale and
+skip on the device (fused Adam) never hand found_inf to the host; off the CPU their steps are decided on the
+device by a few tensor ops (the same rules and rounding), reconciled with the host in one sync when needed. ``fp32_guard=True`` turns
 scaling off and keeps the guard: steps whose gradients are non-finite are skipped and counted (for FP32 runs
 that hit ``loss = nan``).
 """
@@ -61,7 +63,10 @@ class GradScaler:
     ``"clamp"``, ``"heal"``), ``process_group`` (ranks that agree on ``found_inf``; default: the default group
     when ``torch.distributed`` is initialized), ``fp32_guard`` (no scaling, skip non-finite steps),
     ``callback`` (``fn(StepDecision)`` after every update), ``model`` (names parameters in errors; found via the
-    garbage collector when omitted). ``min_scale=0, max_scale=inf, hysteresis=1`` reproduce torch exactly.
+    garbage collector when omitted), ``device_decisions`` (steps of self-unscaling optimizers such as fused Adam,
+    whose found_inf never reaches the host, are decided on the device without a sync, as torch's are; the host
+    syncs only when the unknown steps could have reached the floor (``on_floor`` raise/heal); default: when the
+    scale lives on an accelerator). ``min_scale=0, max_scale=inf, hysteresis=1`` reproduce torch exactly.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class GradScaler:
         fp32_guard: bool = False,
         callback: Optional[Callable[[StepDecision], Any]] = None,
         model: Optional[torch.nn.Module] = None,
+        device_decisions: Optional[bool] = None,
     ) -> None:
         self._device = device
         self._enabled = bool(enabled) and not fp32_guard
@@ -109,6 +115,7 @@ class GradScaler:
         self._scale: Optional[torch.Tensor] = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
         self._losses: deque = deque(maxlen=16)
+        self._device_decisions = device_decisions
         self._lag = 0  # steps decided on the device only (self-unscaling optimizers), not yet known to the host
         self._dev: Optional[dict] = None
         self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
@@ -340,7 +347,7 @@ class GradScaler:
             total = pending[0]
             for t in pending[1:]:
                 total = total + t
-            if len(pending) == len(checked) and self._device_update_allowed():
+            if len(pending) == len(checked) and self._decide_on_device() and self._device_update_allowed():
                 self._device_update(total)  # no host sync, like torch's _amp_update_scale_
                 self._losses.clear()
                 return
@@ -361,6 +368,12 @@ class GradScaler:
             self._on_floor(decision, offenders, losses)
 
     # -- device-side steps (self-unscaling optimizers: torch's needs no host sync there, so neither do we) --------
+    def _decide_on_device(self) -> bool:
+        """On a CPU a host read costs nothing and ~20 small tensor ops cost ~90 us, so only off the CPU by default."""
+        if self._device_decisions is not None:
+            return self._device_decisions
+        return self._scale.device.type != "cpu"
+
     def _device_update_allowed(self) -> bool:
         """True when deciding this step on the device can't hide a floor hit that needs the host (raise/heal):
         even if every unknown step overflowed, the scale could not have reached min_scale."""
@@ -384,21 +397,25 @@ class GradScaler:
                 "last_clean": torch.full((), core.last_clean_scale, dtype=torch.float32, device=s.device),
             }
         d = self._dev
-        inf = found.to(s.device) > 0
+        found = found.to(s.device)
+        inf = found > 0
+        d["counts"] += torch.stack([inf, inf & (s <= p.min_scale) if p.min_scale > 0 else torch.zeros_like(inf)])
+        d["last_clean"] = torch.where(inf, d["last_clean"], s)
+        self._lag += 1
+        if p.hysteresis == 1:  # torch's fused kernel, then the floor and cap: max(s*b, min), min(s*g, max)
+            torch._amp_update_scale_(s, d["growth"], found, p.growth_factor, p.backoff_factor, p.growth_interval)
+            s.clamp_(p.min_scale, p.max_scale)
+            return
         overflow = torch.where(inf, d["overflow"] + 1, 0)
         back = inf & (overflow >= p.hysteresis)
         d["overflow"] = torch.where(back, 0, overflow)
         growth = torch.where(inf, 0, d["growth"] + 1)
         grow = ~inf & (growth >= p.growth_interval)
         d["growth"] = torch.where(grow, 0, growth)
-        floor_hit = inf & (s <= p.min_scale) if p.min_scale > 0 else torch.zeros_like(inf)
-        d["counts"] += torch.stack([inf, floor_hit]).long()
-        d["last_clean"] = torch.where(inf, d["last_clean"], s)
         backed = (s.double() * p.backoff_factor).float().clamp_min(p.min_scale)
         grown = (s.double() * p.growth_factor).float()
         grown = torch.where(torch.isfinite(grown), grown.clamp_max(p.max_scale), s)
         s.copy_(torch.where(back, backed, torch.where(grow, grown, s)))
-        self._lag += 1
 
     def _reconcile(self, extra: Optional[torch.Tensor] = None):
         """Bring device-decided steps into the host state with one sync, reading ``extra`` in the same sync."""

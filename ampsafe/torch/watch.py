@@ -372,6 +372,8 @@ class Watch(WatchBase):
 
     def _rerun(self, func, args, kwargs, pre) -> bool | None:
         """Whether ``func`` gives finite outputs in float32 on the same (upcast) inputs, autocast off."""
+        if op_name(func)[0] in ("half", "bfloat16"):  # a cast *to* low precision: float32 keeps finite values
+            return True
         if pre is not None and pre[1] is not None:
             args = (pre[1], *args[1:])
         up_args, up_kwargs = _upcast(tuple(args)), _upcast(dict(kwargs))

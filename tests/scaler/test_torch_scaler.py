@@ -361,7 +361,7 @@ def test_fused_optimizer_steps_need_no_or_amortized_host_syncs_and_match_torch(o
     native_reads, our_reads = _CountHostReads(), _CountHostReads()
     native = torch.amp.GradScaler("cpu", **kw)
     theirs = _fused_run(native, pattern, native_reads)
-    ours_scaler = GradScaler("cpu", **kw, min_scale=1.0, on_floor=on_floor)
+    ours_scaler = GradScaler("cpu", **kw, min_scale=1.0, on_floor=on_floor, device_decisions=True)
     ours = _fused_run(ours_scaler, pattern, our_reads)
     assert native_reads.count == 0 and our_reads.count <= max_reads
     assert all(torch.equal(a, b) for a, b in zip(theirs.parameters(), ours.parameters()))
@@ -374,7 +374,7 @@ def test_fused_optimizer_device_steps_agree_with_host_decisions_including_hyster
     pattern = [True, True, False, True, True, True, False, False, False, False, True, False] * 3
     kw = dict(init_scale=2.0**12, growth_interval=4, min_scale=1.0, hysteresis=2, on_floor="clamp")
     host = GradScaler("cpu", **kw, callback=lambda d: None)  # a per-step callback forces host decisions
-    device = GradScaler("cpu", **kw)
+    device = GradScaler("cpu", **kw, device_decisions=True)
     a, b = _fused_run(host, pattern), _fused_run(device, pattern)
     assert device._lag == len(pattern)  # every step was decided on the device
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
@@ -389,7 +389,7 @@ def test_fused_optimizer_device_steps_agree_with_host_decisions_including_hyster
 
 
 def test_fused_optimizer_still_raises_at_the_floor_naming_the_parameter():
-    scaler = GradScaler("cpu", init_scale=2.0**6, min_scale=1.0, hysteresis=2)
+    scaler = GradScaler("cpu", init_scale=2.0**6, min_scale=1.0, hysteresis=2, device_decisions=True)
     with pytest.raises(ampsafe.LossScaleFloorError) as info:
         _fused_run(scaler, [True] * 40)
     assert scaler._core.stats.total_steps == 2 * 6 + 1 and info.value.offenders == ["2.weight"]

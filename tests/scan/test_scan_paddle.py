@@ -159,3 +159,18 @@ def test_dbnet_brink_checkpoint_dbfpn_paths_overflow_in_the_forward_pass():
         p = report.path(start)
         assert p.risky and p.overflows_in == "forward" and "head.binarize.conv1" in p.ends, p
     assert report.path("head.binarize.conv1").overflows_in == "forward"
+
+
+def test_ppyolo_only_yolo_outputs_and_se_squeeze_convs_are_unnormalized():
+    """ppdet's YOLOv3Head adds its output convs as ``yolo_output.{i}`` (plain Conv2D with bias, straight into
+    YOLOv3Loss); every other conv in PP-YOLO tiny is a ConvBNLayer except MobileNetV3's SE squeeze convs."""
+    pytest.importorskip("ppdet")
+    w = ampsafe.workloads.build("ppyolo", config="tiny")
+    report = ampsafe.scan(w.model, w.example_inputs)
+    heads = {f"yolo_head.yolo_output.{i}" for i in range(3)}
+    unnorm = {p.start for p in report.unnormalized}
+    assert heads <= unnorm
+    assert all(s.endswith("mid_se.conv1") for s in unnorm - heads), unnorm - heads
+    for start in heads:
+        assert "<loss>" in report.path(start).ends
+    assert sum(p.normalized for p in report.paths) > 60

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 
-def torch_hook_census(model) -> dict:
+
+def _torch_hook_census(model) -> dict:
     """Every hook a torch model (and torch globally) carries: module hooks, parameter hooks, global hooks, modes."""
     import torch
     from torch.nn.modules import module as M
@@ -21,7 +23,7 @@ def torch_hook_census(model) -> dict:
     return counts
 
 
-def paddle_hook_census(model) -> dict:
+def _paddle_hook_census(model) -> dict:
     import paddle
 
     from ampsafe.paddle import intercept
@@ -35,7 +37,16 @@ def paddle_hook_census(model) -> dict:
     return counts
 
 
-import pytest  # noqa: E402
+@pytest.fixture
+def torch_hook_census():
+    """census(model) -> every hook a torch model (and torch globally) carries."""
+    return _torch_hook_census
+
+
+@pytest.fixture
+def paddle_hook_census():
+    """census(model) -> every hook / wrapper a paddle model carries, and the active op modes."""
+    return _paddle_hook_census
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from conftest import paddle_hook_census
 from paddle import nn
 
 import ampsafe
@@ -93,7 +92,7 @@ def test_paddle_backward_nan_is_named_after_the_op_whose_backward_made_it():
     assert w.events == [err]
 
 
-def test_paddle_no_hook_left_after_exit_even_on_exception():
+def test_paddle_no_hook_left_after_exit_even_on_exception(paddle_hook_census):
     paddle.seed(0)
     model = LogModel()
     before = paddle_hook_census(model)
@@ -142,3 +141,39 @@ def test_paddle_guard_replays_and_localizes_with_batchnorm_restored():
         ("forward", "", "divide", "numerical", 1)
     ]
     np.testing.assert_array_equal(model.bn._mean.numpy(), mean_before)
+
+
+class StepFunction(nn.Layer):
+    """DBHead's differentiable binarization 1 / (1 + exp(-k (P - T))), k = 50."""
+
+    def forward(self, p, t):
+        return paddle.reciprocal(1 + paddle.exp(-50 * (p - t)))
+
+
+class TinyDBHead(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.binarize = nn.Conv2D(4, 1, 3, padding=1)
+        self.thresh = nn.Conv2D(4, 1, 3, padding=1)
+        self.step = StepFunction()
+
+    def forward(self, x):
+        return self.step(nn.functional.sigmoid(self.binarize(x)), nn.functional.sigmoid(self.thresh(x)))
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_step_function_exp_overflows_only_at_o2_and_is_named(level):
+    paddle.seed(0)
+    model = TinyDBHead()
+    x = paddle.randn([2, 4, 16, 16]) * 3
+    with paddle.no_grad():
+        p = nn.functional.sigmoid(model.binarize(x))
+        t = nn.functional.sigmoid(model.thresh(x))
+        assert float((-50 * (p - t)).max()) > 11.1  # exp(11.1) > 65504: leaves float16 range
+    with ampsafe.watch(model, on_nonfinite="record") as w, emulate_fp16(model, level=level):
+        out = model(x)
+    assert bool(paddle.isfinite(out).all())  # 1 / (1 + inf) = 0: the output hides it
+    if level == "O1":  # exp is on Paddle's O1 black list: float32, finite
+        assert w.events == []
+    else:
+        assert [(e.module, e.op, e.kind) for e in w.events] == [("step", "exp", "overflow")]

@@ -6,7 +6,6 @@ import logging
 
 import pytest
 import torch
-from conftest import torch_hook_census
 from torch import nn
 
 import ampsafe
@@ -155,7 +154,7 @@ def test_record_mode_keeps_one_event_per_step_not_the_flood():
     assert [(e.module, e.op) for e in w.events] == [("head", "log")] * 2
 
 
-def test_no_hook_left_after_exit_even_on_exception():
+def test_no_hook_left_after_exit_even_on_exception(torch_hook_census):
     torch.manual_seed(0)
     model, x = LogModel(), torch.randn(6, 4)
     before = torch_hook_census(model)

@@ -1,0 +1,76 @@
+"""The accuracy / throughput benchmarks' own logic: spreads over seeds, deltas to FP32, throughput ratios,
+the GPU script's refusal without CUDA, and plots that survive failed runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.bench_accuracy import LABELS, mode_table, spread
+from bench.bench_throughput import ratios
+
+
+def test_spread_ignores_failed_runs_and_uses_sample_std():
+    s = spread([0.6, None, 0.8, float("nan")])
+    assert s["n"] == 2 and s["failed"] == 2
+    assert s["mean"] == pytest.approx(0.7)
+    assert s["std"] == pytest.approx(math.sqrt(0.02))  # sample std of (0.6, 0.8)
+    assert (s["min"], s["max"]) == (0.6, 0.8)
+    assert spread([None])["mean"] is None
+
+
+def test_mode_table_reports_delta_to_fp32_in_points_per_mode():
+    runs = [
+        {"mode": "fp32", "seed": 0, "metric": 0.70, "overflowing_steps": 0, "final_loss": 2.0},
+        {"mode": "fp32", "seed": 1, "metric": 0.72, "overflowing_steps": 0, "final_loss": 2.1},
+        {"mode": "native", "seed": 0, "metric": 0.04, "overflowing_steps": 29, "final_loss": 4.9},
+        {"mode": "native", "seed": 1, "metric": None, "error": "LossScaleFloorError: x", "overflowing_steps": None},
+    ]
+    rows, md = mode_table(runs, metric="hmean", labels=LABELS)
+    by_mode = {r["mode"]: r for r in rows}
+    assert by_mode["fp32"]["delta_points"] == pytest.approx(0.0)
+    assert by_mode["native"]["delta_points"] == pytest.approx(100 * (0.04 - 0.71))
+    assert by_mode["native"]["metric"]["failed"] == 1 and by_mode["native"]["errors"] == ["LossScaleFloorError: x"]
+    assert "| float16, native scaler | 0,1 (1 failed) | 0.040 |" in md and "-67.0" in md
+
+
+def test_throughput_ratios_compare_each_mode_with_fp32_and_islands_with_fp16():
+    rows = [
+        {"mode": "fp32", "images_per_s": 10.0},
+        {"mode": "fp16", "images_per_s": 20.0},
+        {"mode": "fp16+island", "images_per_s": 19.0},
+        {"mode": "bf16", "error": "RuntimeError: no kernel"},
+    ]
+    rel = ratios(rows)
+    assert rel["fp16/fp32"] == pytest.approx(2.0) and rel["fp16+island/fp32"] == pytest.approx(1.9)
+    assert rel["fp16+island/fp16"] == pytest.approx(0.95)
+    assert "bf16/fp32" not in rel
+
+
+def test_gpu_bench_refuses_to_run_without_cuda_unless_dry_run(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the refusal path cannot be reached")
+    from bench.gpu_bench import main
+
+    assert main(["--only", "fidelity"]) == 2
+    assert "torch.cuda.is_available() is False" in capsys.readouterr().out
+
+
+def test_plot_training_writes_a_png_when_runs_failed_or_overflowed(tmp_path):
+    from bench.plots import plot_training
+
+    runs = [
+        {"mode": "fp32", "seed": 0, "losses": [3.0, 2.0, 1.5], "scales": [1.0, 1.0, 1.0], "metric": 0.7},
+        {
+            "mode": "native",
+            "seed": 0,
+            "losses": [3.0, float("nan"), 2.9],
+            "scales": [1024.0, 512.0, 0.0],
+            "metric": 0.0,
+        },
+        {"mode": "island", "seed": 0, "metric": None},  # failed before any step
+    ]
+    path = plot_training(runs, tmp_path / "acc.png", "t", metric="hmean")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
