@@ -71,6 +71,7 @@ def run_paddle(
     init_scale: float = 1024.0,
     workload: str = "dbnet",
     workload_out: list | None = None,
+    heal_options: dict | None = None,
 ) -> RunTrace:
     """Train ``dbnet`` for ``steps`` steps in ``mode`` (see ``PADDLE_MODES``) under the float16 emulator.
 
@@ -103,7 +104,7 @@ def run_paddle(
             init_loss_scaling=init_scale, min_loss_scaling=1.0, on_floor="heal" if mode == "heal" else "raise"
         )
         if mode == "heal":
-            ampsafe.heal(model, scaler=scaler, level=level)
+            ampsafe.heal(model, scaler=scaler, level=level, **(heal_options or {}))
     t0 = time.perf_counter()
     with contextlib.nullcontext() if mode == "fp32" else emulate_fp16(model, level=level):
         for step in range(steps):
@@ -216,11 +217,13 @@ def plot(traces: list[RunTrace], path: Path, title: str) -> Path:
         ax_s.semilogy(steps, [max(s, 1e-45) for s in t.scales], label=t.mode)
         ax_l.plot(steps, t.losses, label=t.mode)
     ax_s.set(xlabel="step", ylabel="loss scale (log)", title="loss scale")
-    ax_l.set(xlabel="step", ylabel="loss", title="training loss (nan = overflowed forward)")
+    ax_l.set(xlabel="step", ylabel="loss", title="training loss")
     for ax in (ax_s, ax_l):
         ax.legend()
         ax.grid(alpha=0.3)
-    fig.suptitle(title)
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -13,6 +13,7 @@ that float32 has too (a numerical error) is not a precision problem, and more is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any, Callable, Optional
@@ -61,23 +62,92 @@ def nonfinite_sample(inputs) -> Optional[tuple[int, int]]:
     return None
 
 
-def _all_gather_paths(framework: str, paths: list[str]) -> list[str]:
-    """Union of the path lists of every rank, so all ranks patch the same modules (or just ``paths``)."""
+def _all_gather(framework: str, obj) -> list:
+    """``obj`` of every rank, in rank order (``[obj]`` outside a process group), so all ranks decide alike.
+
+    torch fills a list of world size; Paddle's ``all_gather_object`` appends to the (empty) list it is given.
+    """
     if framework == "torch":
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return paths
+            return [obj]
         gathered: list = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, paths)
-    else:
-        import paddle.distributed as dist
+        dist.all_gather_object(gathered, obj)
+        return gathered
+    import paddle.distributed as dist
 
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return paths
-        gathered = []
-        dist.all_gather_object(gathered, paths)
-    return sorted({p for rank in gathered for p in rank})
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    gathered = []
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _all_gather_paths(framework: str, paths: list[str]) -> list[str]:
+    """Union of the path lists of every rank, so all ranks patch the same modules (or just ``paths``)."""
+    return sorted({p for rank in _all_gather(framework, list(paths)) for p in rank})
+
+
+def restore_scale(history) -> Optional[float]:
+    """The scale before the collapse: walk back over the recent scales while they do not decrease.
+
+    The core's ``last_clean_scale`` is the scale of the last clean step, which during a collapse may already be
+    the floor (an overflow that only the backward had stops at a small enough scale, then comes back).
+    """
+    hist = [float(s) for s in history]
+    if not hist:
+        return None
+    i = len(hist) - 1
+    while i > 0 and hist[i - 1] >= hist[i]:
+        i -= 1
+    return hist[i]
+
+
+def _call(model, inputs):
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def _float32_replay(model, framework: str, inputs, loss_fn) -> Optional[str]:
+    """Run ``model`` on ``inputs`` in float32 (no autocast, no emulation, no grad, buffers restored).
+
+    Returns what was non-finite ("the output" / "the loss"), or None when float32 is finite.
+    """
+    if framework == "torch":
+        import torch
+
+        buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(torch.autocast("cpu", enabled=False))
+            if torch.cuda.is_available():
+                stack.enter_context(torch.autocast("cuda", enabled=False))
+            try:
+                out = _call(model, inputs)
+                loss = loss_fn(out) if loss_fn is not None else None
+            finally:
+                for k, v in model.named_buffers():
+                    if k in buffers:
+                        v.copy_(buffers[k])
+    else:
+        import paddle
+
+        from .paddle.intercept import fp32_region
+
+        buffers = {k: v.numpy().copy() for k, v in model.named_buffers()}
+        with paddle.no_grad(), paddle.amp.auto_cast(enable=False), fp32_region():
+            try:
+                out = _call(model, inputs)
+                loss = loss_fn(out) if loss_fn is not None else None
+            finally:
+                for k, v in model.named_buffers():
+                    if k in buffers:
+                        v.set_value(buffers[k])
+    if any(not np.isfinite(a).all() for a in _arrays(out)):
+        return "the model's output"
+    if loss is not None and any(not np.isfinite(a).all() for a in _arrays(loss)):
+        return "the loss"
+    return None
 
 
 class Healer:
@@ -85,7 +155,11 @@ class Healer:
 
     ``margin_bits``: a path is healed when its float32 abs-max comes within this many bits of 65504 on the
     replayed batch (1 bit: above 32752), so it does not overflow again on the next, slightly larger batch.
-    ``max_heals``: give up with :class:`LossScaleFloorError` after that many heals.
+    ``max_heals``: give up with :class:`LossScaleFloorError` after that many heals. ``loss_fn(output)``:
+    optional; lets the float32 check look at the loss and the search find paths whose *gradients* overflow.
+
+    Every check is collective: each rank replays its own last batch, the verdicts are all-gathered, and every
+    rank raises the same error or patches the same union of paths, so the replicas stay identical.
     """
 
     def __init__(
@@ -98,6 +172,10 @@ class Healer:
         max_heals: int = 3,
         loss_fn: Optional[Callable] = None,
     ):
+        if not isinstance(max_heals, int) or max_heals < 0:
+            raise ConfigError(f"max_heals must be an int >= 0, got {max_heals!r}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise ConfigError("loss_fn must be callable: loss_fn(output) -> scalar tensor")
         self.model = unwrap(model)
         self.framework = framework_of(self.model)
         self.level, self.target, self.margin_bits = level, target, margin_bits
@@ -120,71 +198,161 @@ class Healer:
             self._handle.remove()
             self._handle = None
 
-    def find(self, inputs) -> list[RiskPath]:
-        """The unprotected paths that overflow (or come within ``margin_bits`` of it) on ``inputs``."""
+    def find(self, inputs, loss_scale: Optional[float] = None) -> list[RiskPath]:
+        """The unprotected paths that overflow (or come within ``margin_bits`` of it) on ``inputs``.
+
+        With ``loss_fn`` and nothing near the edge in the forward, the backward at ``loss_scale`` is searched too.
+        """
         from .scanner import scan
 
-        report = scan(
-            self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits, loss_fn=self.loss_fn
-        )
-        return [p for p in report.paths if p.risky and not p.protected]
+        report = scan(self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits)
+        found = [p for p in report.paths if p.risky and not p.protected]
+        if not found and self.loss_fn is not None and loss_scale:
+            report = scan(
+                self.model,
+                inputs,
+                level=self.level,
+                target=self.target,
+                margin_bits=self.margin_bits,
+                loss_fn=self.loss_fn,
+                loss_scale=loss_scale,
+            )
+            found = [p for p in report.paths if p.overflows_in and not p.protected]
+        return found
+
+    def _local_verdict(self, loss_scale: Optional[float]) -> tuple[str, Any]:
+        """("data", (input, sample)) | ("float32", what) | ("paths", {start: amax}) for this rank's last batch."""
+        if self.last_inputs is None:
+            return "nothing", None
+        bad = nonfinite_sample(self.last_inputs)
+        if bad is not None:
+            return "data", bad
+        what = _float32_replay(self.model, self.framework, self.last_inputs, self.loss_fn)
+        if what is not None:
+            return "float32", what
+        found = self.find(self.last_inputs, loss_scale)
+        return "paths", {p.start: p for p in found}
 
     def __call__(self, scaler=None, info=None) -> list[str]:
         step = getattr(info, "step", len(self.heals))
-        if self.last_inputs is None:
-            raise LossScaleFloorError(
-                "ampsafe.heal has no batch to replay: the model has not run a forward since the healer was attached"
-            )
-        bad = nonfinite_sample(self.last_inputs)
-        if bad is not None:
-            raise LossScaleFloorError(
-                f"not healed: the overflow is not in the model: input {bad[0]} of the last batch is non-finite at "
-                f"sample {bad[1]}. Fix the data (ampsafe.check_targets / ampsafe.watch name such samples).",
-                offenders=getattr(info, "offenders", ()),
-                scale_history=getattr(info, "scale_history", ()),
-            )
+        history = getattr(info, "scale_history", ())
+        err = {"offenders": getattr(info, "offenders", ()), "scale_history": history}
         if len(self.heals) >= self.max_heals:
             raise LossScaleFloorError(
                 f"gave up after {len(self.heals)} heals (max_heals={self.max_heals}); the overflow persists. Healed "
                 f"so far: {[h['paths'] for h in self.heals]}. See ampsafe.scan(model, inputs).to_markdown().",
-                offenders=getattr(info, "offenders", ()),
-                scale_history=getattr(info, "scale_history", ()),
+                **err,
             )
-        found = self.find(self.last_inputs)
-        if not found and info is not None and info.modules:
-            # Nothing overflows forward in float32: the gradients do. Island the paths through those modules.
-            from .scanner import scan
-
-            report = scan(self.model, self.last_inputs, level=self.level, target=self.target, margin_bits=0.0)
-            offenders = set(info.modules)
-            found = [p for p in report.paths if not p.protected and offenders & set(p.layers)]
-        names = _all_gather_paths(self.framework, sorted({p.start for p in found}))
+        floor = float(history[-1]) if history else None
+        verdicts = _all_gather(self.framework, self._local_verdict(floor))
+        many = len(verdicts) > 1
+        where = (lambda r: f"rank {r}: ") if many else (lambda r: "")
+        if all(kind == "nothing" for kind, _ in verdicts):
+            raise LossScaleFloorError(
+                "ampsafe.heal has no batch to replay: the model has not run a forward since the healer was attached",
+                **err,
+            )
+        for rank, (kind, detail) in enumerate(verdicts):
+            if kind == "data":
+                raise LossScaleFloorError(
+                    f"not healed: the overflow is not in the model: {where(rank)}input {detail[0]} of the last batch "
+                    f"is non-finite at sample {detail[1]}. Fix the data (ampsafe.check_targets / ampsafe.watch "
+                    "name such samples).",
+                    **err,
+                )
+        for rank, (kind, detail) in enumerate(verdicts):
+            if kind == "float32":
+                raise LossScaleFloorError(
+                    f"not healed: {where(rank)}{detail} is non-finite in float32 too on the replayed batch: a "
+                    "numerical error (log/sqrt/division of a bad value, a diverging learning rate), not a float16 "
+                    "range problem, so FP32 islands would not fix it. Run the step under ampsafe.watch(model) "
+                    "to name the op.",
+                    **err,
+                )
+        by_start: dict[str, RiskPath] = {}
+        for kind, detail in verdicts:
+            if kind == "paths":
+                for start, path in detail.items():
+                    old = by_start.get(start)
+                    if old is None or _amax(path) > _amax(old):
+                        by_start[start] = path
+        names = sorted(by_start)
+        amax = {n: by_start[n].amax for n in names}
         if not names:
             raise LossScaleFloorError(
-                "not healed: nothing in the model overflows float16 on the replayed batch, and no offending "
-                "module was named; the non-finite values come from the loss or the data (a numerical error, "
-                "not a precision one). Run the step under ampsafe.watch(model) to name the op.",
-                offenders=getattr(info, "offenders", ()),
-                scale_history=getattr(info, "scale_history", ()),
+                "not healed: the replayed batch is finite in float32 and nothing in the model comes within "
+                f"{self.margin_bits:g} bits of float16's max on it (on any rank); the non-finite values come from "
+                "elsewhere (the loss, a custom op, the optimizer). Run the step under ampsafe.watch(model) to name "
+                "the op.",
+                **err,
             )
-        by_start = {p.start: p for p in found}
-        targets = [by_start.get(n, n) for n in names]
         from .patching import patch
 
-        result = patch(self.model, policy="island", level=self.level, paths=targets)
-        amax = {p.start: p.amax for p in found}
-        record = {"step": step, "paths": names, "patched": list(result.patched), "amax": amax}
+        result = patch(self.model, policy="island", level=self.level, paths=[by_start[n] for n in names])
+        restored = restore_scale(history)
+        core = getattr(scaler, "_core", None)
+        if core is not None and restored is not None:
+            core.last_clean_scale = restored  # the scaler restarts from here (LossScaleState.heal)
+        record = {"step": step, "paths": names, "patched": list(result.patched), "amax": amax, "scale": restored}
         self.heals.append(record)
-        scale = getattr(info, "scale_before_collapse", None)
         log.warning(
             "ampsafe heal at step %s: islanded %d paths (%s), max amax %s; scale restored to %s",
             step,
             len(names),
             ", ".join(names),
             _fmt_max(amax),
-            scale,
+            restored,
         )
         return list(result.patched) or names
+
+
+def _sync_scale(scaler) -> None:
+    """Copy the core's scale into the scaler's scale tensor (what the scalers do after their own heal)."""
+    core = scaler._core
+    if hasattr(scaler, "_scale_tensor"):  # ampsafe.paddle.GradScaler
+        scaler._scale = scaler._scale_tensor()
+    else:  # ampsafe.torch.GradScaler
+        scaler._scale.fill_(float(core.scale))
+
+
+def _heal_on_streak(scaler, healer: Healer, patience: int) -> None:
+    """Wrap ``scaler.update`` (on the instance) to heal after ``patience`` overflowing steps in a row."""
+    from .core.scale import FloorInfo
+
+    original = scaler.update
+    streak = [0]
+
+    def update(*args, **kwargs):
+        stats = scaler.stats
+        overflows, heals = stats.overflow_steps, len(stats.heals)
+        result = original(*args, **kwargs)
+        if len(stats.heals) > heals or stats.overflow_steps == overflows:
+            streak[0] = 0  # healed at the floor, or a clean step
+            return result
+        streak[0] += 1
+        if streak[0] >= patience:
+            streak[0] = 0
+            core = scaler._core
+            step = stats.total_steps - 1
+            info = FloorInfo(
+                step=step,
+                offenders=(),
+                modules=(),
+                scale_before_collapse=core.last_clean_scale,
+                scale_history=tuple(stats.scale_history),
+                scale_independent=None,
+            )
+            paths = healer(scaler, info)
+            core.heal(step, paths)
+            _sync_scale(scaler)
+        return result
+
+    update.__doc__ = original.__doc__
+    scaler.update = update
+
+
+def _amax(path: RiskPath) -> float:
+    return -1.0 if path.amax is None or math.isnan(path.amax) else float(path.amax)
 
 
 def _fmt_max(amax: dict) -> str:
@@ -205,6 +373,7 @@ def heal(
     margin_bits: float = 1.0,
     max_heals: int = 3,
     loss_fn=None,
+    patience: Optional[int] = None,
 ):
     """Attach self-healing to ``scaler``, or heal ``model`` now on the batch ``batch_fn()`` returns.
 
@@ -212,7 +381,13 @@ def heal(
     ``heal_hook`` and returns it; at the floor it replays the last batch, islands the overflowing paths and the
     scaler restarts from the scale before the collapse. Without: ``batch_fn()`` gives ``example_inputs`` for
     ``model(...)``; the overflowing paths are islanded at once and their module paths returned.
+
+    ``patience``: also heal after that many overflowing steps in a row, without waiting for the floor (a forward
+    overflow skips every step whatever the scale, so halving down to the floor only loses steps). It watches
+    ``scaler.update()`` (Paddle's ``minimize`` bypasses it: use ``step`` + ``update``).
     """
+    if patience is not None and (not isinstance(patience, int) or patience < 1):
+        raise ConfigError(f"patience must be an int >= 1 (overflowing steps in a row) or None, got {patience!r}")
     if scaler is None and batch_fn is None:
         raise ConfigError("ampsafe.heal needs a scaler to attach to (scaler=...) or a batch_fn returning inputs")
     healer = Healer(model, level=level, target=target, margin_bits=margin_bits, max_heals=max_heals, loss_fn=loss_fn)
@@ -222,6 +397,8 @@ def heal(
             healer.detach()
             raise ConfigError(f"the scaler was built with on_floor={policy.on_floor!r}; build it with on_floor='heal'")
         scaler.heal_hook = healer
+        if patience is not None:
+            _heal_on_streak(scaler, healer, patience)
         return healer
     healer.detach()
     healer.last_inputs = batch_fn()

@@ -18,14 +18,15 @@ no smaller scale is allowed, so the overflow can't be cured by backing off. ``on
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LossScaleFloorError
 
 __all__ = [
     "ScalePolicy",
@@ -36,6 +37,9 @@ __all__ = [
     "FloorInfo",
     "ON_FLOOR",
     "floor_message",
+    "floor_error",
+    "names_from_live_modules",
+    "ScalerBase",
 ]
 
 ON_FLOOR = ("raise", "clamp", "heal")
@@ -329,3 +333,98 @@ def floor_message(info: FloorInfo, min_scale: float, hysteresis: int) -> str:
         f"(hysteresis={hysteresis}). Non-finite gradients: {named}. Recent scales: [{history}]. {where} "
         f"Use on_floor='clamp' to keep skipping such steps, or on_floor='heal' to island the offending paths."
     )
+
+
+def floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str = "") -> LossScaleFloorError:
+    """The :class:`LossScaleFloorError` for a floor hit (``.modules`` and ``.info`` let ``ampsafe.heal`` act)."""
+    err = LossScaleFloorError(
+        prefix + floor_message(info, policy.min_scale, policy.hysteresis),
+        offenders=info.offenders,
+        scale_history=info.scale_history,
+        scale_independent=info.scale_independent,
+    )
+    err.modules = list(info.modules)
+    err.info = info
+    return err
+
+
+def names_from_live_modules(module_type: type, wrappers=frozenset()) -> dict[int, str]:
+    """id(parameter) -> the longest name any live ``module_type`` (not a wrapper class named in ``wrappers``)
+    gives it, i.e. the root model's name. Walks the garbage collector: only for the rare floor path."""
+    names: dict[int, str] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), module_type) and type(obj).__name__ not in wrappers:
+            try:
+                items = obj.named_parameters()
+            except Exception:  # a half-built module: nothing to name
+                continue
+            for name, p in items:
+                if len(name) > len(names.get(id(p), "")):
+                    names[id(p)] = name
+    return names
+
+
+class ScalerBase:
+    """The floor handling and policy accessors both GradScaler adapters share around :class:`LossScaleState`.
+
+    Why here: what happens at the floor (name the offenders, ask the heal hook, or raise) is the same decision
+    for torch and Paddle. Adapters set ``_core``, ``_model`` and ``heal_hook`` and supply the tensor side:
+    ``_param_names()`` (id -> qualified name), ``_all_finite(loss)`` (one tensor) and ``_refresh_scale()``
+    (copy ``_core.scale`` into their scale tensor).
+    """
+
+    _core: LossScaleState
+    _model: Any = None
+    heal_hook: Optional[Callable] = None
+
+    @property
+    def policy(self) -> ScalePolicy:
+        return self._core.policy
+
+    def add_step_callback(self, fn: Callable[[StepDecision], Any]) -> None:
+        """Call ``fn(decision)`` after every update (loggers: VisualDL, TensorBoard)."""
+        self._core.callbacks.append(fn)
+
+    def _set_policy(self, **changes) -> None:
+        self._core.policy = replace(self._core.policy, **changes)
+
+    def _on_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        """``offenders``: (parameter, fallback label) pairs; ``losses``: the losses ``scale()`` saw this step."""
+        names = self._param_names()
+        labelled = [names.get(id(p), label) for p, label in offenders]
+        independent = None
+        if losses:
+            independent = not all(self._all_finite(loss) for loss in losses)
+        info = FloorInfo(
+            step=decision.step,
+            offenders=tuple(labelled),
+            modules=tuple(name.rpartition(".")[0] for name in labelled),
+            scale_before_collapse=self._core.last_clean_scale,
+            scale_history=tuple(self._core.stats.scale_history),
+            scale_independent=independent,
+        )
+        policy = self._core.policy
+        if decision.on_floor == "heal":
+            if self.heal_hook is None:
+                raise floor_error(
+                    info,
+                    policy,
+                    "on_floor='heal' needs ampsafe.heal support: set scaler.heal_hook = fn(scaler, info) "
+                    "returning the healed module paths (ampsafe.heal installs one). ",
+                )
+            paths = self.heal_hook(self, info)
+            if not paths:
+                raise floor_error(info, policy, "The heal hook healed nothing. ")
+            self._core.heal(decision.step, paths)
+            self._refresh_scale()
+            return
+        raise floor_error(info, policy, "")
+
+    def _param_names(self) -> dict[int, str]:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _all_finite(self, tensor) -> bool:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _refresh_scale(self) -> None:  # pragma: no cover - adapters
+        raise NotImplementedError

@@ -4,18 +4,17 @@ Adapters (``ampsafe.torch.watch``, ``ampsafe.paddle.watch``) see the ops and ten
 plain numbers (numpy arrays, abs-maxes, flags) and get back the :class:`~ampsafe.NonFiniteError` to raise or
 record, and the headroom warnings to emit. Like fairseq's ``NanDetector``, it reports the *origin* (the first
 op whose inputs were finite and whose outputs were not), not the flood of ops the NaN ran through after it.
+The watch object both adapters subclass is :class:`ampsafe.core.watcher.WatchBase`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, NonFiniteError
+from ..errors import NonFiniteError
 from .graph import FP16_MAX, headroom_bits
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
     "nonfinite_error",
     "HeadroomWarning",
     "headroom_warnings",
-    "WatchBase",
 ]
 
 log = logging.getLogger("ampsafe.watch")
@@ -201,65 +199,10 @@ def headroom_warnings(
     return out
 
 
-# ------------------------------------------------------------------------------------------- the watch object
-@dataclass
-class WatchBase:
-    """State and policy shared by the torch and paddle watchers: events, warnings, raise-or-record.
+def __getattr__(name: str):
+    # WatchBase moved to ampsafe.core.watcher (it imports this module, so it is loaded lazily here)
+    if name == "WatchBase":
+        from .watcher import WatchBase
 
-    Adapters subclass it and implement ``_enter`` / ``_exit`` (install and remove every hook), ``check``.
-    """
-
-    model: object
-    on_nonfinite: str = "raise"
-    guard: bool = False
-    monitor_every: int | None = None
-    margin_bits: float = 4.0
-    callback: Callable | None = None
-    backward: bool = True
-    events: list = field(default_factory=list)
-    warnings: list = field(default_factory=list)
-    step_count: int = 0
-
-    def __post_init__(self):
-        if self.on_nonfinite not in ("raise", "record"):
-            raise ConfigError(f"on_nonfinite must be 'raise' or 'record', got {self.on_nonfinite!r}")
-        if self.monitor_every is not None and (not isinstance(self.monitor_every, int) or self.monitor_every < 1):
-            raise ConfigError(f"monitor_every must be a positive int or None, got {self.monitor_every!r}")
-        if not math.isfinite(self.margin_bits):
-            raise ConfigError(f"margin_bits must be finite, got {self.margin_bits!r}")
-        self._warned: set = set()
-
-    # -- what adapters call
-    def report(self, error: NonFiniteError) -> None:
-        """Record the event and tell the callback; raise it when ``on_nonfinite="raise"``."""
-        self.events.append(error)
-        if self.on_nonfinite == "record":
-            log.error("%s", error)
-        if self.callback is not None:
-            self.callback(error)
-        if self.on_nonfinite == "raise":
-            raise error
-
-    def emit_headroom(self, path_amax: dict, step: int) -> list[HeadroomWarning]:
-        found = headroom_warnings(path_amax, margin_bits=self.margin_bits, step=step, already=self._warned)
-        for w in found:
-            self.warnings.append(w)
-            log.warning("%s", w.message)
-            if self.callback is not None:
-                self.callback(w)
-        return found
-
-    def monitored(self, step: int) -> bool:
-        """Whether forward number ``step`` (0-based) is a monitored step (0, N, 2N, ...)."""
-        return self.monitor_every is not None and step % self.monitor_every == 0
-
-    def step(self, loss=None, *, replay=None, grads: bool = True) -> bool:
-        """Alias of ``check``: the per-step hook of a training loop (see the adapters' ``check``)."""
-        return self.check(loss, replay=replay, grads=grads)
-
-    def check(self, loss=None, *, replay=None, grads: bool = True) -> bool:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    @property
-    def last_event(self):
-        return self.events[-1] if self.events else None
+        return WatchBase
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,14 +12,12 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 
 import paddle
 from paddle import nn
 
-from ..policies import Change
-from ..policies._swap import SwapMixin, swap
-from ..policies.rewrite import LogisticRewrite
+from ..policies._swap import SwapMixin
+from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
 
 __all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "PaddlePatcher"]
 
@@ -50,27 +48,6 @@ class FP32Island(SwapMixin):
     def forward(self, *args, **kwargs):
         with paddle.amp.auto_cast(enable=False), _fp32_region():
             return self._ampsafe_base.forward(self, *_to_float32(args), **_to_float32(kwargs))
-
-
-class ConvBN(SwapMixin):
-    """conv -> ``self.bn`` (new BatchNorm) -> ``self.act`` (optional); the conv keeps its own keys."""
-
-    _ampsafe_protection = "convbn"
-    _ampsafe_attrs = ("bn", "act")
-
-    def forward(self, *args, **kwargs):
-        out = self.bn(self._ampsafe_base.forward(self, *args, **kwargs))
-        return self.act(out) if self.act is not None else out
-
-
-class RescaledInput(SwapMixin):
-    """Multiplies the first input by the constant ``_ampsafe_scale`` (a power of two) before the forward."""
-
-    _ampsafe_protection = "rescale"
-    _ampsafe_attrs = ("_ampsafe_scale",)
-
-    def forward(self, x, *args, **kwargs):
-        return self._ampsafe_base.forward(self, x * self._ampsafe_scale, *args, **kwargs)
 
 
 def _stat_dict(layer, name):
@@ -115,22 +92,22 @@ _BN = {1: nn.BatchNorm1D, 2: nn.BatchNorm2D, 3: nn.BatchNorm3D}
 _NORMS = (nn.layer.norm._BatchNormBase, nn.BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2D)
 
 
-class PaddlePatcher:
+class PaddlePatcher(PatcherBase):
     """What the framework-neutral policies need to know about Paddle layers, and the layer swaps."""
 
     framework = "paddle"
+    convs = _CONVS
+    norms = _NORMS
+    eps_attr = "_epsilon"
+    island = FP32Island
+    rescaled_norm = RescaledNorm
+    module_type = nn.Layer
+    module_label = "a paddle.nn.Layer"
+    optimizer_type = paddle.optimizer.Optimizer
+    activations = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.Silu, "gelu": nn.GELU}
 
     def modules(self, model) -> dict:
         return dict(model.named_sublayers(include_self=True))
-
-    def is_conv(self, module) -> bool:
-        return isinstance(module, _CONVS)
-
-    def has_bias(self, module) -> bool:
-        return getattr(module, "bias", None) is not None
-
-    def is_norm(self, module) -> bool:
-        return isinstance(module, _NORMS) and hasattr(module, "_epsilon")
 
     def is_distributed(self, model) -> bool:
         return type(model).__name__ == "DataParallel" and hasattr(model, "_layers")
@@ -148,53 +125,20 @@ class PaddlePatcher:
 
         return restore
 
-    def optimizer_holding(self, model, optimizers=None):
-        """The first optimizer (given, or alive anywhere in the process) that holds a parameter of ``model``."""
-        ids = {id(p) for p in model.parameters()}
-        if optimizers is None:
-            optimizers = [o for o in gc.get_objects() if issubclass(type(o), paddle.optimizer.Optimizer)]
-        elif isinstance(optimizers, paddle.optimizer.Optimizer):
-            optimizers = [optimizers]
-        for opt in optimizers:
-            params = list(opt._parameter_list or [])
-            if params and isinstance(params[0], dict):
-                params = [p for group in params for p in group["params"]]
-            if any(id(p) in ids for p in params):
-                return opt
-        return None
+    def optimizer_params(self, optimizer):
+        params = list(optimizer._parameter_list or [])
+        if params and isinstance(params[0], dict):
+            params = [p for group in params for p in group["params"]]
+        return params
 
-    def apply(self, module, change: Change) -> None:
-        kind = change.kind
-        if kind == "island":
-            swap(module, FP32Island)
-        elif kind == "rewrite":
-            swap(module, LogisticRewrite)
-        elif kind == "rescale_input":
-            swap(module, RescaledInput, _ampsafe_scale=float(change.params["scale"]))
-        elif kind == "rescale_norm":
-            swap(module, RescaledNorm, _ampsafe_scale=float(change.params["scale"]))
-        elif kind == "convbn":
-            dims = len(module.weight.shape) - 2
-            channels = module._out_channels
-            fmt = getattr(module, "_data_format", None) or "NCHW"
-            bn = _BN[dims](channels, data_format=fmt) if dims == 2 else _BN[dims](channels)
-            bn.train() if module.training else bn.eval()
-            swap(module, ConvBN, bn=bn, act=_activation(change.params.get("act")))
-        else:
-            raise ValueError(f"unknown patch action {kind!r}")
-
-
-def _activation(act):
-    if act is None or isinstance(act, nn.Layer):
-        return act
-    if isinstance(act, str):
-        table = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.Silu, "gelu": nn.GELU}
-        if act.lower() not in table:
-            from ..errors import ConfigError
-
-            raise ConfigError(f"act must be one of {sorted(table)} or a paddle.nn.Layer, got {act!r}")
-        return table[act.lower()]()
-    return act()
+    def new_batch_norm(self, conv) -> nn.Layer:
+        """A fresh ``BatchNorm{1,2,3}D`` for the conv's output (its data format), in its train mode."""
+        dims = len(conv.weight.shape) - 2
+        channels = conv._out_channels
+        fmt = getattr(conv, "_data_format", None) or "NCHW"
+        bn = _BN[dims](channels, data_format=fmt) if dims == 2 else _BN[dims](channels)
+        bn.train() if conv.training else bn.eval()
+        return bn
 
 
 ADAPTER = PaddlePatcher()

@@ -21,7 +21,6 @@ Paddle's ``scale * ratio``); ``decr_every_n_nan_or_inf`` is the hysteresis.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import replace
 from enum import Enum
 from typing import Any, Callable, Optional
 
@@ -29,8 +28,15 @@ import numpy as np
 import paddle
 from paddle import _C_ops
 
-from ..core.scale import FloorInfo, LossScaleState, ScalePolicy, ScalerStats, StepDecision, floor_message
-from ..errors import AmpSafeError, LossScaleFloorError
+from ..core.scale import (
+    FloorInfo,
+    LossScaleState,
+    ScalePolicy,
+    ScalerBase,
+    ScalerStats,
+    StepDecision,
+    names_from_live_modules,
+)
 
 __all__ = ["GradScaler", "OptimizerState"]
 
@@ -56,7 +62,7 @@ def _check_finite_and_unscale(grads: list, scale):
     return found
 
 
-class GradScaler:
+class GradScaler(ScalerBase):
     """Drop-in for :class:`paddle.amp.GradScaler` (same arguments and methods).
 
     Extra keyword-only arguments: ``min_loss_scaling`` / ``max_loss_scaling`` (floor, cap), ``on_floor``
@@ -122,13 +128,6 @@ class GradScaler:
     @property
     def stats(self) -> ScalerStats:
         return self._core.stats
-
-    @property
-    def policy(self) -> ScalePolicy:
-        return self._core.policy
-
-    def add_step_callback(self, fn: Callable[[StepDecision], Any]) -> None:
-        self._core.callbacks.append(fn)
 
     # -- scale / unscale -----------------------------------------------------------------------------------------------
     def scale(self, var):
@@ -242,40 +241,17 @@ class GradScaler:
         if decision.floor_hit and decision.on_floor != "clamp":
             self._on_floor(decision, offenders, losses)
 
-    def _on_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
-        names = (
-            {id(p): n for n, p in self._model.named_parameters()}
-            if self._model is not None
-            else _names_from_live_layers()
-        )
-        labelled = [names.get(id(p), label) for p, label in offenders]
-        independent = None
-        if losses:
-            independent = not all(bool(paddle.isfinite(loss).all().item()) for loss in losses)
-        info = FloorInfo(
-            step=decision.step,
-            offenders=tuple(labelled),
-            modules=tuple(n.rpartition(".")[0] for n in labelled),
-            scale_before_collapse=self._core.last_clean_scale,
-            scale_history=tuple(self._core.stats.scale_history),
-            scale_independent=independent,
-        )
-        policy = self._core.policy
-        if decision.on_floor == "heal":
-            if self.heal_hook is None:
-                raise _floor_error(
-                    info,
-                    policy,
-                    "on_floor='heal' needs ampsafe.heal support: set scaler.heal_hook = fn(scaler, info) "
-                    "returning the healed module paths (ampsafe.heal installs one). ",
-                )
-            paths = self.heal_hook(self, info)
-            if not paths:
-                raise _floor_error(info, policy, "The heal hook healed nothing. ")
-            self._core.heal(decision.step, paths)
-            self._scale = self._scale_tensor()
-            return
-        raise _floor_error(info, policy, "")
+    # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
+    def _param_names(self) -> dict[int, str]:
+        if self._model is not None:
+            return {id(p): n for n, p in self._model.named_parameters()}
+        return names_from_live_modules(paddle.nn.Layer, ("DataParallel",))
+
+    def _all_finite(self, tensor) -> bool:
+        return bool(paddle.isfinite(tensor).all().item())
+
+    def _refresh_scale(self) -> None:
+        self._scale = self._scale_tensor()
 
     # -- Paddle's getters / setters ------------------------------------------------------------------------------
     def is_enable(self) -> bool:
@@ -295,7 +271,7 @@ class GradScaler:
     def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
         """As Paddle's: also resets the current scale to the new value."""
         self._core.set_scale(new_init_loss_scaling)
-        self._core.policy = replace(self._core.policy, init_scale=float(self._core.scale))
+        self._set_policy(init_scale=float(self._core.scale))
         self._init_loss_scaling = new_init_loss_scaling
         self._scale = self._scale_tensor()
 
@@ -303,25 +279,25 @@ class GradScaler:
         return self._core.policy.growth_factor
 
     def set_incr_ratio(self, new_incr_ratio: float) -> None:
-        self._core.policy = replace(self._core.policy, growth_factor=new_incr_ratio)
+        self._set_policy(growth_factor=new_incr_ratio)
 
     def get_decr_ratio(self) -> float:
         return self._core.policy.backoff_factor
 
     def set_decr_ratio(self, new_decr_ratio: float) -> None:
-        self._core.policy = replace(self._core.policy, backoff_factor=new_decr_ratio)
+        self._set_policy(backoff_factor=new_decr_ratio)
 
     def get_incr_every_n_steps(self) -> int:
         return self._core.policy.growth_interval
 
     def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
-        self._core.policy = replace(self._core.policy, growth_interval=new_incr_every_n_steps)
+        self._set_policy(growth_interval=new_incr_every_n_steps)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
         return self._core.policy.hysteresis
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
-        self._core.policy = replace(self._core.policy, hysteresis=new_decr_every_n_nan_or_inf)
+        self._set_policy(hysteresis=new_decr_every_n_nan_or_inf)
 
     @property
     def _incr_count(self) -> int:
@@ -381,7 +357,7 @@ class GradScaler:
             if key in sd:
                 core[key] = sd[key]
         self._use_dynamic_loss_scaling = bool(sd.get("use_dynamic_loss_scaling", self._use_dynamic_loss_scaling))
-        self._core.policy = replace(self._core.policy, dynamic=self._use_dynamic_loss_scaling)
+        self._set_policy(dynamic=self._use_dynamic_loss_scaling)
         self._core.load_state_dict(core)
         self._init_loss_scaling = scale
         self._scale = self._scale_tensor()
@@ -408,32 +384,3 @@ def _nonfinite_params(optimizer) -> list:
         if grad is not None and not bool(paddle.isfinite(grad).all().item()):
             found.append((p, f"{p.name} {tuple(p.shape)}"))
     return found
-
-
-def _names_from_live_layers() -> dict[int, str]:
-    """Name parameters by the longest name any live, unwrapped Layer gives them (the root model's)."""
-    import gc
-
-    names: dict[int, str] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), paddle.nn.Layer) and type(obj).__name__ != "DataParallel":
-            try:
-                items = obj.named_parameters()
-            except Exception:  # a half-built layer: nothing to name
-                continue
-            for name, p in items:
-                if len(name) > len(names.get(id(p), "")):
-                    names[id(p)] = name
-    return names
-
-
-def _floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str) -> AmpSafeError:
-    err = LossScaleFloorError(
-        prefix + floor_message(info, policy.min_scale, policy.hysteresis),
-        offenders=info.offenders,
-        scale_history=info.scale_history,
-        scale_independent=info.scale_independent,
-    )
-    err.modules = list(info.modules)
-    err.info = info
-    return err

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 import paddle
 
-from ..core.graph import START_KINDS, Graph, OpKind
+from ..core.graph import NORMALIZING_KINDS, START_KINDS, Graph, OpKind
 from . import amp_lists, intercept
 
 __all__ = ["trace", "preserved", "modules", "op_kind", "output_tensors"]
@@ -134,8 +134,10 @@ class _Recorder(intercept.OpMode):
         self.pending: list[tuple[object, list]] = []
         self.grads: dict[int, object] = {}  # tensor id -> abs-max of its gradient (0-d tensor)
         self.hooks: list = []
+        self.on_path: set[int] = set()  # tensors a conv/matmul path runs through (only those get grad hooks)
 
-    def _new(self, t, half: bool) -> int:
+    def _new(self, t, half: bool, on_path: bool = False) -> int:
+        """A fresh tensor id; ``on_path`` tensors get a gradient hook when gradients are wanted."""
         tid = self.next_id
         self.next_id += 1
         key = id(t)
@@ -148,7 +150,7 @@ class _Recorder(intercept.OpMode):
 
         ids[key] = (weakref.ref(t, forget), tid, t.inplace_version)
         self.half[tid] = half
-        if self.want_grads and not t.stop_gradient:
+        if on_path and self.want_grads and not t.stop_gradient:
             self._hook(t, tid)
         return tid
 
@@ -221,7 +223,10 @@ class _Recorder(intercept.OpMode):
         produced += [
             t for t, v in zip(inputs, versions) if t.inplace_version != v and not any(t is p for p in produced)
         ]
-        out_ids = [self._new(t, low) for t in produced]
+        on, carries = _path_flags(kind, in_ids, self.on_path)
+        out_ids = [self._new(t, low, on) for t in produced]
+        if carries:
+            self.on_path.update(out_ids)
         first = produced[0] if produced else None
         node = self.graph.add(
             op,
@@ -246,6 +251,17 @@ class _Recorder(intercept.OpMode):
         for node, maxima in self.pending:
             node.amax = _to_float(max(float(m) for m in maxima))
         self.pending.clear()
+
+
+def _path_flags(kind: OpKind, in_ids: list[int], on_path: set[int]) -> tuple[bool, bool]:
+    """(on a path, carries it on) for an op's outputs: a conv/matmul starts a path; an op fed by one is on
+    it; a normalizing, bounded, loss or conv/matmul op ends it (its output still counts for the path)."""
+    if kind in START_KINDS:
+        return True, True
+    fed = any(tid in on_path for tid in in_ids)
+    if kind in NORMALIZING_KINDS or kind is OpKind.LOSS:
+        return fed, False
+    return fed, fed
 
 
 def _abs_max(t):

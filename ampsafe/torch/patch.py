@@ -12,14 +12,11 @@ a dtype error, so keep such models out of ``.half()`` (torch has no ``excluded_l
 
 from __future__ import annotations
 
-import gc
-
 import torch
 from torch import nn
 
-from ..policies import Change
-from ..policies._swap import SwapMixin, swap
-from ..policies.rewrite import LogisticRewrite
+from ..policies._swap import SwapMixin
+from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
 
 __all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "TorchPatcher"]
 
@@ -58,27 +55,6 @@ class FP32Island(SwapMixin):
             return self._ampsafe_base.forward(self, *_to_float32(args), **_to_float32(kwargs))
 
 
-class ConvBN(SwapMixin):
-    """conv -> ``self.bn`` (new BatchNorm) -> ``self.act`` (optional); the conv keeps its own keys."""
-
-    _ampsafe_protection = "convbn"
-    _ampsafe_attrs = ("bn", "act")
-
-    def forward(self, *args, **kwargs):
-        out = self.bn(self._ampsafe_base.forward(self, *args, **kwargs))
-        return self.act(out) if self.act is not None else out
-
-
-class RescaledInput(SwapMixin):
-    """Multiplies the first input by the constant ``_ampsafe_scale`` (a power of two) before the forward."""
-
-    _ampsafe_protection = "rescale"
-    _ampsafe_attrs = ("_ampsafe_scale",)
-
-    def forward(self, x, *args, **kwargs):
-        return self._ampsafe_base.forward(self, x * self._ampsafe_scale, *args, **kwargs)
-
-
 class RescaledNorm(SwapMixin):
     """A normalization whose input carries a factor s: running statistics x s, s^2 and epsilon x s^2 for the
     duration of the forward (updated statistics are divided back), so stored values stay in upstream units."""
@@ -110,22 +86,22 @@ _BN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
-class TorchPatcher:
+class TorchPatcher(PatcherBase):
     """What the framework-neutral policies need to know about torch modules, and the module swaps."""
 
     framework = "torch"
+    convs = _CONVS
+    norms = _NORMS
+    eps_attr = "eps"
+    island = FP32Island
+    rescaled_norm = RescaledNorm
+    module_type = nn.Module
+    module_label = "an nn.Module"
+    optimizer_type = torch.optim.Optimizer
+    activations = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.SiLU, "gelu": nn.GELU}
 
     def modules(self, model) -> dict:
         return dict(model.named_modules(remove_duplicate=False))
-
-    def is_conv(self, module) -> bool:
-        return isinstance(module, _CONVS)
-
-    def has_bias(self, module) -> bool:
-        return getattr(module, "bias", None) is not None
-
-    def is_norm(self, module) -> bool:
-        return isinstance(module, _NORMS) and hasattr(module, "eps")
 
     def is_distributed(self, model) -> bool:
         return isinstance(model, nn.parallel.DistributedDataParallel)
@@ -141,50 +117,15 @@ class TorchPatcher:
 
         return restore
 
-    def optimizer_holding(self, model, optimizers=None):
-        """The first optimizer (given, or alive anywhere in the process) that holds a parameter of ``model``."""
-        ids = {id(p) for p in model.parameters()}
-        if optimizers is None:
-            optimizers = [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
-        elif isinstance(optimizers, torch.optim.Optimizer):
-            optimizers = [optimizers]
-        for opt in optimizers:
-            if any(id(p) in ids for group in opt.param_groups for p in group["params"]):
-                return opt
-        return None
+    def optimizer_params(self, optimizer):
+        return [p for group in optimizer.param_groups for p in group["params"]]
 
-    def apply(self, module, change: Change) -> None:
-        kind = change.kind
-        if kind == "island":
-            swap(module, FP32Island)
-        elif kind == "rewrite":
-            swap(module, LogisticRewrite)
-        elif kind == "rescale_input":
-            swap(module, RescaledInput, _ampsafe_scale=float(change.params["scale"]))
-        elif kind == "rescale_norm":
-            swap(module, RescaledNorm, _ampsafe_scale=float(change.params["scale"]))
-        elif kind == "convbn":
-            weight = module.weight
-            dims = weight.dim() - 2
-            channels = module.out_channels
-            bn = _BN[dims](channels, device=weight.device, dtype=weight.dtype)
-            bn.train(module.training)
-            swap(module, ConvBN, bn=bn, act=_activation(change.params.get("act")))
-        else:
-            raise ValueError(f"unknown patch action {kind!r}")
-
-
-def _activation(act):
-    if act is None or isinstance(act, nn.Module):
-        return act
-    if isinstance(act, str):
-        table = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.SiLU, "gelu": nn.GELU}
-        if act.lower() not in table:
-            from ..errors import ConfigError
-
-            raise ConfigError(f"act must be one of {sorted(table)} or an nn.Module, got {act!r}")
-        return table[act.lower()]()
-    return act()
+    def new_batch_norm(self, conv) -> nn.Module:
+        """A fresh ``BatchNorm{1,2,3}d`` for the conv's output, on its device and dtype, in its train mode."""
+        weight = conv.weight
+        bn = _BN[weight.dim() - 2](conv.out_channels, device=weight.device, dtype=weight.dtype)
+        bn.train(conv.training)
+        return bn
 
 
 ADAPTER = TorchPatcher()

@@ -25,19 +25,24 @@ that hit ``loss = nan``).
 
 from __future__ import annotations
 
-import gc
 import inspect
 import warnings
 from collections import abc, defaultdict, deque
-from dataclasses import replace
 from enum import Enum
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from ..core.scale import FloorInfo, LossScaleState, ScalePolicy, ScalerStats, StepDecision, floor_message
-from ..errors import AmpSafeError, LossScaleFloorError
+from ..core.scale import (
+    FloorInfo,
+    LossScaleState,
+    ScalePolicy,
+    ScalerBase,
+    ScalerStats,
+    StepDecision,
+    names_from_live_modules,
+)
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -55,7 +60,7 @@ def _fresh_state() -> dict[str, Any]:
     return {"stage": OptState.READY, "found_inf_per_device": {}, "found_inf_host": None, "reduced": False}
 
 
-class GradScaler:
+class GradScaler(ScalerBase):
     """Drop-in for :class:`torch.amp.GradScaler` (same arguments, methods and per-optimizer protocol).
 
     Extra keyword-only arguments: ``min_scale`` / ``max_scale`` (floor and cap), ``hysteresis`` (consecutive
@@ -126,14 +131,6 @@ class GradScaler:
         """total/skipped/overflow steps, floor hits, the recent scales and the heals."""
         self._reconcile()
         return self._core.stats
-
-    @property
-    def policy(self) -> ScalePolicy:
-        return self._core.policy
-
-    def add_step_callback(self, fn: Callable[[StepDecision], Any]) -> None:
-        """Call ``fn(decision)`` after every update (loggers: VisualDL, TensorBoard)."""
-        self._core.callbacks.append(fn)
 
     # -- scale tensor ------------------------------------------------------------------------------------------------
     def _lazy_init_scale(self, device: torch.device) -> torch.Tensor:
@@ -456,42 +453,18 @@ class GradScaler:
         self._core.set_scale(value)
         scale.fill_(float(self._core.scale))
 
-    def _on_floor(self, decision: StepDecision, offenders: list[str], losses: list) -> None:
-        names = self._names()
-        labelled = [names.get(id(p), label) for p, label in offenders]
-        modules = [name.rpartition(".")[0] for name in labelled]
-        independent = None
-        if losses:
-            independent = not all(bool(torch.isfinite(loss).all()) for loss in losses)
-        info = FloorInfo(
-            step=decision.step,
-            offenders=tuple(labelled),
-            modules=tuple(modules),
-            scale_before_collapse=self._core.last_clean_scale,
-            scale_history=tuple(self._core.stats.scale_history),
-            scale_independent=independent,
-        )
-        if decision.on_floor == "heal":
-            if self.heal_hook is None:
-                raise _floor_error(
-                    info,
-                    self._core.policy,
-                    "on_floor='heal' needs ampsafe.heal support: set scaler.heal_hook = fn(scaler, info) "
-                    "returning the healed module paths (ampsafe.heal installs one). ",
-                )
-            paths = self.heal_hook(self, info)
-            if not paths:
-                raise _floor_error(info, self._core.policy, "The heal hook healed nothing. ")
-            self._core.heal(decision.step, paths)
-            self._scale.fill_(float(self._core.scale))
-            return
-        raise _floor_error(info, self._core.policy, "")
-
-    def _names(self) -> dict[int, str]:
+    # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
+    def _param_names(self) -> dict[int, str]:
         """id(parameter) -> qualified name, from ``model`` or else every live module (rare path only)."""
         if self._model is not None:
             return {id(p): n for n, p in self._model.named_parameters()}
-        return _names_from_live_modules(torch.nn.Module)
+        return names_from_live_modules(torch.nn.Module, _WRAPPERS)
+
+    def _all_finite(self, tensor: torch.Tensor) -> bool:
+        return bool(torch.isfinite(tensor).all())
+
+    def _refresh_scale(self) -> None:
+        self._scale.fill_(float(self._core.scale))
 
     # -- torch's getters / setters / persistence -------------------------------------------------------------------
     def _get_scale_async(self) -> Optional[torch.Tensor]:
@@ -506,19 +479,19 @@ class GradScaler:
         return self._core.policy.growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        self._core.policy = replace(self._core.policy, growth_factor=new_factor)
+        self._set_policy(growth_factor=new_factor)
 
     def get_backoff_factor(self) -> float:
         return self._core.policy.backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._core.policy = replace(self._core.policy, backoff_factor=new_factor)
+        self._set_policy(backoff_factor=new_factor)
 
     def get_growth_interval(self) -> int:
         return self._core.policy.growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
-        self._core.policy = replace(self._core.policy, growth_interval=new_interval)
+        self._set_policy(growth_interval=new_interval)
 
     def _get_growth_tracker(self) -> int:
         self._reconcile()
@@ -578,30 +551,3 @@ def _nonfinite_params(optimizer) -> list:
                 if not bool(torch.isfinite(values).all()):
                     found.append((p, f"param_groups[{g}].params[{i}] {tuple(p.shape)}"))
     return found
-
-
-def _names_from_live_modules(module_type) -> dict[int, str]:
-    """Name parameters by the longest name any live, unwrapped module gives them (the root model's)."""
-    names: dict[int, str] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), module_type) and type(obj).__name__ not in _WRAPPERS:
-            try:
-                items = obj.named_parameters()
-            except Exception:  # a half-built module: nothing to name
-                continue
-            for name, p in items:
-                if len(name) > len(names.get(id(p), "")):
-                    names[id(p)] = name
-    return names
-
-
-def _floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str) -> AmpSafeError:
-    err = LossScaleFloorError(
-        prefix + floor_message(info, policy.min_scale, policy.hysteresis),
-        offenders=info.offenders,
-        scale_history=info.scale_history,
-        scale_independent=info.scale_independent,
-    )
-    err.modules = list(info.modules)
-    err.info = info
-    return err

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ..core.graph import START_KINDS, Graph, OpKind
+from ..core.graph import NORMALIZING_KINDS, START_KINDS, Graph, OpKind
 from . import modstack
 from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, VIEW_OPS, canonical, runs_in_fp16
 
@@ -99,6 +99,8 @@ class _Recorder(TorchDispatchMode):
         self.hooked: set[int] = set()
         self.handles: list = []
         self.custom_functions: set[str] = set()
+        self.on_path: set[int] = set()  # tensors a conv/matmul path runs through
+        self.watched: set[int] = set()  # those plus the outputs of the ops that end a path: they get grad hooks
 
     # tensor ids ---------------------------------------------------------------------------------------
     def _new(self, t, half: bool) -> int:
@@ -153,7 +155,8 @@ class _Recorder(TorchDispatchMode):
         in_ids = [self.tid_of(t) for t in inputs]
         if self.want_grads:
             for t, tid in zip(inputs, in_ids):
-                self.hook(t, tid)
+                if tid in self.watched:
+                    self.hook(t, tid)
         halves = [self.half[tid] for t, tid in zip(inputs, in_ids) if t.dim() > 0]
         low = runs_in_fp16(op, kind, halves, target=self.target, level=self.level)
 
@@ -162,6 +165,11 @@ class _Recorder(TorchDispatchMode):
         produced = [t for t in tree_leaves(out) if _is_float(t)]
         produced = _dedupe(produced + _written_args(func, args, kwargs))
         out_ids = [self._new(t, low) for t in produced]
+        on, carries = _path_flags(kind, in_ids, self.on_path)
+        if on:
+            self.watched.update(out_ids)
+        if carries:
+            self.on_path.update(out_ids)
         first = produced[0] if produced else None
         node = self.graph.add(
             op,
@@ -202,6 +210,17 @@ class _Recorder(TorchDispatchMode):
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+
+def _path_flags(kind: OpKind, in_ids: list[int], on_path: set[int]) -> tuple[bool, bool]:
+    """(on a path, carries it on) for an op's outputs: a conv/matmul starts a path; an op fed by one is on
+    it; a normalizing, bounded, loss or conv/matmul op ends it (its output still counts for the path)."""
+    if kind in START_KINDS:
+        return True, True
+    fed = any(tid in on_path for tid in in_ids)
+    if kind in NORMALIZING_KINDS or kind is OpKind.LOSS:
+        return fed, False
+    return fed, fed
 
 
 def _to_float(x: float) -> float:
@@ -285,7 +304,7 @@ def trace(
                     if want_grads:
                         for t in outs:
                             tid = recorder.lookup(t)
-                            if tid is not None:
+                            if tid is not None and tid in recorder.watched:
                                 recorder.hook(t, tid)
                     graph.outputs = {tid for tid in map(recorder.lookup, outs) if tid is not None}
                     loss = loss_fn(output) if want_grads else None

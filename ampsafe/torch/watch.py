@@ -25,8 +25,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..core import sentinel as core
-from ..core.sentinel import MOVEMENT_OPS, WatchBase
-from ..errors import NonFiniteError
+from ..core.sentinel import MOVEMENT_OPS
+from ..core.watcher import TensorOps, WatchBase, WatchPass, float_tensors, map_nested
 from .modstack import current_module, module_stack
 
 __all__ = ["Watch", "op_name"]
@@ -78,23 +78,8 @@ def op_name(func) -> tuple[str | None, bool]:
     return _RENAME.get(base, base), inplace
 
 
-def _float_tensors(obj, depth: int = 0) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        ok = obj.is_floating_point() and obj.device.type != "meta" and not obj.is_sparse
-        return [obj] if ok else []
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        return [t for item in obj for t in _float_tensors(item, depth + 1)]
-    if depth < 3 and isinstance(obj, dict):
-        return [t for item in obj.values() for t in _float_tensors(item, depth + 1)]
-    return []
-
-
 def _finite(t: torch.Tensor) -> bool:
     return t.numel() == 0 or bool(torch.isfinite(t).all())
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float32).numpy()
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -104,34 +89,63 @@ def _storage(t: torch.Tensor) -> int:
         return -1
 
 
-def _upcast(obj, depth: int = 0):
-    """float32 copies of every low-precision (or any floating) tensor, float32 for low-precision dtypes."""
+class _Ops(TensorOps):
+    tensor_type = torch.Tensor
+    finite = staticmethod(_finite)
+    key = staticmethod(_storage)
+    no_grad = staticmethod(torch.no_grad)
+
+    @staticmethod
+    def is_float(t) -> bool:
+        return t.is_floating_point()
+
+    @staticmethod
+    def is_checked(t) -> bool:
+        return t.is_floating_point() and t.device.type != "meta" and not t.is_sparse
+
+    @staticmethod
+    def to_numpy(t) -> np.ndarray:
+        return t.detach().to("cpu", torch.float32).numpy()
+
+    @staticmethod
+    def amax(floats: list):
+        return torch.stack([t.detach().abs().amax().float() for t in floats]).amax()
+
+    @staticmethod
+    def maximum(a, b):
+        return torch.maximum(a, b)
+
+    @staticmethod
+    def to_floats(scalars: list) -> list[float]:
+        return torch.stack(scalars).tolist()
+
+
+def _float_tensors(obj) -> list[torch.Tensor]:
+    return float_tensors(obj, _Ops)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return _Ops.to_numpy(t)
+
+
+def _upcast_leaf(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().to(torch.float32, copy=True) if obj.is_floating_point() else obj
     if isinstance(obj, torch.dtype):
         return torch.float32 if obj in _LOW else obj
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        return type(obj)(_upcast(x, depth + 1) for x in obj)
-    if depth < 3 and isinstance(obj, dict):
-        return {k: _upcast(v, depth + 1) for k, v in obj.items()}
     return obj
 
 
-class _Pass:
-    """One forward pass (and the backward of its graph): what was found, and what it needs to find more."""
+def _upcast(obj):
+    """float32 copies of every floating tensor, float32 for low-precision dtypes (arguments of the re-run)."""
+    return map_nested(obj, _upcast_leaf)
 
+
+class _Pass(WatchPass):
     def __init__(self, step: int):
-        self.step = step
-        self.batch_size: int | None = None
-        self.bad_inputs: list[tuple[str, int | None, int]] = []  # (where, sample, storage ptr)
+        super().__init__(step)
         self.pending: tuple | None = None  # a data-movement op that passed a bad input along
-        self.forward_event: NonFiniteError | None = None
-        self.backward_event: NonFiniteError | None = None
         self.nodes: dict[int, object] = {}  # id(grad_fn) -> grad_fn (kept alive so ids stay unique)
-
-    @property
-    def done(self) -> bool:
-        return self.forward_event is not None or self.backward_event is not None
 
 
 class _ForwardMode(TorchFunctionMode):
@@ -169,155 +183,31 @@ class _ForwardMode(TorchFunctionMode):
 class Watch(WatchBase):
     """``ampsafe.watch`` for a ``torch.nn.Module`` (build it with :func:`ampsafe.watch`)."""
 
+    ops = _Ops
+
     def __init__(self, model, **options):
         super().__init__(model, **options)
-        self._stack = ExitStack()
-        self._full: ExitStack | None = None
-        self._handles: list = []
-        self._pass: _Pass | None = None
-        self._phase = "idle"
-        self._depth = 0
-        self._suspended = 0
-        self._replaying = False
-        self._forward_count = 0
-        self._snapshot: dict | None = None
-        self._paths: list[tuple[str, tuple]] | None = None
-        self._monitor_handles: list = []
-        self._monitor_amax: dict[str, torch.Tensor] = {}
-        self._monitor_step: int | None = None
-        self._active = False
-        self._param_ptrs: dict[int, str] = {}
         try:
             self._signature = inspect.signature(model.forward)
         except (TypeError, ValueError):
             self._signature = None
 
-    # ------------------------------------------------------------------------------------------ context
-    def __enter__(self) -> Watch:
-        self._handles = [
-            self.model.register_forward_pre_hook(self._root_pre, with_kwargs=True),
-            self.model.register_forward_hook(self._root_post, always_call=True),
+    def _root_handles(self) -> list:
+        return [
+            self.model.register_forward_pre_hook(
+                lambda m, args, kwargs: self._root_pre(args, kwargs), with_kwargs=True
+            ),
+            self.model.register_forward_hook(lambda m, args, out: self._root_post(), always_call=True),
         ]
-        self._active = True
-        if not self.guard:
-            self._install_full()
-        return self
 
-    def __exit__(self, *exc) -> bool:
-        self._active = False
-        try:
-            self._remove_full()
-            self._monitor_detach()
-        finally:
-            for h in self._handles:
-                h.remove()
-            self._handles = []
-            self._pass = None  # drop the last step's graph (its autograd nodes / hooked tensors)
-        return False
-
-    def _install_full(self) -> None:
-        if self._full is not None:
-            return
-        self._param_ptrs = {_storage(t): n for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]}
+    def _full_hooks(self) -> ExitStack:
         stack = ExitStack()
         stack.enter_context(module_stack(self.model))
         stack.enter_context(_ForwardMode(self))
-        self._full = stack
+        return stack
 
-    def _remove_full(self) -> None:
-        if self._full is not None:
-            full, self._full = self._full, None
-            full.close()
-        self._phase = "idle"
-
-    # ------------------------------------------------------------------------------------------ root hooks
-    def _root_pre(self, module, args, kwargs):
-        if self._suspended:
-            return None
-        self._depth += 1
-        if self._depth > 1:
-            return None
-        step = self._forward_count - 1 if self._replaying else self._forward_count
-        if not self._replaying:
-            self._forward_count += 1
-            if self.guard and self._snapshot is None:
-                self._snapshot = self._take_snapshot()
-            if self.monitored(step):
-                self._monitor_begin(args, kwargs, step)
-        if self._full is not None:
-            self._pass = _Pass(step)
-            self._phase = "forward"
-            self._suspended += 1
-            try:
-                self._scan_inputs(args, kwargs)
-            finally:
-                self._suspended -= 1
-        return None
-
-    def _root_post(self, module, args, output):
-        if self._suspended:
-            return None
-        self._depth = max(self._depth - 1, 0)
-        if self._depth:
-            return None
-        self._suspended += 1
-        try:
-            self._monitor_end()
-        finally:
-            self._suspended -= 1
-        p = self._pass
-        if self._full is not None and p is not None:
-            self._phase = "loss"
-            if p.bad_inputs and not p.done:  # the bad data never reached a floating op: blame the input
-                where, sample, _ = p.bad_inputs[0]
-                err = core.nonfinite_error(
-                    phase="forward", module="", op="input", kind=core.INPUT, sample=sample, where=where, step=p.step
-                )
-                p.forward_event = err
-                self.report(err)
-        return None
-
-    def _scan_inputs(self, args, kwargs) -> None:
-        named: list[tuple[str, object]]
-        try:
-            bound = self._signature.bind(*args, **kwargs) if self._signature else None
-            named = list(bound.arguments.items()) if bound else []
-        except TypeError:
-            bound = None
-        if not bound:
-            named = [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
-        for name, value in named:
-            self._scan_value(name, value, None, 0)
-
-    def _scan_value(self, where: str, value, sample, depth: int) -> None:
-        p = self._pass
-        if isinstance(value, torch.Tensor):
-            if not value.is_floating_point():
-                return
-            if p.batch_size is None and value.ndim and depth == 0:
-                p.batch_size = int(value.shape[0])
-            if not _finite(value):
-                row = core.first_nonfinite_row(_np(value), int(value.shape[0]) if value.ndim else None)
-                if sample is None:
-                    sample = row
-                    where += f"[{row}]" if row is not None else ""
-                elif row is not None:
-                    where += f" row {row}"
-                p.bad_inputs.append((where, sample, _storage(value)))
-        elif isinstance(value, (list, tuple)) and depth < 3:
-            if (
-                depth == 0
-                and p.batch_size is None
-                and value
-                and all(isinstance(v, (torch.Tensor, dict)) for v in value)
-            ):
-                p.batch_size = len(value)
-            for i, v in enumerate(value):
-                self._scan_value(f"{where}[{i}]", v, i if sample is None and depth == 0 else sample, depth + 1)
-        elif isinstance(value, dict) and depth < 3:
-            for k, v in value.items():
-                # a dict of batched arrays (ppdet's inputs): its values are batched like top-level tensors
-                self._scan_value(f"{where}[{k!r}]", v, sample, depth + 1 if depth else 0)
+    def _new_pass(self, step: int) -> _Pass:
+        return _Pass(step)
 
     # ------------------------------------------------------------------------------------------ forward origin
     def _forward_origin(self, func, name: str, args, kwargs, outputs: list, pre) -> None:
@@ -334,41 +224,17 @@ class Watch(WatchBase):
             return  # a view or copy of bad data: the first op computing with it is reported
         low = any(t.dtype in _LOW for t in inputs + outputs)
         rerun_finite = self._rerun(func, args, kwargs, pre) if inputs_finite and low else None
-        bad_in = [t for t, ok in zip(inputs, input_ok) if not ok]
-        from_param = any(_storage(t) in self._param_ptrs for t in bad_in)
-        kind = core.verdict(low, inputs_finite, rerun_finite, from_param=from_param)
-        where, sample = "", None
-        if kind == core.INPUT:
-            ptrs = {_storage(t) for t in bad_in}
-            match = [b for b in p.bad_inputs if b[2] in ptrs] or p.bad_inputs
-            if match:
-                where, sample, _ = match[0]
-        elif kind == core.PARAMETER:
-            where = ", ".join(
-                sorted({self._param_ptrs[_storage(t)] for t in bad_in if _storage(t) in self._param_ptrs})
-            )
-        if sample is None and kind != core.PARAMETER:
-            bad_out = next(t for t in outputs if not _finite(t))
-            sample = core.first_nonfinite_row(_np(bad_out), p.batch_size)
-        stats = {
-            "inputs": [core.tensor_stats(_np(t)) for t in inputs[:4]],
-            "outputs": [core.tensor_stats(_np(t)) for t in outputs[:4]],
-            "rerun_float32_finite": rerun_finite,
-        }
         dtype = str(outputs[0].dtype).replace("torch.", "")
-        err = core.nonfinite_error(
-            phase="forward",
+        self._report_origin(
             module=module,
             op=name,
-            kind=kind,
-            sample=sample,
-            stats=stats,
+            inputs=inputs,
+            input_ok=input_ok,
+            outputs=outputs,
+            low=low,
+            rerun_finite=rerun_finite,
             dtype=dtype,
-            where=where,
-            step=p.step,
         )
-        p.forward_event = err
-        self.report(err)
 
     def _rerun(self, func, args, kwargs, pre) -> bool | None:
         """Whether ``func`` gives finite outputs in float32 on the same (upcast) inputs, autocast off."""
@@ -465,17 +331,11 @@ class Watch(WatchBase):
             if snap["buffers"]:
                 torch._foreach_copy_(snap["buffers"], snap["copies"])
 
-    def check(self, loss=None, *, replay=None, grads: bool = True) -> bool:
-        """True when the loss and every gradient are finite (one fused host sync); else localize and report.
+    def _rng_state(self):
+        return torch.get_rng_state()
 
-        Call it after ``backward()`` (after ``scaler.unscale_`` with a GradScaler, or with ``grads=False``).
-        ``replay()``: recomputes the same loss (forward + loss, no backward); on a hit the step's RNG and
-        buffers are restored, it runs with full hooks (and its backward too, when the loss was finite), the
-        gradients are put back and the buffers reset to before the bad step. Returns False when the step
-        must be skipped (``on_nonfinite="record"``); raises with ``"raise"``.
-        """
-        snap, self._snapshot = self._snapshot, None
-        self.step_count += 1
+    def _guard_finite(self, loss, grads: bool) -> bool:
+        """The loss and the gradient norms (one ``_foreach_norm`` per dtype and device) in one host sync."""
         values = []
         if loss is not None:
             values += [v.detach().reshape(-1).float() for v in _float_tensors(loss)]
@@ -488,114 +348,31 @@ class Watch(WatchBase):
                 values.append(torch.stack(torch._foreach_norm(group)).float())
         if not values:
             return True
-        if bool(torch.isfinite(torch.cat(values)).all()):
-            return True
-        loss_bad = loss is not None and not all(_finite(v) for v in _float_tensors(loss))
-        before = len(self.events)
-        if replay is not None and snap is not None:
-            self._replay(replay, snap, run_backward=not loss_bad)
-        if len(self.events) == before:
-            phase = "forward" if loss_bad else "backward"
-            what = "the loss" if loss_bad else "a gradient norm"
-            err = core.nonfinite_error(
-                phase=phase,
-                module="<loss>" if loss_bad else "",
-                op="loss" if loss_bad else "grad_norm",
-                kind=core.UNKNOWN,
-                where=f"guard: {what} is non-finite"
-                + ("; the replay did not reproduce it" if replay is not None else ""),
-                step=self.step_count - 1,
-            )
-            self.report(err)
-        return False
+        return bool(torch.isfinite(torch.cat(values)).all())
 
-    def _replay(self, replay, snap: dict, *, run_backward: bool) -> None:
+    def _stash_grads(self):
+        """Set the step's gradients aside for the replay; the returned function puts them back."""
         params = [p for p in self.model.parameters()]
         saved_grads = [p.grad for p in params]
         for p in params:
             p.grad = None
-        self._restore_snapshot(snap)
-        self._replaying = True
-        self._install_full()
-        try:
-            loss = replay()
-            if run_backward and self.backward and isinstance(loss, torch.Tensor) and loss.requires_grad:
-                if not (self._pass and self._pass.done):
-                    loss.backward()
-        finally:
-            self._remove_full()
-            self._replaying = False
+
+        def restore():
             for p, g in zip(params, saved_grads):
                 p.grad = g
-            self._restore_snapshot({"rng": torch.get_rng_state(), **{k: v for k, v in snap.items() if k != "rng"}})
+
+        return restore
+
+    def _runs_backward(self, loss) -> bool:
+        return isinstance(loss, torch.Tensor) and loss.requires_grad
 
     # ------------------------------------------------------------------------------------------ monitor
-    def _find_paths(self, args, kwargs) -> list[tuple[str, tuple]]:
-        """Unnormalized paths (start, layers) from ``ampsafe.scan`` on this step's inputs (state restored)."""
-        snap = self._take_snapshot()
-        self._suspended += 1
-        try:
-            from ..scanner import scan
+    def _layers(self) -> dict:
+        return dict(self.model.named_modules())
 
-            example = dict(kwargs) if kwargs and not args else tuple(args)
-            if kwargs and args and self._signature is not None:
-                example = dict(self._signature.bind(*args, **kwargs).arguments)
-            report = scan(self.model, example, margin_bits=self.margin_bits)
-            paths = [(p.start, tuple(p.layers)) for p in report.paths if not p.normalized]
-        except Exception as exc:  # noqa: BLE001 - no scan: watch every conv/linear output instead
-            log.warning("ampsafe.watch: scan unavailable (%s); monitoring every conv/linear output", exc)
-            kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
-            paths = [(n, (n,)) for n, m in self.model.named_modules() if isinstance(m, kinds)]
-        finally:
-            self._suspended -= 1
-            self._restore_snapshot(snap)
-        return paths
+    def _post_hook(self, layer, hook):
+        return layer.register_forward_hook(hook)
 
-    def _monitor_begin(self, args, kwargs, step: int) -> None:
-        if self._paths is None:
-            self._paths = self._find_paths(args, kwargs)
-        modules = dict(self.model.named_modules())
-        wanted = {layer for _, layers in self._paths for layer in layers if layer in modules}
-        self._monitor_amax = {}
-        self._monitor_step = step
-        for name in wanted:
-            self._monitor_handles.append(modules[name].register_forward_hook(self._amax_hook(name)))
-
-    def _amax_hook(self, name: str):
-        def hook(module, args, output):
-            floats = _float_tensors(output)
-            if not floats or self._suspended:
-                return
-            self._suspended += 1
-            try:
-                with torch.no_grad():
-                    amax = torch.stack([t.detach().abs().amax().float() for t in floats]).amax()
-                    prev = self._monitor_amax.get(name)
-                    self._monitor_amax[name] = amax if prev is None else torch.maximum(prev, amax)
-            finally:
-                self._suspended -= 1
-
-        return hook
-
-    def _monitor_detach(self) -> None:
-        for h in self._monitor_handles:
-            h.remove()
-        self._monitor_handles = []
-
-    def _monitor_end(self) -> None:
-        if self._monitor_step is None:
-            return
-        step, self._monitor_step = self._monitor_step, None
-        self._monitor_detach()
-        if not self._monitor_amax:
-            return
-        names = list(self._monitor_amax)
-        values = torch.stack([self._monitor_amax[n] for n in names]).tolist()  # one host sync
-        amax = dict(zip(names, values))
-        path_amax = {}
-        for start, layers in self._paths or []:
-            seen = [amax[x] for x in layers if x in amax]
-            if seen:
-                path_amax[start] = (layers, max(seen))
-        self.last_headroom = {s: v[1] for s, v in path_amax.items()}
-        self.emit_headroom(path_amax, step)
+    def _fallback_paths(self) -> list[tuple[str, tuple]]:
+        kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
+        return [(n, (n,)) for n, m in self.model.named_modules() if isinstance(m, kinds)]

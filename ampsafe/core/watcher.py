@@ -1,0 +1,534 @@
+"""The watch object both ``ampsafe.watch`` adapters share: everything but moving tensors and hooking ops.
+
+Why: the torch and Paddle watchers differ in how they see an op (a ``TorchFunctionMode`` / an
+``intercept.OpMode``) and in their backward hooks; the rest (root-forward bookkeeping, the scan of the model
+inputs, the origin report, the guard's check and replay, the headroom monitor) is one logic. It lives here,
+parameterised by a tiny per-framework :class:`TensorOps`, so a fix lands once for both frameworks. Pure Python:
+importing it imports neither torch nor paddle.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError, NonFiniteError
+from .sentinel import (
+    INPUT,
+    PARAMETER,
+    UNKNOWN,
+    HeadroomWarning,
+    first_nonfinite_row,
+    headroom_warnings,
+    log,
+    nonfinite_error,
+    tensor_stats,
+    verdict,
+)
+
+__all__ = ["TensorOps", "float_tensors", "map_nested", "WatchPass", "WatchBase"]
+
+
+# ------------------------------------------------------------------------------------------- tensor ops
+class TensorOps:
+    """The few tensor operations the shared watcher needs. Each adapter supplies one (static methods), so the
+    watcher's logic (input scan, origin verdict, guard, replay, headroom monitor) is written once, here."""
+
+    tensor_type: type = object  # isinstance check for "a tensor of this framework"
+
+    @staticmethod
+    def is_float(t) -> bool:
+        """A floating tensor (the input scan checks these)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def is_checked(t) -> bool:
+        """A floating tensor whose values can be checked (op outputs); ``is_float`` unless the framework has
+        tensors without values (torch's meta and sparse)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def finite(t) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def to_numpy(t) -> np.ndarray:
+        """float32 host copy (for stats and the sample row)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def key(t) -> int:
+        """Identity of the tensor's data: parameters and model inputs are recognised by it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def amax(floats: list):
+        """float32 abs-max over ``floats``, as a device scalar (no host sync)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def maximum(a, b):
+        raise NotImplementedError
+
+    @staticmethod
+    def to_floats(scalars: list) -> list[float]:
+        """Host values of device scalars, in one sync."""
+        raise NotImplementedError
+
+    @staticmethod
+    def no_grad():
+        raise NotImplementedError
+
+
+def float_tensors(obj, ops: TensorOps, depth: int = 0) -> list:
+    """The checkable floating tensors in ``obj`` (a tensor, or lists/tuples/dicts of them, 3 levels deep)."""
+    if isinstance(obj, ops.tensor_type):
+        return [obj] if ops.is_checked(obj) else []
+    if depth < 3 and isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in float_tensors(item, ops, depth + 1)]
+    if depth < 3 and isinstance(obj, dict):
+        return [t for item in obj.values() for t in float_tensors(item, ops, depth + 1)]
+    return []
+
+
+def map_nested(obj, leaf: Callable, depth: int = 0):
+    """``obj`` with ``leaf`` applied to everything but lists/tuples/dicts (3 levels deep), e.g. to upcast."""
+    if depth < 3 and isinstance(obj, (list, tuple)):
+        return type(obj)(map_nested(x, leaf, depth + 1) for x in obj)
+    if depth < 3 and isinstance(obj, dict):
+        return {k: map_nested(v, leaf, depth + 1) for k, v in obj.items()}
+    return leaf(obj)
+
+
+class WatchPass:
+    """One forward pass (and the backward of its graph): what was found, and what it needs to find more."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.batch_size: int | None = None
+        self.bad_inputs: list[tuple[str, int | None, int]] = []  # (where, sample, ops.key of the tensor)
+        self.forward_event: NonFiniteError | None = None
+        self.backward_event: NonFiniteError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.forward_event is not None or self.backward_event is not None
+
+
+# ------------------------------------------------------------------------------------------- the watch object
+@dataclass
+class WatchBase:
+    """State and logic shared by the torch and paddle watchers: root-forward bookkeeping, the input scan, the
+    origin report, the guard (check / replay), the headroom monitor, raise-or-record.
+
+    Adapters set ``ops`` (a :class:`TensorOps`) and supply what only they can: the op interception and the
+    backward hooks (``_full_hooks``), ``_root_handles``, ``_rerun``, ``_guard_finite``, snapshots
+    (``_take_snapshot`` / ``_restore_snapshot`` / ``_rng_state``), ``_stash_grads``, ``_runs_backward``,
+    ``_layers`` / ``_post_hook`` / ``_fallback_paths`` for the monitor.
+    """
+
+    model: object
+    on_nonfinite: str = "raise"
+    guard: bool = False
+    monitor_every: int | None = None
+    margin_bits: float = 4.0
+    callback: Callable | None = None
+    backward: bool = True
+    events: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    step_count: int = 0
+
+    ops: ClassVar[type[TensorOps]] = TensorOps
+    _input_label: ClassVar[str] = "args"  # how unnamed model inputs are spelled in messages ("args[0]")
+    _grad_what: ClassVar[str] = "a gradient norm"  # what the guard's fused check read, for its message
+
+    def __post_init__(self):
+        if self.on_nonfinite not in ("raise", "record"):
+            raise ConfigError(f"on_nonfinite must be 'raise' or 'record', got {self.on_nonfinite!r}")
+        if self.monitor_every is not None and (not isinstance(self.monitor_every, int) or self.monitor_every < 1):
+            raise ConfigError(f"monitor_every must be a positive int or None, got {self.monitor_every!r}")
+        if not math.isfinite(self.margin_bits):
+            raise ConfigError(f"margin_bits must be finite, got {self.margin_bits!r}")
+        self._warned: set = set()
+        self._full: ExitStack | None = None  # the full hooks (op interception, backward), when installed
+        self._handles: list = []  # root hooks, removed on exit
+        self._pass: WatchPass | None = None
+        self._phase = "idle"  # idle | forward | loss
+        self._depth = 0  # nesting of root forwards
+        self._suspended = 0  # > 0 while the watcher itself computes (re-runs, scans): ops are not checked
+        self._replaying = False
+        self._forward_count = 0
+        self._snapshot: dict | None = None
+        self._signature = None  # the model's forward signature, to name its inputs
+        self._paths: list[tuple[str, tuple]] | None = None
+        self._monitor_handles: list = []
+        self._monitor_amax: dict = {}
+        self._monitor_step: int | None = None
+        self._active = False
+        self._param_keys: dict[int, str] = {}  # ops.key of each parameter / buffer -> its name
+
+    # -- what adapters call
+    def report(self, error: NonFiniteError) -> None:
+        """Record the event and tell the callback; raise it when ``on_nonfinite="raise"``."""
+        self.events.append(error)
+        if self.on_nonfinite == "record":
+            log.error("%s", error)
+        if self.callback is not None:
+            self.callback(error)
+        if self.on_nonfinite == "raise":
+            raise error
+
+    def emit_headroom(self, path_amax: dict, step: int) -> list[HeadroomWarning]:
+        found = headroom_warnings(path_amax, margin_bits=self.margin_bits, step=step, already=self._warned)
+        for w in found:
+            self.warnings.append(w)
+            log.warning("%s", w.message)
+            if self.callback is not None:
+                self.callback(w)
+        return found
+
+    def monitored(self, step: int) -> bool:
+        """Whether forward number ``step`` (0-based) is a monitored step (0, N, 2N, ...)."""
+        return self.monitor_every is not None and step % self.monitor_every == 0
+
+    def step(self, loss=None, *, replay=None, grads: bool = True) -> bool:
+        """Alias of ``check``: the per-step hook of a training loop."""
+        return self.check(loss, replay=replay, grads=grads)
+
+    @property
+    def last_event(self):
+        return self.events[-1] if self.events else None
+
+    def _float_tensors(self, obj) -> list:
+        return float_tensors(obj, self.ops)
+
+    # -- context
+    def __enter__(self):
+        self._handles = self._root_handles()
+        self._active = True
+        if not self.guard:
+            self._install_full()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._active = False
+        try:
+            self._remove_full()
+            self._monitor_detach()
+        finally:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            self._pass = None  # drop the last step's graph (its autograd nodes / hooked tensors)
+        return False
+
+    def _install_full(self) -> None:
+        if self._full is not None:
+            return
+        named = [*self.model.named_parameters(), *self.model.named_buffers()]
+        self._param_keys = {self.ops.key(t): n for n, t in named}
+        self._full = self._full_hooks()
+
+    def _remove_full(self) -> None:
+        if self._full is not None:
+            full, self._full = self._full, None
+            full.close()
+        self._phase = "idle"
+
+    # -- root forward
+    def _root_pre(self, args, kwargs) -> None:
+        if self._suspended:
+            return
+        self._depth += 1
+        if self._depth > 1:
+            return
+        step = self._forward_count - 1 if self._replaying else self._forward_count
+        if not self._replaying:
+            self._forward_count += 1
+            if self.guard and self._snapshot is None:
+                self._snapshot = self._take_snapshot()
+            if self.monitored(step):
+                self._monitor_begin(args, kwargs, step)
+        if self._full is not None:
+            self._pass = self._new_pass(step)
+            self._phase = "forward"
+            self._suspended += 1
+            try:
+                for name, value in self._named_inputs(args, kwargs):
+                    self._scan_value(name, value, None, 0)
+            finally:
+                self._suspended -= 1
+
+    def _root_post(self) -> None:
+        if self._suspended:
+            return
+        self._depth = max(self._depth - 1, 0)
+        if self._depth:
+            return
+        self._suspended += 1
+        try:
+            self._monitor_end()
+        finally:
+            self._suspended -= 1
+        p = self._pass
+        if self._full is not None and p is not None and self._pass_open():
+            self._phase = "loss"
+            if p.bad_inputs and not p.done:  # the bad data never reached a floating op: blame the input
+                where, sample, _ = p.bad_inputs[0]
+                err = nonfinite_error(
+                    phase="forward", module="", op="input", kind=INPUT, sample=sample, where=where, step=p.step
+                )
+                p.forward_event = err
+                self.report(err)
+
+    def _new_pass(self, step: int) -> WatchPass:
+        return WatchPass(step)
+
+    def _pass_open(self) -> bool:
+        """Whether the root's end still closes a forward pass (an adapter may have closed it on a raise)."""
+        return True
+
+    def _named_inputs(self, args, kwargs) -> list[tuple[str, object]]:
+        named: list[tuple[str, object]]
+        try:
+            bound = self._signature.bind(*args, **kwargs) if self._signature else None
+            named = list(bound.arguments.items()) if bound else []
+        except TypeError:
+            bound = None
+        if not bound:
+            named = [(f"{self._input_label}[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
+        return named
+
+    def _scan_value(self, where: str, value, sample, depth: int) -> None:
+        """Record the non-finite model inputs (their sample row) and the batch size of this pass."""
+        p, ops = self._pass, self.ops
+        if isinstance(value, ops.tensor_type):
+            if not ops.is_float(value):
+                return
+            if p.batch_size is None and value.ndim and depth == 0:
+                p.batch_size = int(value.shape[0])
+            if not ops.finite(value):
+                row = first_nonfinite_row(ops.to_numpy(value), int(value.shape[0]) if value.ndim else None)
+                if sample is None:
+                    sample = row
+                    where += f"[{row}]" if row is not None else ""
+                elif row is not None:
+                    where += f" row {row}"
+                p.bad_inputs.append((where, sample, ops.key(value)))
+        elif isinstance(value, (list, tuple)) and depth < 3:
+            if (
+                depth == 0
+                and p.batch_size is None
+                and value
+                and all(isinstance(v, (ops.tensor_type, dict)) for v in value)
+            ):
+                p.batch_size = len(value)
+            for i, v in enumerate(value):
+                self._scan_value(f"{where}[{i}]", v, i if sample is None and depth == 0 else sample, depth + 1)
+        elif isinstance(value, dict) and depth < 3:
+            for k, v in value.items():
+                # a dict of batched arrays (ppdet's inputs): its values are batched like top-level tensors
+                self._scan_value(f"{where}[{k!r}]", v, sample, depth + 1 if depth else 0)
+
+    # -- forward origin
+    def _report_origin(
+        self, *, module: str, op: str, inputs: list, input_ok: list, outputs: list, low: bool, rerun_finite, dtype: str
+    ) -> None:
+        """Report the op whose outputs went non-finite: its verdict, the sample, the stats."""
+        p, ops = self._pass, self.ops
+        bad_in = [t for t, ok in zip(inputs, input_ok) if not ok]
+        from_param = any(ops.key(t) in self._param_keys for t in bad_in)
+        kind = verdict(low, all(input_ok), rerun_finite, from_param=from_param)
+        where, sample = self._origin_where(kind, bad_in)
+        if sample is None and kind != PARAMETER:
+            bad_out = next(t for t in outputs if not ops.finite(t))
+            sample = first_nonfinite_row(ops.to_numpy(bad_out), p.batch_size)
+        stats = {
+            "inputs": [tensor_stats(ops.to_numpy(t)) for t in inputs[:4]],
+            "outputs": [tensor_stats(ops.to_numpy(t)) for t in outputs[:4]],
+            "rerun_float32_finite": rerun_finite,
+        }
+        err = nonfinite_error(
+            phase="forward",
+            module=module,
+            op=op,
+            kind=kind,
+            sample=sample,
+            stats=stats,
+            dtype=dtype,
+            where=where,
+            step=p.step,
+        )
+        p.forward_event = err
+        self.report(err)
+
+    def _origin_where(self, kind: str, bad_in: list) -> tuple[str, int | None]:
+        """(where, sample) of an input or parameter origin: the model input the op read (matched by data),
+        or the names of the non-finite parameters."""
+        p, key = self._pass, self.ops.key
+        where, sample = "", None
+        if kind == INPUT:
+            keys = {key(t) for t in bad_in}
+            match = [b for b in p.bad_inputs if b[2] in keys] or p.bad_inputs
+            if match:
+                where, sample, _ = match[0]
+        elif kind == PARAMETER:
+            where = ", ".join(sorted({self._param_keys[key(t)] for t in bad_in if key(t) in self._param_keys}))
+        return where, sample
+
+    # -- guard
+    def check(self, loss=None, *, replay=None, grads: bool = True) -> bool:
+        """True when the loss and every gradient are finite (one fused host sync); else localize and report.
+
+        Call it after ``backward()`` (after ``scaler.unscale_`` with a GradScaler, or with ``grads=False``).
+        ``replay()``: recomputes the same loss (forward + loss, no backward); on a hit the step's RNG and
+        buffers are restored, it runs with full hooks (and its backward too, when the loss was finite), the
+        gradients are put back and the buffers reset to before the bad step. Returns False when the step
+        must be skipped (``on_nonfinite="record"``); raises with ``"raise"``.
+        """
+        snap, self._snapshot = self._snapshot, None
+        self.step_count += 1
+        if self._guard_finite(loss, grads):
+            return True
+        loss_bad = loss is not None and not all(self.ops.finite(v) for v in self._float_tensors(loss))
+        before = len(self.events)
+        if replay is not None and snap is not None:
+            self._replay(replay, snap, run_backward=not loss_bad)
+        if len(self.events) == before:
+            what = "the loss" if loss_bad else self._grad_what
+            err = nonfinite_error(
+                phase="forward" if loss_bad else "backward",
+                module="<loss>" if loss_bad else "",
+                op="loss" if loss_bad else "grad_norm",
+                kind=UNKNOWN,
+                where=f"guard: {what} is non-finite"
+                + ("; the replay did not reproduce it" if replay is not None else ""),
+                step=self.step_count - 1,
+            )
+            self.report(err)
+        return False
+
+    def _replay(self, replay, snap: dict, *, run_backward: bool) -> None:
+        """Re-run the bad step from its snapshot with full hooks; the gradients and buffers end as they were."""
+        restore_grads = self._stash_grads()
+        self._restore_snapshot(snap)
+        self._replaying = True
+        self._install_full()
+        try:
+            loss = replay()
+            if run_backward and self.backward and self._runs_backward(loss):
+                if not (self._pass and self._pass.done):
+                    loss.backward()
+        finally:
+            self._remove_full()
+            self._replaying = False
+            restore_grads()
+            self._restore_snapshot({**snap, "rng": self._rng_state()})
+
+    # -- headroom monitor
+    def _find_paths(self, args, kwargs) -> list[tuple[str, tuple]]:
+        """Unnormalized paths (start, layers) from ``ampsafe.scan`` on this step's inputs (state restored)."""
+        snap = self._take_snapshot()
+        self._suspended += 1
+        try:
+            from ..scanner import scan  # lazily: it dispatches to the model's framework
+
+            example = dict(kwargs) if kwargs and not args else tuple(args)
+            if kwargs and args and self._signature is not None:
+                example = dict(self._signature.bind(*args, **kwargs).arguments)
+            report = scan(self.model, example, margin_bits=self.margin_bits)
+            paths = [(p.start, tuple(p.layers)) for p in report.paths if not p.normalized]
+        except Exception as exc:  # noqa: BLE001 - no scan: watch every conv/linear output instead
+            log.warning("ampsafe.watch: scan unavailable (%s); monitoring every conv/linear output", exc)
+            paths = self._fallback_paths()
+        finally:
+            self._suspended -= 1
+            self._restore_snapshot(snap)
+        return paths
+
+    def _monitor_begin(self, args, kwargs, step: int) -> None:
+        if self._paths is None:
+            self._paths = self._find_paths(args, kwargs)
+        layers = self._layers()
+        wanted = {x for _, path in self._paths for x in path if x in layers}
+        self._monitor_amax = {}
+        self._monitor_step = step
+        for name in wanted:
+            self._monitor_handles.append(self._post_hook(layers[name], self._amax_hook(name)))
+
+    def _amax_hook(self, name: str):
+        def hook(layer, inputs, outputs):
+            floats = self._float_tensors(outputs)
+            if not floats or self._suspended:
+                return None
+            self._suspended += 1
+            try:
+                with self.ops.no_grad():
+                    amax = self.ops.amax(floats)
+                    prev = self._monitor_amax.get(name)
+                    self._monitor_amax[name] = amax if prev is None else self.ops.maximum(prev, amax)
+            finally:
+                self._suspended -= 1
+            return None
+
+        return hook
+
+    def _monitor_detach(self) -> None:
+        for h in self._monitor_handles:
+            h.remove()
+        self._monitor_handles = []
+
+    def _monitor_end(self) -> None:
+        if self._monitor_step is None:
+            return
+        step, self._monitor_step = self._monitor_step, None
+        self._monitor_detach()
+        if not self._monitor_amax:
+            return
+        names = list(self._monitor_amax)
+        amax = dict(zip(names, self.ops.to_floats([self._monitor_amax[n] for n in names])))  # one host sync
+        path_amax = {}
+        for start, layers in self._paths or []:
+            seen = [amax[x] for x in layers if x in amax]
+            if seen:
+                path_amax[start] = (layers, max(seen))
+        self.last_headroom = {s: v[1] for s, v in path_amax.items()}
+        self.emit_headroom(path_amax, step)
+
+    # -- what adapters supply (see the class docstring)
+    def _root_handles(self) -> list:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _full_hooks(self) -> ExitStack:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _guard_finite(self, loss, grads: bool) -> bool:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _take_snapshot(self) -> dict:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _restore_snapshot(self, snap: dict) -> None:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _rng_state(self):  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _stash_grads(self) -> Callable[[], None]:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _runs_backward(self, loss) -> bool:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _layers(self) -> dict:  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _post_hook(self, layer, hook):  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _fallback_paths(self) -> list[tuple[str, tuple]]:  # pragma: no cover - adapters
+        raise NotImplementedError

@@ -1,0 +1,262 @@
+"""The ``frcnn`` "brink" checkpoint: Faster R-CNN trained in FP32 until its box head leaves float16's range.
+
+Recipe (what a user training a detector from scratch with DBNet's optimizer might do): torchvision
+``fasterrcnn_mobilenet_v3_large_320_fpn``, random init (no pretrained backbone), 160x160 synthetic shapes, batch 2,
+3 classes, Adam lr 1e-2 without weight decay and torchvision's detection-reference linear warmup (factor 1e-3 over
+the first 10 steps). Raw 0-255 pixels are not the cause (the stem's BatchNorm absorbs them): Adam's first full-lr
+steps grow the unnormalized RoI box head (``roi_heads.box_head.fc6`` -> ``fc7``, both Linear, no normalization)
+and the RPN head conv, and ``fc6``/``fc7`` pass 65504 within ~15 steps while the FP32 loss keeps falling.
+Training stops once the model's forward on ``example_inputs`` (batch 0, RoI sampling seeded) exceeds
+``PROBE_FACTOR`` x 65504, after at least ``extra_steps`` steps past the first crossing; the state and a record of
+where and when it crossed are cached under ``.cache/ampsafe/``.
+
+    w = brink_workload(seed=0)     # build("frcnn", **sizes) with the brink state loaded, train mode
+    rec = brink_record(seed=0)     # {"crossed_step", "first_layer", "over_fp16_at_crossing", "probe", ...}
+    opt, sched = recipe_optimizer(w.model)   # the recipe's Adam + warmup, for continuing to train
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Union
+
+__all__ = [
+    "FP16_MAX",
+    "PROBE_FACTOR",
+    "RECIPE",
+    "WATCHED",
+    "build_kwargs",
+    "recipe_optimizer",
+    "leaf_amax",
+    "seeded_forward",
+    "brink_state",
+    "brink_record",
+    "brink_workload",
+    "cache_path",
+]
+
+FP16_MAX = 65504.0
+PROBE_FACTOR = 2.0  # the probe must exceed 2 x 65504: one bit of margin for float16's different proposals
+RECIPE = {
+    "backbone": "mobilenet",
+    "image_size": 160,
+    "batch_size": 2,
+    "num_classes": 3,
+    "optimizer": "adam",
+    "lr": 1e-2,
+    "weight_decay": 0.0,
+    "warmup_steps": 10,
+    "warmup_factor": 1e-3,
+    "max_steps": 40,
+    "extra_steps": 2,
+    "version": 1,
+}
+# the unnormalized layers the recipe drives out of range: RoI box head and the RPN head conv
+WATCHED = (
+    "roi_heads.box_head.fc6",
+    "roi_heads.box_head.fc7",
+    "roi_heads.box_predictor.cls_score",
+    "roi_heads.box_predictor.bbox_pred",
+    "rpn.head.conv.0.0",
+    "rpn.head.cls_logits",
+)
+
+
+def build_kwargs() -> dict:
+    """The ``ampsafe.workloads.build("frcnn", ...)`` options of the recipe."""
+    return {k: RECIPE[k] for k in ("backbone", "image_size", "batch_size", "num_classes")}
+
+
+def recipe_optimizer(model, lr: float | None = None, warmup_steps: int | None = None):
+    """``(Adam, LinearLR warmup)`` as the recipe trains; call ``scheduler.step()`` after each ``optimizer.step()``."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=RECIPE["lr"] if lr is None else lr, weight_decay=RECIPE["weight_decay"])
+    warm = RECIPE["warmup_steps"] if warmup_steps is None else warmup_steps
+    factor = RECIPE["warmup_factor"] if warm > 0 else 1.0
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=factor, total_iters=max(warm, 1))
+    return opt, sched
+
+
+class leaf_amax:
+    """Context manager: forward hooks on every leaf module record the float32 abs-max of its tensor output.
+
+    ``amax`` maps module path to the largest value since the last ``reset()``, in the order modules first ran.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.amax: dict[str, float] = {}
+        self._handles = []
+
+    def reset(self) -> None:
+        self.amax = {}
+
+    def _hook(self, name):
+        def record(module, inputs, output):
+            if getattr(output, "is_floating_point", lambda: False)():
+                value = float(output.detach().abs().max()) if output.numel() else 0.0
+                if value > self.amax.get(name, -1.0):
+                    self.amax[name] = value
+
+        return record
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            if name and not any(True for _ in module.children()):
+                self._handles.append(module.register_forward_hook(self._hook(name)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def seeded_forward(model, inputs, seed: int = 0):
+    """``model(*inputs)`` with torch's RNG seeded (RoI sampling is random in train mode) and then restored."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return model(*inputs)
+
+
+def _recipe_key(seed: int) -> str:
+    digest = hashlib.sha1(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:10]
+    return f"frcnn_brink_seed{seed}_{digest}"
+
+
+def _default_cache_dir() -> Path:
+    env = os.environ.get("AMPSAFE_CACHE")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "setup.py").exists() or (repo / "pyproject.toml").exists():
+        return repo / ".cache" / "ampsafe"
+    return Path.home() / ".cache" / "ampsafe"
+
+
+def cache_path(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> Path:
+    """Where the brink state of ``seed`` is (or will be) cached: ``<dir>/frcnn_brink_seed<seed>_<recipe>.pt``."""
+    directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    return directory / f"{_recipe_key(seed)}.pt"
+
+
+def _probe(workload, seed: int) -> dict:
+    """Leaf abs-max on ``example_inputs`` (train mode, RoI sampling seeded; and eval mode), no grad."""
+    import torch
+
+    model = workload.model
+    result = {}
+    try:
+        with torch.no_grad(), leaf_amax(model) as probe:
+            for mode in ("train", "eval"):
+                model.train(mode == "train")
+                probe.reset()
+                seeded_forward(model, workload.example_inputs if mode == "train" else workload.example_inputs[:1], seed)
+                result[mode] = dict(probe.amax)
+    finally:
+        model.train()
+    return result
+
+
+def _train_to_brink(seed: int) -> tuple[dict, dict]:
+    import torch
+
+    from . import build
+
+    workload = build("frcnn", seed=seed, **build_kwargs())
+    model = workload.model
+    opt, sched = recipe_optimizer(model)
+    torch.manual_seed(seed)
+    history, crossed, probe_max, started = [], None, None, time.perf_counter()
+    for step in range(RECIPE["max_steps"]):
+        with leaf_amax(model) as amax:
+            loss = workload.loss(workload.batch(step))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        top = max(amax.amax, key=amax.amax.get)
+        history.append({"step": step, "loss": float(loss), "max_layer": top, "max": amax.amax[top]})
+        if crossed is None and amax.amax[top] > FP16_MAX:
+            crossed = {"step": step, "amax_by_layer": dict(amax.amax)}
+        if crossed is not None and step >= crossed["step"] + RECIPE["extra_steps"]:
+            probe_max = max(_probe(workload, seed)["train"].values())
+            if probe_max > PROBE_FACTOR * FP16_MAX:
+                break
+    else:
+        raise RuntimeError(
+            f"frcnn seed {seed} did not bring its probe past {PROBE_FACTOR} x 65504 in {RECIPE['max_steps']} steps "
+            f"(first crossing: {crossed and crossed['step']})"
+        )
+    by_layer = crossed["amax_by_layer"]
+    over = {k: v for k, v in sorted(by_layer.items(), key=lambda kv: -kv[1]) if v > FP16_MAX}
+    probe = _probe(workload, seed)
+    record = {
+        "seed": seed,
+        "recipe": RECIPE,
+        "torch": torch.__version__,
+        "crossed_step": crossed["step"],
+        "steps_trained": len(history),
+        "train_seconds": round(time.perf_counter() - started, 2),
+        "first_layer": next(name for name, value in by_layer.items() if value > FP16_MAX),
+        "over_fp16_at_crossing": over,
+        "watched_at_crossing": {name: by_layer.get(name) for name in WATCHED},
+        "watched_probe": {mode: {n: probe[mode].get(n) for n in WATCHED} for mode in probe},
+        "over_fp16_probe": {mode: {k: v for k, v in probe[mode].items() if v > FP16_MAX} for mode in probe},
+        "history": history,
+    }
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    return state, record
+
+
+def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
+    import torch
+
+    path = cache_path(seed, cache_dir)
+    meta = path.with_suffix(".json")
+    if path.is_file() and meta.is_file():
+        return torch.load(path, map_location="cpu", weights_only=True), json.loads(meta.read_text())
+    state, record = _train_to_brink(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt")
+    torch.save(state, tmp)
+    meta.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return state, record
+
+
+def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
+    """The brink state_dict ({name: torch.Tensor}); trained once (~20 steps, ~1 min on 2 cores), then cached."""
+    return _load_or_train(seed, cache_dir)[0]
+
+
+def brink_record(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
+    """How the brink was reached: ``crossed_step``, ``first_layer``, ``over_fp16_at_crossing`` {layer: amax}, ..."""
+    return _load_or_train(seed, cache_dir)[1]
+
+
+def brink_workload(seed: int = 0, cache_dir: Union[str, Path, None] = None):
+    """``build("frcnn", seed=seed, **build_kwargs())`` with the brink state loaded strictly, train mode."""
+    from . import build
+
+    workload = build("frcnn", seed=seed, **build_kwargs())
+    workload.model.load_state_dict(brink_state(seed, cache_dir), strict=True)
+    workload.model.train()
+    return workload
+
+
+if __name__ == "__main__":  # python -m ampsafe.workloads.frcnn_brink [seed]: build (or show) the cached brink
+    import sys
+
+    _rec = brink_record(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    print(f"cache: {cache_path(_rec['seed'])}")
+    print(f"crossed 65504 at step {_rec['crossed_step']} in {_rec['first_layer']}: {_rec['over_fp16_at_crossing']}")
+    print(f"stopped after {_rec['steps_trained']} steps; probe over 65504: {_rec['over_fp16_probe']}")

@@ -1,0 +1,94 @@
+"""Process bodies for the 2-rank gloo heal tests: rank 1 alone gets a batch that overflows float16."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+HOT_STEPS = 3  # rank 1's first steps carry inputs of 1e5 (> 65504): its first conv overflows, rank 0's does not
+
+
+def torch_worker(rank: int, world: int, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ampsafe
+    from ampsafe.torch import GradScaler
+    from bench.bench_heal import grow_batch, grow_loss, grow_net
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = DDP(grow_net(0, channels=8, neck_convs=2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = GradScaler("cpu", init_scale=4.0, min_scale=1.0, on_floor="heal")
+    healer = ampsafe.heal(model, scaler=scaler, target="cpu")
+    for step in range(6):
+        x, y = grow_batch(step, seed=rank, image_size=16, batch_size=4)
+        if rank == 1 and step < HOT_STEPS:
+            x = x * 1e5
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = grow_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    torch.save(
+        {
+            "params": [p.detach().clone() for p in model.parameters()],
+            "patched": ampsafe.patching.patched_modules(model),
+            "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
+            "found": [h["paths"] for h in healer.heals],
+            "scale": scaler.get_scale(),
+        },
+        os.path.join(out, f"{rank}.pt"),
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def paddle_worker(out: str) -> None:
+    import pickle
+
+    import numpy as np
+    import paddle
+    import paddle.distributed as dist
+
+    import ampsafe
+    from ampsafe.paddle import GradScaler, emulate_fp16
+
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    paddle.seed(0)
+    nn = paddle.nn
+    layer = nn.Sequential(
+        nn.Conv2D(3, 8, 3, padding=1), nn.BatchNorm2D(8), nn.ReLU(), nn.Conv2D(8, 8, 3, padding=1), nn.Conv2D(8, 1, 1)
+    )
+    model = paddle.DataParallel(layer)
+    opt = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
+    scaler = GradScaler(init_loss_scaling=4.0, min_loss_scaling=1.0, on_floor="heal")
+    healer = ampsafe.heal(model, scaler=scaler)
+    rng = np.random.default_rng(100 + rank)
+    with emulate_fp16(layer):
+        for step in range(6):
+            x = rng.standard_normal((4, 3, 16, 16)).astype("float32")
+            if rank == 1 and step < HOT_STEPS:
+                x = x * 1e5
+            loss = model(paddle.to_tensor(x)).pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.clear_grad()
+    record = {
+        "params": [p.numpy() for p in layer.parameters()],
+        "patched": ampsafe.patching.patched_modules(layer),
+        "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
+        "found": [h["paths"] for h in healer.heals],
+        "scale": scaler.get_loss_scaling(),
+    }
+    with open(os.path.join(out, f"{rank}.pkl"), "wb") as fh:
+        pickle.dump(record, fh)
