@@ -100,23 +100,29 @@ def _track(scaler, framework: str, user_kwargs: dict) -> None:
         _arm_watch(scaler)
 
 
-def _torch_scalers(options: dict):
-    from ampsafe.torch.scaler import GradScaler as Base
+def _with_floor(base: type, framework: str, extra: dict) -> type:
+    """``base`` with ``ampsafe run``'s floor as default keyword arguments (the script's own arguments win)."""
 
-    extra = {"min_scale": options["min_scale"], "on_floor": options["on_floor"]}
-
-    class GradScaler(Base):
-        """ampsafe.torch.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."""
-
+    class GradScaler(base):
         def __init__(self, *args, **kwargs):
             user = dict(kwargs)
             for key, value in extra.items():
                 kwargs.setdefault(key, value)
             super().__init__(*args, **kwargs)
-            _track(self, "torch", user)
+            _track(self, framework, user)
 
-    class CudaGradScaler(GradScaler):
-        """``torch.cuda.amp.GradScaler``'s signature (no ``device``) on top of ampsafe's scaler."""
+    GradScaler.__doc__ = (
+        f"ampsafe.{framework}.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."
+    )
+    GradScaler.__module__ = "ampsafe.auto"
+    return GradScaler
+
+
+def _on_device(base: type, device: str) -> type:
+    """``torch.{cuda,cpu}.amp.GradScaler``'s signature (no ``device``) on top of ampsafe's scaler."""
+
+    class DeviceGradScaler(base):
+        """ampsafe's scaler with the device fixed (``torch.cuda.amp`` / ``torch.cpu.amp`` signature)."""
 
         def __init__(
             self,
@@ -127,23 +133,18 @@ def _torch_scalers(options: dict):
             enabled=True,
             **kwargs,
         ):
-            super().__init__("cuda", init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
+            super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
 
-    class CpuGradScaler(GradScaler):
-        def __init__(
-            self,
-            init_scale=2.0**16,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            growth_interval=2000,
-            enabled=True,
-            **kwargs,
-        ):
-            super().__init__("cpu", init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
+    DeviceGradScaler.__name__ = DeviceGradScaler.__qualname__ = f"{device.capitalize()}GradScaler"
+    DeviceGradScaler.__module__ = "ampsafe.auto"
+    return DeviceGradScaler
 
-    for cls in (GradScaler, CudaGradScaler, CpuGradScaler):
-        cls.__module__ = "ampsafe.auto"
-    return GradScaler, CudaGradScaler, CpuGradScaler
+
+def _torch_scalers(options: dict):
+    from ampsafe.torch.scaler import GradScaler as Base
+
+    scaler = _with_floor(Base, "torch", {"min_scale": options["min_scale"], "on_floor": options["on_floor"]})
+    return scaler, _on_device(scaler, "cuda"), _on_device(scaler, "cpu")
 
 
 def _patch_torch(torch) -> None:
@@ -176,19 +177,9 @@ def _patch_paddle(paddle) -> None:
     except ImportError as exc:  # the Paddle scaler is another module of this project
         _say(f"paddle.amp.GradScaler left as is: ampsafe.paddle.scaler unavailable ({exc})")
         return
-    extra = {"min_loss_scaling": options["min_scale"], "on_floor": options["on_floor"]}
-
-    class GradScaler(Base):
-        """ampsafe.paddle.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."""
-
-        def __init__(self, *args, **kwargs):
-            user = dict(kwargs)
-            for key, value in extra.items():
-                kwargs.setdefault(key, value)
-            super().__init__(*args, **kwargs)
-            _track(self, "paddle", user)
-
-    GradScaler.__module__ = "ampsafe.auto"
+    GradScaler = _with_floor(
+        Base, "paddle", {"min_loss_scaling": options["min_scale"], "on_floor": options["on_floor"]}
+    )
     floor = f"min_loss_scaling={options['min_scale']}, on_floor={options['on_floor']!r}"
     _set(paddle.amp, "GradScaler", GradScaler, f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
     grad_scaler = sys.modules.get("paddle.amp.grad_scaler")

@@ -4,11 +4,19 @@
     ampsafe.heal(model, scaler=scaler)                                   # attach: heals at the floor
     ...                                                                  # the usual training loop
 
+    ampsafe.heal(model, scaler=scaler, patience=2)                       # or: after 2 overflowing steps in a row
     paths = ampsafe.heal(model, lambda: (images,))                       # custom loops: heal now, on this batch
+
+At a heal the last batch (kept by a forward pre-hook) is replayed: non-finite inputs -> error naming the sample;
+non-finite output (or ``loss_fn`` loss) in float32 -> error (a numerical failure); else ``scan`` finds the paths
+within ``margin_bits`` of 65504, ``patch(policy="island", paths=...)`` islands them, running statistics that
+the overflowing forwards poisoned are reset, and the scaler restarts from the scale before the collapse.
 
 Why it can work: islands keep parameter identity, so the optimizer and its state go on untouched; only the
 overflowing paths pay for float32. Why it gives up: an overflow that is not in the model (non-finite data) or
 that float32 has too (a numerical error) is not a precision problem, and more islands would hide it.
+Distributed (torch.distributed / paddle.distributed initialized): verdicts are all-gathered, every rank raises
+the same error or islands the union of the paths found on any rank.
 """
 
 from __future__ import annotations
@@ -108,6 +116,44 @@ def _call(model, inputs):
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
+def _running_stats(model, framework: str):
+    """(path, module, mean, var) of every normalization layer that keeps running statistics."""
+    named = model.named_modules() if framework == "torch" else model.named_sublayers(include_self=True)
+    for path, m in named:
+        if framework == "torch":
+            mean, var = getattr(m, "running_mean", None), getattr(m, "running_var", None)
+        else:
+            mean, var = getattr(m, "_mean", None), getattr(m, "_variance", None)
+        if mean is not None and var is not None:
+            yield path, m, mean, var
+
+
+def _repair_running_stats(model, framework: str) -> list[str]:
+    """Reset the running statistics that the overflowing forwards made non-finite; returns their layers.
+
+    A skipped step still ran its forward, and a train-mode BatchNorm after an overflowing conv folded inf/NaN
+    into its running mean and variance: training (batch statistics) goes on, but eval would be NaN. They restart
+    from their initial values (mean 0, variance 1) and re-converge at the layer's momentum.
+    """
+    repaired = []
+    for path, _layer, mean, var in _running_stats(model, framework):
+        if framework == "torch":
+            import torch
+
+            if bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all()):
+                continue
+            with torch.no_grad():
+                mean.zero_()
+                var.fill_(1.0)
+        else:
+            if np.isfinite(mean.numpy()).all() and np.isfinite(var.numpy()).all():
+                continue
+            mean.set_value(np.zeros(mean.shape, dtype="float32"))
+            var.set_value(np.ones(var.shape, dtype="float32"))
+        repaired.append(path)
+    return repaired
+
+
 def _float32_replay(model, framework: str, inputs, loss_fn) -> Optional[str]:
     """Run ``model`` on ``inputs`` in float32 (no autocast, no emulation, no grad, buffers restored).
 
@@ -134,15 +180,16 @@ def _float32_replay(model, framework: str, inputs, loss_fn) -> Optional[str]:
 
         from .paddle.intercept import fp32_region
 
-        buffers = {k: v.numpy().copy() for k, v in model.named_buffers()}
+        kept = [t for _, _, mean, var in _running_stats(model, framework) for t in (mean, var)]
+        kept += [v for _, v in model.named_buffers()]
+        saved = [t.numpy().copy() for t in kept]
         with paddle.no_grad(), paddle.amp.auto_cast(enable=False), fp32_region():
             try:
                 out = _call(model, inputs)
                 loss = loss_fn(out) if loss_fn is not None else None
             finally:
-                for k, v in model.named_buffers():
-                    if k in buffers:
-                        v.set_value(buffers[k])
+                for t, value in zip(kept, saved):
+                    t.set_value(value)
     if any(not np.isfinite(a).all() for a in _arrays(out)):
         return "the model's output"
     if loss is not None and any(not np.isfinite(a).all() for a in _arrays(loss)):
@@ -255,8 +302,8 @@ class Healer:
         for rank, (kind, detail) in enumerate(verdicts):
             if kind == "data":
                 raise LossScaleFloorError(
-                    f"not healed: the overflow is not in the model: {where(rank)}input {detail[0]} of the last batch "
-                    f"is non-finite at sample {detail[1]}. Fix the data (ampsafe.check_targets / ampsafe.watch "
+                    f"not healed: the overflow is not in the model: {where(rank)}input {detail[0]} of the batch of "
+                    f"step {step} is non-finite at sample {detail[1]}. Fix the data (ampsafe.check_targets / ampsafe.watch "
                     "name such samples).",
                     **err,
                 )
@@ -289,19 +336,28 @@ class Healer:
         from .patching import patch
 
         result = patch(self.model, policy="island", level=self.level, paths=[by_start[n] for n in names])
+        reset = _repair_running_stats(self.model, self.framework)
         restored = restore_scale(history)
         core = getattr(scaler, "_core", None)
         if core is not None and restored is not None:
             core.last_clean_scale = restored  # the scaler restarts from here (LossScaleState.heal)
-        record = {"step": step, "paths": names, "patched": list(result.patched), "amax": amax, "scale": restored}
+        record = {
+            "step": step,
+            "paths": names,
+            "patched": list(result.patched),
+            "amax": amax,
+            "scale": restored,
+            "reset_running_stats": reset,
+        }
         self.heals.append(record)
         log.warning(
-            "ampsafe heal at step %s: islanded %d paths (%s), max amax %s; scale restored to %s",
+            "ampsafe heal at step %s: islanded %d paths (%s), max amax %s; scale restored to %s%s",
             step,
             len(names),
             ", ".join(names),
             _fmt_max(amax),
             restored,
+            f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
         )
         return list(result.patched) or names
 

@@ -17,7 +17,7 @@ import numbers
 import sys
 
 from ._framework import framework_of, unwrap
-from .core.paths import analyze, merge_paths, merge_risky_ops
+from .core.paths import UNTRACED, analyze, merge_paths, merge_risky_ops
 from .core.report import ScanReport
 from .errors import AmpSafeError, ConfigError
 
@@ -126,6 +126,12 @@ def scan(
         notes=notes,
         graph=graph,
     )
+    untraced = [p.start for p in report.paths if UNTRACED in p.ends]
+    if untraced:
+        report.notes.append(
+            f"{len(untraced)} path(s) lead into ops the tracer did not record ({', '.join(untraced[:5])}); they are "
+            "reported as unnormalized"
+        )
     modules = tracer.modules(model)
     for p in report.paths:
         p.protected_by = _protection(modules, p.start)

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from .graph import FP16_MAX, NORMALIZING_KINDS, START_KINDS, Graph, Node, OpKind, headroom_bits
 from .report import RiskOp, RiskPath
 
-__all__ = ["analyze", "find_paths", "find_risky_ops", "merge_paths", "merge_risky_ops", "OUTPUT", "LOSS"]
+__all__ = ["analyze", "find_paths", "find_risky_ops", "merge_paths", "merge_risky_ops", "OUTPUT", "LOSS", "UNTRACED"]
 
 OUTPUT = "<output>"
 LOSS = "<loss>"
 ROOT = "<root>"
+UNTRACED = "<untraced>"
 
 
 @dataclass
@@ -80,7 +81,9 @@ def _walk(graph: Graph, start: Node, consumers: dict[int, list[int]]) -> _Walk:
                 walk.normalized = False
             else:
                 frontier.extend(node.outputs)
-    # no ends at all (the values only fed shapes or integer ops): nothing unnormalized downstream, normalized stays True
+    if not walk.ends:  # the values went into ops the tracer did not record: never claim they were normalized
+        walk.ends.append(UNTRACED)
+        walk.normalized = False
     return walk
 
 

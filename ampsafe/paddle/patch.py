@@ -4,9 +4,9 @@
   ``ampsafe.paddle.intercept.fp32_region()`` (so ``ampsafe.paddle.emulate_fp16`` leaves it in float32 too),
   floating inputs cast to float32. Under O2 pass ``ampsafe.patching.island_layers(model)`` as
   ``paddle.amp.decorate(..., excluded_layers=...)`` so island weights stay float32.
-- :class:`ConvBN`: PaddleOCR ``ConvBNLayer`` semantics: conv, a fresh ``BatchNorm{1,2,3}D`` child ``bn``,
-  optional ``act``; new keys ``<conv>.bn.weight/bias/_mean/_variance``.
-- :class:`RescaledInput` / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
+- :class:`ConvBN` (shared, :mod:`ampsafe.policies.patcher`): PaddleOCR ``ConvBNLayer`` semantics: conv, a fresh
+  ``BatchNorm{1,2,3}D`` child ``bn``, optional ``act``; new keys ``<conv>.bn.weight/bias/_mean/_variance``.
+- :class:`RescaledInput` (shared) / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
 """
 
 from __future__ import annotations

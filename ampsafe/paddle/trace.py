@@ -134,6 +134,8 @@ class _Recorder(intercept.OpMode):
         self.pending: list[tuple[object, list]] = []
         self.grads: dict[int, object] = {}  # tensor id -> abs-max of its gradient (0-d tensor)
         self.hooks: list = []
+        self.leaf_ids: set[int] = set()  # parameters and model inputs: tensors that legitimately have no producer
+        self.unseen: set[str] = set()  # modules where a grad-carrying tensor appeared from an unwrapped kernel
         self.on_path: set[int] = set()  # tensors a conv/matmul path runs through (only those get grad hooks)
 
     def _new(self, t, half: bool, on_path: bool = False) -> int:
@@ -190,6 +192,8 @@ class _Recorder(intercept.OpMode):
     def tid_of(self, t) -> int:
         entry = self.ids.get(id(t))
         if entry is None or entry[0]() is not t:
+            if not t.stop_gradient and id(t) not in self.leaf_ids:
+                self.unseen.add(intercept.current_module())  # made by a kernel the intercept does not wrap
             return self._new(t, self.level == "O2")
         if entry[2] == t.inplace_version:
             return entry[1]
@@ -339,6 +343,7 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
     layers = modules(model)
     recorder = _Recorder(graph, layers, level=level, want_grads=want_grads)
     recorder.model_params = [p for p in model.parameters() if not p.stop_gradient]
+    recorder.leaf_ids = {id(p) for p in model.parameters()} | {id(t) for t in _leaves(example_inputs)}
     with preserved(model), _aliases_tracked(recorder):
         try:
             grad_ctx = paddle.enable_grad() if want_grads else paddle.no_grad()
@@ -360,6 +365,12 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
             for h in recorder.hooks:
                 h.remove()
             recorder.hooks.clear()
+    if recorder.unseen:
+        where = ", ".join(sorted(m or "<root>" for m in recorder.unseen)[:8])
+        graph.notes.append(
+            f"tensors computed by Paddle kernels the tracer does not intercept entered the graph in: {where}; "
+            "paths through those kernels are cut there"
+        )
     return graph
 
 

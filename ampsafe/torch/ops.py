@@ -57,6 +57,8 @@ _RENAME = {
     "_scaled_dot_product_flash_attention_for_cpu": "scaled_dot_product_attention",
     "_scaled_dot_product_efficient_attention": "scaled_dot_product_attention",
     "_scaled_dot_product_cudnn_attention": "scaled_dot_product_attention",
+    "_native_multi_head_attention": "multi_head_attention",
+    "_transformer_encoder_layer_fwd": "transformer_encoder_layer",
     "_unsafe_view": "view",
     "_reshape_alias": "view",
     "clamp_min": "clamp_min",
@@ -99,6 +101,8 @@ _MATMUL = {
     "einsum",
     "linalg_vecdot",
     "scaled_dot_product_attention",
+    "multi_head_attention",
+    "transformer_encoder_layer",
     "_mkldnn_linear",
     "mkldnn_linear",
 }
@@ -402,6 +406,7 @@ _CPU_FP16 = frozenset(
         "bmm",
         "linalg_multi_dot",
         "scaled_dot_product_attention",
+        "multi_head_attention",
     }
 )
 # CUDA "fp32" and "fp32_set_opt_dtype": these compute in float32 whatever their inputs are

@@ -3,8 +3,9 @@
 - :class:`FP32Island`: ``forward`` runs under ``torch.autocast(device_type, enabled=False)`` with floating
   inputs cast to float32 (a context manager inside ``forward``, never a pre/post hook pair, so an exception
   cannot leak the disabled-autocast state).
-- :class:`ConvBN`: conv output through a fresh ``nn.BatchNorm{1,2,3}d`` child ``bn`` (+ optional ``act``).
-- :class:`RescaledInput` / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
+- :class:`ConvBN` (shared, :mod:`ampsafe.policies.patcher`): conv output through a fresh ``nn.BatchNorm{1,2,3}d``
+  child ``bn`` (+ optional ``act``).
+- :class:`RescaledInput` (shared) / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
 
 Islands are for autocast (O1). A model cast with ``.half()`` has float16 island weights: islands then raise
 a dtype error, so keep such models out of ``.half()`` (torch has no ``excluded_layers`` equivalent).

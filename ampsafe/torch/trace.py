@@ -106,7 +106,7 @@ class _Recorder(TorchDispatchMode):
     def _new(self, t, half: bool) -> int:
         tid = self.next_id
         self.next_id += 1
-        self.ids[t] = [tid, t._version]
+        self.ids[t] = [tid, _version(t)]
         self.half[tid] = half
         return tid
 
@@ -114,7 +114,7 @@ class _Recorder(TorchDispatchMode):
         entry = self.ids.get(t)
         if entry is None:  # a parameter, buffer, input or factory output: float16 only at O2
             return self._new(t, self.level == "O2")
-        if entry[1] == t._version:
+        if entry[1] == _version(t):
             return entry[0]
         old = entry[0]  # written through a view or outside the trace: keep the edge, mark the write
         new = self._new(t, self.half[old])
@@ -221,6 +221,14 @@ def _path_flags(kind: OpKind, in_ids: list[int], on_path: set[int]) -> tuple[boo
     if kind in NORMALIZING_KINDS or kind is OpKind.LOSS:
         return fed, False
     return fed, fed
+
+
+def _version(t) -> int:
+    """``t._version``; inference-mode tensors have no version counter (and in-place writes on them go untracked)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
 
 
 def _to_float(x: float) -> float:

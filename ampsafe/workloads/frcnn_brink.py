@@ -184,7 +184,7 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
         opt.zero_grad(set_to_none=True)
         sched.step()
         top = max(amax.amax, key=amax.amax.get)
-        history.append({"step": step, "loss": float(loss), "max_layer": top, "max": amax.amax[top]})
+        history.append({"step": step, "loss": loss.item(), "max_layer": top, "max": amax.amax[top]})
         if crossed is None and amax.amax[top] > FP16_MAX:
             crossed = {"step": step, "amax_by_layer": dict(amax.amax)}
         if crossed is not None and step >= crossed["step"] + RECIPE["extra_steps"]:

@@ -40,6 +40,7 @@ def torch_worker(rank: int, world: int, port: int, out: str) -> None:
     torch.save(
         {
             "params": [p.detach().clone() for p in model.parameters()],
+            "stats_finite": all(bool(torch.isfinite(b).all()) for b in model.buffers()),
             "patched": ampsafe.patching.patched_modules(model),
             "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
             "found": [h["paths"] for h in healer.heals],
@@ -84,7 +85,8 @@ def paddle_worker(out: str) -> None:
             scaler.update()
             opt.clear_grad()
     record = {
-        "params": [p.numpy() for p in layer.parameters()],
+        "params": [p.numpy() for p in layer.parameters() if not p.stop_gradient],
+        "stats_finite": all(np.isfinite(p.numpy()).all() for p in layer.parameters() if p.stop_gradient),
         "patched": ampsafe.patching.patched_modules(layer),
         "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
         "found": [h["paths"] for h in healer.heals],

@@ -38,6 +38,7 @@ def test_torch_ddp_ranks_heal_the_union_of_paths_and_stay_identical(tmp_path):
     assert "backbone.0" in r0["found"][0] and r0["patched"] == r1["patched"] and r0["patched"]
     assert all(torch.equal(a, b) and torch.isfinite(a).all() for a, b in zip(r0["params"], r1["params"]))
     assert r0["scale"] == r1["scale"]
+    assert r0["stats_finite"] and r1["stats_finite"]  # rank 1's BatchNorm saw inf: the heal reset it
 
 
 @pytest.mark.dist
@@ -59,3 +60,4 @@ def test_paddle_data_parallel_ranks_heal_the_union_of_paths_and_stay_identical(t
     assert r0["patched"] == r1["patched"] and r0["patched"]
     assert all(np.array_equal(a, b) and np.isfinite(a).all() for a, b in zip(r0["params"], r1["params"]))
     assert r0["scale"] == r1["scale"]
+    assert r0["stats_finite"] and r1["stats_finite"]  # rank 1's BatchNorm saw inf: the heal reset it

@@ -102,3 +102,19 @@ def tiny_factory():
     """For the CLI: ``ampsafe scan tests.scan.models:tiny_factory`` style specs."""
     torch.manual_seed(0)
     return ConvReluConv(), (torch.randn(1, 3, 16, 16),)
+
+
+class Attention(nn.Module):
+    """MultiheadAttention, LayerNorm, activation checkpointing and a dict output with non-tensor values."""
+
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        y, _ = self.att(x, x, x)
+        return {"y": checkpoint(self.fc, self.ln(y), use_reentrant=False), "none": None, "k": 3}

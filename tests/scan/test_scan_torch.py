@@ -18,6 +18,7 @@ from ampsafe.scanner import ScanError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from models import (  # noqa: E402
+    Attention,
     ConvReluConv,
     ExpHead,
     Huge,
@@ -150,6 +151,17 @@ def test_custom_autograd_function_is_traced_and_noted():
     p = report.path("conv")
     assert p.normalized and p.ends == ("bn",) and ":mul" in p.ops
     assert any("Double" in n for n in report.notes)
+
+
+def test_attention_checkpointing_and_inference_mode_are_traced():
+    torch.manual_seed(0)
+    model, x = Attention().train(), torch.randn(2, 5, 16)
+    report = ampsafe.scan(model, (x,), loss_fn=lambda o: o["y"].sum(), loss_scale=1024.0)
+    assert {p.start for p in report.paths} == {"att", "fc"}
+    assert report.path("fc").ends == ("<output>", "<loss>") and report.path("fc").grad_amax == pytest.approx(1024.0)
+    model.eval()
+    with torch.inference_mode():  # inference tensors have no version counter; MHA takes its fused fast path
+        assert {p.start for p in ampsafe.scan(model, (x,)).paths} == {"att", "fc"}
 
 
 def test_o2_reports_exp_as_risky_op_o1_on_cuda_does_not():

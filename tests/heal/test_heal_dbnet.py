@@ -1,0 +1,77 @@
+"""The demo's DBNet recipe under emulated float16, unpatched, with GradScaler(on_floor="heal"): it heals itself.
+
+Recipe (ampsafe.demo.run_paddle): random init, 128x128 synthetic text, batch 8, Adam lr 1e-2, O1, loss scale from
+1024, ``GradScaler(min_loss_scaling=1.0, on_floor="heal")`` + ``ampsafe.heal(model, scaler=scaler, patience=2)``.
+The head's first convs leave float16's range at step 8 (a forward overflow: every step is skipped whatever the
+scale), so the healer acts after two overflowing steps instead of halving 1024 down to the floor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+STEPS = 20
+RECIPE = {"steps": STEPS, "lr": 1e-2, "level": "O1", "seed": 0, "image_size": 128, "batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    pytest.importorskip("paddle")
+    import ampsafe
+    from ampsafe.demo import run_paddle
+
+    logged = _Records()
+    logger = logging.getLogger("ampsafe.heal")
+    logger.addHandler(logged)
+    try:
+        built: list = []
+        heal = run_paddle("heal", heal_options={"patience": 2}, workload_out=built, **RECIPE)
+    finally:
+        logger.removeHandler(logged)
+    heal.healed_paths = logged.records[0].args[2].split(", ") if logged.records else []
+    heal.patched = ampsafe.patching.patched_modules(built[0].model)
+    island = run_paddle("island", **RECIPE)
+    return heal, island
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.mark.slow
+def test_dbnet_heals_dbfpn_and_head_conv1_paths_recovers_and_matches_island(runs):
+    heal, island = runs
+    assert any(heal.overflowed) and not any(island.overflowed)
+    first = heal.overflowed.index(True)
+    healed_at = next(i for i in range(first, STEPS) if not heal.overflowed[i]) - 1
+    assert heal.notes and f"healed at step {healed_at}" in heal.notes[0]
+    # after the heal: no overflowing step, the scale is back where it was before the collapse, the loss falls
+    assert not any(heal.overflowed[healed_at + 1 :])
+    assert heal.scales[healed_at + 1] == heal.scales[0] == 1024.0
+    assert all(math.isfinite(x) for x in heal.losses[healed_at + 1 :])
+    tail = lambda losses: sum(losses[-5:]) / 5  # noqa: E731
+    print(
+        f"dbnet heal: first overflow {first}, healed at {healed_at}, paths {heal.healed_paths}, scales {heal.scales}, "
+        f"loss (mean of last 5) heal {tail(heal.losses):.4f} island {tail(island.losses):.4f}, "
+        f"heal losses {[round(x, 3) for x in heal.losses]}, island losses {[round(x, 3) for x in island.losses]}"
+    )
+    assert tail(heal.losses) < heal.losses[healed_at + 1]
+    assert abs(tail(heal.losses) - tail(island.losses)) <= 0.05 * tail(island.losses)
+
+
+@pytest.mark.slow
+def test_dbnet_healed_paths_are_neck_and_head_first_convs_not_backbone(runs):
+    heal, _ = runs
+    paths = heal.healed_paths
+    assert paths and not any(p.startswith("backbone") for p in paths)
+    assert {"head.binarize.conv1", "head.thresh.conv1"} <= set(paths)
+    assert all(p.startswith("neck.") or p in ("head.binarize.conv1", "head.thresh.conv1") for p in paths)
+    assert heal.patched and not any(p.startswith("backbone") for p in heal.patched)
