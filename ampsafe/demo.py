@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,51 +141,101 @@ def run_torch(
     init_scale: float = 1024.0,
     workload_out: list | None = None,
     device: str = "cpu",
+    optimizer: str = "sgd",
+    num_classes: int = 3,
+    warmup_steps: int = 10,
+    resume: bool = False,
 ) -> RunTrace:
     """Train ``frcnn`` for ``steps`` steps in ``mode`` (see ``TORCH_MODES``) under CPU float16 autocast.
 
     ``mode="fp32"`` runs without autocast, ``"bf16"`` under bfloat16 autocast (neither scales the loss);
     ``workload_out``, when given, receives the trained workload (for ``evaluate``); ``device="cuda"`` runs
-    the same loop under CUDA autocast.
+    the same loop under CUDA autocast. ``optimizer="sgd"``: the workload's SGD (torchvision's references, the
+    bench's accuracy recipe); ``"adam"``: the brink recipe of :mod:`ampsafe.workloads.frcnn_brink` (Adam without
+    weight decay, linear warmup over ``warmup_steps``), which drives the RoI box head past 65504 in ~15 steps.
+    ``resume=True`` (the demo): start from that recipe's cached FP32 state after its warmup (model, Adam and
+    scheduler state, see ``frcnn_brink.warm_start``; its sizes and lr replace the arguments) and train on from
+    batch ``warmup_steps``, so the runs spend their time where the precisions differ.
     """
     import torch
 
     import ampsafe
     from ampsafe.torch import GradScaler
+    from ampsafe.workloads import frcnn_brink
 
-    w = ampsafe.workloads.build("frcnn", seed=seed, image_size=image_size, batch_size=batch_size, device=device)
+    trace = RunTrace(mode)
+
+    def island(workload) -> None:
+        scanned = ampsafe.scan(workload.model, workload.example_inputs, level=level, target=device)  # device lists
+        report = ampsafe.patch(workload.model, workload.example_inputs, policy="island", level=level, report=scanned)
+        trace.notes.append(f"island: {len(report.patched)} modules patched")
+
+    first = 0
+    if resume:
+        if device != "cpu" or optimizer != "adam":
+            raise ValueError("resume=True continues the frcnn_brink recipe: optimizer='adam' on device='cpu'")
+        w, opt, sched = frcnn_brink.warm_start(seed, patch_fn=island if mode == "island" else None)
+        first = frcnn_brink.RECIPE["warmup_steps"]
+        trace.notes.insert(0, f"resumed after {first} FP32 warmup steps")
+    else:
+        w = ampsafe.workloads.build(
+            "frcnn", seed=seed, image_size=image_size, batch_size=batch_size, num_classes=num_classes, device=device
+        )
+        if mode == "island":
+            island(w)
+        if optimizer == "adam":
+            opt, sched = frcnn_brink.recipe_optimizer(w.model, lr=lr, warmup_steps=warmup_steps)
+        elif optimizer == "sgd":
+            opt, sched = w.make_optimizer(lr), None
+        else:
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     if workload_out is not None:
         workload_out.append(w)
     model = w.model
-    trace = RunTrace(mode)
-    if mode == "island":
-        scanned = ampsafe.scan(model, w.example_inputs, level=level, target=device)  # this device's autocast lists
-        report = ampsafe.patch(model, w.example_inputs, policy="island", level=level, report=scanned)
-        trace.notes.append(f"island: {len(report.patched)} modules patched")
-    opt = w.make_optimizer(lr)
-    if mode in ("fp32", "bf16"):
-        scaler = torch.amp.GradScaler(device, enabled=False)
-    elif mode == "native":
-        scaler = torch.amp.GradScaler(device, init_scale=init_scale)
+    ours = mode not in ("fp32", "bf16", "native")
+    if not ours:
+        enabled = mode == "native"
+        scaler = torch.amp.GradScaler(device, init_scale=init_scale, enabled=enabled)
     else:
-        scaler = GradScaler(device, init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise")
+        scaler = GradScaler(
+            device, init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise"
+        )
         if mode == "heal":
             ampsafe.heal(model, scaler=scaler, level=level, target=device)
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float16
+    torch.manual_seed(seed)  # RoI sampling: the same draws in every mode
     t0 = time.perf_counter()
-    for step in range(steps):
-        batch = w.batch(step)
-        scale = scaler.get_scale()
-        dtype = torch.bfloat16 if mode == "bf16" else torch.float16
-        with torch.autocast(device, dtype=dtype, enabled=mode != "fp32"):
-            loss = w.loss(batch)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        trace.scales.append(float(scale))
-        trace.losses.append(float(loss))
-        trace.overflowed.append(scaler.get_scale() < scale)  # growth interval 2000: a drop means a skipped step
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+        for step in range(steps):
+            batch = w.batch(first + step)
+            scale = scaler.get_scale()
+            skipped_before = scaler.stats.skipped_steps if ours else 0
+            with torch.autocast(device, dtype=dtype, enabled=mode != "fp32"):
+                loss = w.loss(batch)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            if ours:
+                scaler.update()
+                skipped = scaler.stats.skipped_steps > skipped_before
+            else:
+                # torch's scaler skips exactly the steps with non-finite grads; read its verdict before update()
+                found = scaler._found_inf_per_device(opt) if scaler.is_enabled() else {}
+                skipped = any(bool(v.item()) for v in found.values())
+                scaler.update()
+            opt.zero_grad(set_to_none=True)
+            if sched is not None:
+                sched.step()
+            trace.scales.append(float(scale))
+            trace.losses.append(loss.item())
+            trace.overflowed.append(skipped)
     trace.seconds = time.perf_counter() - t0
+    if ours:
+        for heal in scaler.stats.heals:
+            trace.notes.append(
+                f"healed at step {heal.step}: {len(heal.paths)} paths ({', '.join(heal.paths)}), "
+                f"scale {heal.scale_before:g} -> {heal.scale_after:g}"
+            )
     return trace
 
 
@@ -253,11 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         modes = args.modes or list(TORCH_MODES)
-        steps, lr = args.steps or 20, args.lr or 0.2
-        runner, opts = run_torch, {"image_size": 320, "batch_size": 2}
+        steps, lr = args.steps or 20, args.lr or 1e-2
+        runner = run_torch
+        opts = {"image_size": 160, "batch_size": 2, "optimizer": "adam", "resume": args.lr is None, "init_scale": 128.0}
         what = (
-            f"frcnn (torchvision fasterrcnn_mobilenet_v3_large_320_fpn), SGD lr {lr:g}, "
-            f"real CPU float16 autocast, loss scale from 1024"
+            f"frcnn (torchvision fasterrcnn_mobilenet_v3_large_320_fpn), random init, 160x160 synthetic shapes, "
+            f"batch 2, Adam lr {lr:g} after 10 linear-warmup steps (FP32, shared), real CPU float16 autocast "
+            f"{args.level}, loss scale from 128"
         )
     print(f"ampsafe demo: {what}\n", flush=True)
     traces = []

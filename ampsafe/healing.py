@@ -92,11 +92,6 @@ def _all_gather(framework: str, obj) -> list:
     return gathered
 
 
-def _all_gather_paths(framework: str, paths: list[str]) -> list[str]:
-    """Union of the path lists of every rank, so all ranks patch the same modules (or just ``paths``)."""
-    return sorted({p for rank in _all_gather(framework, list(paths)) for p in rank})
-
-
 def restore_scale(history) -> Optional[float]:
     """The scale before the collapse: walk back over the recent scales while they do not decrease.
 
@@ -363,12 +358,8 @@ class Healer:
 
 
 def _sync_scale(scaler) -> None:
-    """Copy the core's scale into the scaler's scale tensor (what the scalers do after their own heal)."""
-    core = scaler._core
-    if hasattr(scaler, "_scale_tensor"):  # ampsafe.paddle.GradScaler
-        scaler._scale = scaler._scale_tensor()
-    else:  # ampsafe.torch.GradScaler
-        scaler._scale.fill_(float(core.scale))
+    """Copy the core's scale into the scaler's scale tensor (``ScalerBase._refresh_scale``, as after its heal)."""
+    scaler._refresh_scale()
 
 
 def _heal_on_streak(scaler, healer: Healer, patience: int) -> None:
@@ -440,7 +431,8 @@ def heal(
 
     ``patience``: also heal after that many overflowing steps in a row, without waiting for the floor (a forward
     overflow skips every step whatever the scale, so halving down to the floor only loses steps). It watches
-    ``scaler.update()`` (Paddle's ``minimize`` bypasses it: use ``step`` + ``update``).
+    ``scaler.update()`` (Paddle's ``minimize`` bypasses it: use ``step`` + ``update``) and counts the overflows
+    the host knows of (torch on CUDA decides steps on the device and tells the host only now and then).
     """
     if patience is not None and (not isinstance(patience, int) or patience < 1):
         raise ConfigError(f"patience must be an int >= 1 (overflowing steps in a row) or None, got {patience!r}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 try:
@@ -194,6 +195,15 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's low-precision matrix features (they decide whether CPU autocast has fast kernels)."""
+    try:
+        words = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return sorted(words & {"amx_bf16", "amx_fp16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f"})
+
+
 def run(suite: str = "quick") -> dict:
     import torch
 
@@ -201,7 +211,9 @@ def run(suite: str = "quick") -> dict:
     data = {
         "suite": suite,
         "device": "cpu",
+        "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "cpu_flags": cpu_flags(),
         "warmup": plan["warmup"],
         "repeats": plan["repeats"],
         "loadavg_1min_start": os.getloadavg()[0],
@@ -217,22 +229,34 @@ def run(suite: str = "quick") -> dict:
         data["cases"][name] = {"description": case.description, "ratios": ratios(rows)}
         data["rows"] += rows
     data["loadavg_1min_end"] = os.getloadavg()[0]
+    write_throughput(data)
+    return data
+
+
+def write_throughput(data: dict) -> None:
+    """Markdown + plot of ``run``'s data (separate so a saved JSON can be re-rendered without re-measuring)."""
+    ratio_lines = []
+    for name, c in data["cases"].items():
+        rel = c["ratios"]
+        got = ", ".join(f"{k} {v:.2f}x" for k, v in rel.items())
+        ratio_lines.append(f"- {name}: {c['description']}; ratios: {got}")
     md = [
-        f"Training throughput on CPU (torch {torch.__version__}, {data['torch_threads']} threads), images/s = batch / "
-        f"median step time over {plan['repeats']} steps after {plan['warmup']} warm-up steps; ratios from this run. "
-        f"1-min load average {data['loadavg_1min_start']:.1f} at the start, {data['loadavg_1min_end']:.1f} at the end "
-        "(2 shared cores).",
+        f"Training throughput on CPU (torch {data.get('torch', '?')}, {data['torch_threads']} threads), images/s = "
+        f"batch / median step time over {data['repeats']} steps after {data['warmup']} warm-up steps; ratios from "
+        f"this run. 1-min load average {data['loadavg_1min_start']:.1f} at the start, {data['loadavg_1min_end']:.1f} "
+        "at the end (2 shared cores). CPU features: " + (", ".join(data.get("cpu_flags", [])) or "unknown") + ".",
         "",
-        "**Read this before the numbers:** on a CPU, torch bfloat16 autocast is real mixed precision (AMX / "
-        "AVX512-BF16 kernels) while float16 autocast runs slower than FP32, so the island overhead measured here "
-        "says nothing about a GPU; it is recorded, not claimed. GPU throughput comes from `bench/gpu.sh`. Paddle "
-        "float16 on CPU is emulated (no kernels), so no Paddle row here is a speed.",
+        "**Read this before the numbers:** on a CPU, torch bfloat16 autocast runs real bfloat16 kernels (oneDNN, "
+        "AMX / AVX512-BF16 where the CPU has them) while float16 autocast is slower than FP32 (measured below), so "
+        "the island overhead measured here says nothing about a GPU: it is recorded, not claimed. GPU throughput "
+        "comes from `bench/gpu.sh`. Paddle float16 on CPU is emulated (no kernels), so no Paddle row is reported "
+        "as a speed (the emulator's cost is in `emulator.md`).",
         "",
-        *(f"- {name}: {c['description']}" for name, c in data["cases"].items()),
+        *ratio_lines,
         "",
         markdown_table(data["rows"]),
     ]
-    topic = "throughput" if suite == "quick" else f"throughput-{suite}"
+    topic = "throughput" if data["suite"] == "quick" else f"throughput-{data['suite']}"
     try:
         from bench.plots import plot_throughput
 
@@ -243,7 +267,6 @@ def run(suite: str = "quick") -> dict:
     except Exception as exc:  # noqa: BLE001 - a missing plot must not lose the numbers
         data["plot_error"] = f"{type(exc).__name__}: {exc}"
     write_result(topic, data, "\n".join(md))
-    return data
 
 
 if __name__ == "__main__":

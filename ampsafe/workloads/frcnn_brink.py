@@ -13,6 +13,7 @@ where and when it crossed are cached under ``.cache/ampsafe/``.
     w = brink_workload(seed=0)     # build("frcnn", **sizes) with the brink state loaded, train mode
     rec = brink_record(seed=0)     # {"crossed_step", "first_layer", "over_fp16_at_crossing", "probe", ...}
     opt, sched = recipe_optimizer(w.model)   # the recipe's Adam + warmup, for continuing to train
+    w, opt, sched = warm_start(seed=0)       # the recipe resumed after its FP32 warmup (the demo starts here)
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
     "brink_record",
     "brink_workload",
     "cache_path",
+    "warm_state",
+    "warm_start",
 ]
 
 FP16_MAX = 65504.0
@@ -251,6 +254,70 @@ def brink_workload(seed: int = 0, cache_dir: Union[str, Path, None] = None):
     workload.model.load_state_dict(brink_state(seed, cache_dir), strict=True)
     workload.model.train()
     return workload
+
+
+def _warm_path(seed: int, cache_dir) -> Path:
+    return cache_path(seed, cache_dir).with_name(f"{_recipe_key(seed)}_warm.pt")
+
+
+def _train_warmup(seed: int) -> dict:
+    import torch
+
+    from . import build
+
+    workload = build("frcnn", seed=seed, **build_kwargs())
+    opt, sched = recipe_optimizer(workload.model)
+    torch.manual_seed(seed)
+    for step in range(RECIPE["warmup_steps"]):
+        workload.loss(workload.batch(step)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+    return {
+        "model": workload.model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "steps": RECIPE["warmup_steps"],
+    }
+
+
+def warm_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
+    """The recipe's state after its FP32 warmup steps: ``{"model", "optimizer", "scheduler", "steps"}``, cached.
+
+    Why: the warmup steps are the same in every precision (nothing is near 65504 yet), so runs that compare
+    precisions can share them and spend their time where they differ.
+    """
+    import torch
+
+    path = _warm_path(seed, cache_dir)
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=True)
+    state = _train_warmup(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return state
+
+
+def warm_start(seed: int = 0, cache_dir: Union[str, Path, None] = None, patch_fn=None):
+    """``(workload, optimizer, scheduler)`` resumed after the warmup; batch ``warm_state()["steps"] + i`` is next.
+
+    ``patch_fn(workload)``, when given, runs after the weights are loaded and before the optimizer is built
+    (patches keep parameter identity, so the optimizer state loads either way).
+    """
+    from . import build
+
+    state = warm_state(seed, cache_dir)
+    workload = build("frcnn", seed=seed, **build_kwargs())
+    workload.model.load_state_dict(state["model"], strict=True)
+    workload.model.train()
+    if patch_fn is not None:
+        patch_fn(workload)
+    opt, sched = recipe_optimizer(workload.model)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    return workload, opt, sched
 
 
 if __name__ == "__main__":  # python -m ampsafe.workloads.frcnn_brink [seed]: build (or show) the cached brink

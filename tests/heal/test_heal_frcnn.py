@@ -1,0 +1,82 @@
+"""Self-healing on torchvision Faster R-CNN under real CPU float16 autocast (issue 11's frcnn case).
+
+Starts from the frcnn brink (``ampsafe.workloads.frcnn_brink``: Adam lr 1e-2 with warmup from random init drove
+the RoI box head past 65504) and keeps training with the recipe's Adam under ``torch.autocast("cpu", float16)``
+and ``ampsafe.torch.GradScaler(on_floor="heal")``. A small initial scale reaches the floor in a few steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+import ampsafe  # noqa: E402
+from ampsafe.torch import GradScaler  # noqa: E402
+from ampsafe.workloads import frcnn_brink  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+INIT_SCALE = 4.0  # floor 1.0: overflows at 4 and 2 back off, the third is the floor hit that heals
+
+
+@pytest.fixture(scope="module")
+def healed_run():
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    w = frcnn_brink.brink_workload(0)
+    model = w.model
+    opt, _ = frcnn_brink.recipe_optimizer(model, warmup_steps=0)
+    scaler = GradScaler("cpu", init_scale=INIT_SCALE, min_scale=1.0, on_floor="heal", model=model)
+    healer = ampsafe.heal(model, scaler=scaler, level="O1", target="cpu")
+    params_before = [id(p) for p in model.parameters()]
+    losses, skipped = [], []
+    torch.manual_seed(0)
+    for step in range(STEPS):
+        before = scaler.stats.skipped_steps
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = w.loss(w.batch(step))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        skipped.append(scaler.stats.skipped_steps > before)
+    return {
+        "model": model,
+        "scaler": scaler,
+        "healer": healer,
+        "losses": losses,
+        "skipped": skipped,
+        "params_before": params_before,
+    }
+
+
+def test_heal_fires_once_at_the_floor_on_frcnn_brink(healed_run):
+    heals = healed_run["scaler"].stats.heals
+    assert len(heals) == 1, heals
+    assert heals[0].scale_after >= 1.0
+
+
+def test_heal_islands_the_box_head_and_nothing_in_the_backbone(healed_run):
+    paths = set(healed_run["scaler"].stats.heals[0].paths)
+    assert "roi_heads.box_head.fc6" in paths, sorted(paths)
+    assert not any(p.startswith("backbone.body") for p in paths), sorted(paths)
+    patched = ampsafe.patching.patched_modules(healed_run["model"])
+    assert patched.get("roi_heads.box_head.fc6") == "island", patched
+
+
+def test_training_recovers_after_heal_on_frcnn_brink(healed_run):
+    step = healed_run["scaler"].stats.heals[0].step
+    after = healed_run["losses"][step + 1 :]
+    assert after, "the heal came on the last step"
+    assert all(math.isfinite(x) for x in after), healed_run["losses"]
+    assert not any(healed_run["skipped"][step + 1 :]), healed_run["skipped"]
+    assert healed_run["scaler"].get_scale() >= 1.0
+
+
+def test_heal_keeps_parameter_identity(healed_run):
+    assert [id(p) for p in healed_run["model"].parameters()] == healed_run["params_before"]
