@@ -45,6 +45,7 @@ def healed_run():
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         skipped.append(scaler.stats.skipped_steps > before)
+    print(f"\nfrcnn heal: losses {[round(x, 2) for x in losses]}, skipped {skipped}, heals {scaler.stats.heals}")
     return {
         "model": model,
         "scaler": scaler,
