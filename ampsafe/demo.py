@@ -105,7 +105,11 @@ def run_paddle(
             init_loss_scaling=init_scale, min_loss_scaling=1.0, on_floor="heal" if mode == "heal" else "raise"
         )
         if mode == "heal":
-            ampsafe.heal(model, scaler=scaler, level=level, **(heal_options or {}))
+            # Heal after 2 overflowing steps in a row rather than at the floor: from 1024, reaching a floor of 1
+            # would skip 10 more steps of training first.
+            ampsafe.heal(
+                model, scaler=scaler, level=level, **({"patience": 2} if heal_options is None else heal_options)
+            )
     t0 = time.perf_counter()
     with contextlib.nullcontext() if mode == "fp32" else emulate_fp16(model, level=level):
         for step in range(steps):
