@@ -42,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         code = f"import bench.bench_{name} as m; m.run({args.suite!r})"
         proc = subprocess.run([sys.executable, "-c", code], cwd=HERE.parent)
         took = time.perf_counter() - t0
-        result = RESULTS / f"{name}.json"
-        entry = {"returncode": proc.returncode, "seconds": round(took, 1)}
+        # Topics whose full suite differs write `<topic>-full`; the others write `<topic>` for every suite.
+        result = RESULTS / f"{name}-{args.suite}.json"
+        if args.suite == "quick" or not result.exists():
+            result = RESULTS / f"{name}.json"
+        entry = {"returncode": proc.returncode, "seconds": round(took, 1), "file": result.name}
         if proc.returncode == 0 and result.exists():
             entry["result"] = json.loads(result.read_text())
             entry["result"].pop("machine", None)
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     md += ["| topic | status | seconds | details |", "|---|---|---|---|"]
     for name, e in summary["topics"].items():
         status = "ok" if e["returncode"] == 0 else f"failed ({e['returncode']})"
-        md.append(f"| {name} | {status} | {e['seconds']} | [{name}.md]({name}.md) |")
+        detail = Path(e.get("file", f"{name}.json")).with_suffix(".md").name
+        md.append(f"| {name} | {status} | {e['seconds']} | [{detail}]({detail}) |")
     (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print(f"wrote {RESULTS / stem}.json and .md")
     return 0 if all(e["returncode"] == 0 for e in summary["topics"].values()) else 1
