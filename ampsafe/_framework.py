@@ -66,3 +66,11 @@ def unwrap(model):
 def adapter(model) -> ModuleType:
     """The adapter subpackage (``ampsafe.torch`` or ``ampsafe.paddle``) for a model."""
     return importlib.import_module(f"ampsafe.{framework_of(model)}")
+
+
+def call(model, example_inputs):
+    """``model(*example_inputs)``, or ``model(**example_inputs)`` for a dict, as ``example_inputs`` is defined
+    throughout the API."""
+    if isinstance(example_inputs, dict):
+        return model(**example_inputs)
+    return model(*example_inputs)

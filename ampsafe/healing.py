@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._framework import framework_of, unwrap
+from ._framework import call, framework_of, unwrap
 from .core.report import RiskPath
 from .errors import ConfigError, LossScaleFloorError
 
@@ -107,10 +107,6 @@ def restore_scale(history) -> Optional[float]:
     return hist[i]
 
 
-def _call(model, inputs):
-    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-
-
 def _running_stats(model, framework: str):
     """(path, module, mean, var) of every normalization layer that keeps running statistics."""
     named = model.named_modules() if framework == "torch" else model.named_sublayers(include_self=True)
@@ -164,7 +160,7 @@ def _float32_replay(model, framework: str, inputs, loss_fn) -> Optional[str]:
             if torch.cuda.is_available():
                 stack.enter_context(torch.autocast("cuda", enabled=False))
             try:
-                out = _call(model, inputs)
+                out = call(model, inputs)
                 loss = loss_fn(out) if loss_fn is not None else None
             finally:
                 for k, v in model.named_buffers():
@@ -180,7 +176,7 @@ def _float32_replay(model, framework: str, inputs, loss_fn) -> Optional[str]:
         saved = [t.numpy().copy() for t in kept]
         with paddle.no_grad(), paddle.amp.auto_cast(enable=False), fp32_region():
             try:
-                out = _call(model, inputs)
+                out = call(model, inputs)
                 loss = loss_fn(out) if loss_fn is not None else None
             finally:
                 for t, value in zip(kept, saved):

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 import paddle
 
+from .._framework import call
 from ..core.graph import NORMALIZING_KINDS, START_KINDS, Graph, OpKind
 from . import amp_lists, intercept
 
@@ -324,12 +325,6 @@ def preserved(model):
             )
 
 
-def _call(model, example_inputs):
-    if isinstance(example_inputs, dict):
-        return model(**example_inputs)
-    return model(*example_inputs)
-
-
 def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", loss_fn=None, loss_scale=None) -> Graph:
     """Run ``model`` once on ``example_inputs`` (float32) and return its recorded graph.
 
@@ -348,7 +343,7 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
         try:
             grad_ctx = paddle.enable_grad() if want_grads else paddle.no_grad()
             with grad_ctx, intercept.module_stack(model), intercept.op_mode(recorder):
-                output = _call(model, example_inputs)
+                output = call(model, example_inputs)
                 outs = _leaves(output)
                 graph.outputs = {tid for tid in map(recorder.lookup, outs) if tid is not None}
                 loss = loss_fn(output) if want_grads else None

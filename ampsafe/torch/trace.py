@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .._framework import call
 from ..core.graph import NORMALIZING_KINDS, START_KINDS, Graph, OpKind
 from . import modstack
 from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, VIEW_OPS, canonical, runs_in_fp16
@@ -278,12 +279,6 @@ def preserved(model):
             )
 
 
-def _call(model, example_inputs):
-    if isinstance(example_inputs, dict):
-        return model(**example_inputs)
-    return model(*example_inputs)
-
-
 def trace(
     model,
     example_inputs,
@@ -307,7 +302,7 @@ def trace(
         try:
             with torch.set_grad_enabled(want_grads and torch.is_grad_enabled()), modstack.module_stack(model):
                 with recorder:
-                    output = _call(model, example_inputs)
+                    output = call(model, example_inputs)
                     outs = output_tensors(output)
                     if want_grads:
                         for t in outs:

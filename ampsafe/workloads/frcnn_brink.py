@@ -18,12 +18,14 @@ where and when it crossed are cached under ``.cache/ampsafe/``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from pathlib import Path
 from typing import Union
+
+from .cache import cache_dir as _cache_dir
+from .cache import recipe_key
 
 __all__ = [
     "FP16_MAX",
@@ -131,24 +133,12 @@ def seeded_forward(model, inputs, seed: int = 0):
 
 
 def _recipe_key(seed: int) -> str:
-    digest = hashlib.sha1(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:10]
-    return f"frcnn_brink_seed{seed}_{digest}"
-
-
-def _default_cache_dir() -> Path:
-    env = os.environ.get("AMPSAFE_CACHE")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "setup.py").exists() or (repo / "pyproject.toml").exists():
-        return repo / ".cache" / "ampsafe"
-    return Path.home() / ".cache" / "ampsafe"
+    return recipe_key("frcnn_brink", seed, RECIPE)
 
 
 def cache_path(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> Path:
     """Where the brink state of ``seed`` is (or will be) cached: ``<dir>/frcnn_brink_seed<seed>_<recipe>.pt``."""
-    directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    return directory / f"{_recipe_key(seed)}.pt"
+    return _cache_dir(cache_dir) / f"{_recipe_key(seed)}.pt"
 
 
 def _probe(workload, seed: int) -> dict:

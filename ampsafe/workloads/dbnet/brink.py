@@ -13,7 +13,6 @@ the first step whose forward exceeds float16's max anywhere (measured with forwa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -21,6 +20,9 @@ from pathlib import Path
 from typing import Union
 
 import numpy as np
+
+from ..cache import cache_dir as _cache_dir
+from ..cache import recipe_key
 
 __all__ = [
     "FP16_MAX",
@@ -95,25 +97,9 @@ def _max_abs(output) -> float | None:
     return None
 
 
-def _recipe_key(seed: int, recipe: dict) -> str:
-    digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    return f"dbnet_brink_seed{seed}_{digest}"
-
-
-def _default_cache_dir() -> Path:
-    env = os.environ.get("AMPSAFE_CACHE")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[3]
-    if (repo / "setup.py").exists() or (repo / "pyproject.toml").exists():
-        return repo / ".cache" / "ampsafe"
-    return Path.home() / ".cache" / "ampsafe"
-
-
 def cache_path(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> Path:
     """Where the brink state of ``seed`` is (or will be) cached: ``<dir>/dbnet_brink_seed<seed>_<recipe>.npz``."""
-    directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    return directory / f"{_recipe_key(seed, RECIPE)}.npz"
+    return _cache_dir(cache_dir) / f"{recipe_key('dbnet_brink', seed, RECIPE)}.npz"
 
 
 def _train_to_brink(seed: int) -> tuple[dict, dict]:
