@@ -9,6 +9,7 @@ All ratios of one run on one machine.
 
 from __future__ import annotations
 
+import os
 import time
 
 from bench.common import median_time, write_result
@@ -124,8 +125,9 @@ def run(suite: str = "quick") -> dict:
         f"| throughput ratio rescale / unpatched | {data['dbnet_throughput_ratio_rescale']:.3f} |",
         f"| throughput ratio rewrite / unpatched | {data['dbnet_throughput_ratio_rewrite']:.3f} |",
     ]
+    load = os.getloadavg()[0]
     note = (
-        "\n\nOne run; the machine's 2 cores were shared with other jobs (load average about 8), so absolute times "
+        f"\n\nOne run; 1-minute load average {load:.1f} at the end (the cores may be shared), so absolute times "
         "are noisy. Target: `patch()` on frcnn, scan included, under 5 s on CPU; nearly all of it is the scan. The "
         ">= 0.95x island throughput claim is for float16 on a GPU; CPU bf16 ratios are recorded, not claimed.\n"
     )
