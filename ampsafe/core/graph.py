@@ -110,3 +110,20 @@ def headroom_bits(amax: float | None, limit: float = FP16_MAX) -> float | None:
     if not math.isfinite(amax):
         return -math.inf
     return math.log2(limit / amax)
+
+
+def path_flags(kind: OpKind, in_ids, on_path: set[int]) -> tuple[bool, bool]:
+    """(on a path, carries it on) for an op's outputs, as the tracers decide what to measure: a conv/matmul
+    starts a path; an op fed by one is on it; a normalizing, bounded or loss op ends it (its output still
+    counts for the path)."""
+    if kind in START_KINDS:
+        return True, True
+    fed = any(tid in on_path for tid in in_ids)
+    if kind in NORMALIZING_KINDS or kind is OpKind.LOSS:
+        return fed, False
+    return fed, fed
+
+
+def amax_value(x: float) -> float:
+    """An abs-max as a Python float; NaN (a NaN was seen) counts as unbounded."""
+    return math.inf if math.isnan(x) else float(x)

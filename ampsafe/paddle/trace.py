@@ -22,7 +22,7 @@ import numpy as np
 import paddle
 
 from .._framework import call
-from ..core.graph import NORMALIZING_KINDS, START_KINDS, Graph, OpKind
+from ..core.graph import START_KINDS, Graph, OpKind, amax_value, path_flags
 from . import amp_lists, intercept
 
 __all__ = ["trace", "preserved", "modules", "op_kind", "output_tensors"]
@@ -228,7 +228,7 @@ class _Recorder(intercept.OpMode):
         produced += [
             t for t, v in zip(inputs, versions) if t.inplace_version != v and not any(t is p for p in produced)
         ]
-        on, carries = _path_flags(kind, in_ids, self.on_path)
+        on, carries = path_flags(kind, in_ids, self.on_path)
         out_ids = [self._new(t, low, on) for t in produced]
         if carries:
             self.on_path.update(out_ids)
@@ -254,28 +254,13 @@ class _Recorder(intercept.OpMode):
 
     def finish(self) -> None:
         for node, maxima in self.pending:
-            node.amax = _to_float(max(float(m) for m in maxima))
+            node.amax = amax_value(max(float(m) for m in maxima))
         self.pending.clear()
-
-
-def _path_flags(kind: OpKind, in_ids: list[int], on_path: set[int]) -> tuple[bool, bool]:
-    """(on a path, carries it on) for an op's outputs: a conv/matmul starts a path; an op fed by one is on
-    it; a normalizing, bounded, loss or conv/matmul op ends it (its output still counts for the path)."""
-    if kind in START_KINDS:
-        return True, True
-    fed = any(tid in on_path for tid in in_ids)
-    if kind in NORMALIZING_KINDS or kind is OpKind.LOSS:
-        return fed, False
-    return fed, fed
 
 
 def _abs_max(t):
     """max |t| as a 0-d tensor, without materialising |t| (two reductions, no full-size temporary)."""
     return paddle.maximum(paddle.max(t), -paddle.min(t))
-
-
-def _to_float(x: float) -> float:
-    return math.inf if math.isnan(x) else float(x)
 
 
 @contextmanager
@@ -421,4 +406,4 @@ def _measure_grads(graph: Graph, recorder: _Recorder, loss, scale: float) -> Non
         if idx is None:
             continue
         node = graph.nodes[idx]
-        node.grad_amax = _to_float(max(float(g), node.grad_amax or 0.0))
+        node.grad_amax = amax_value(max(float(g), node.grad_amax or 0.0))

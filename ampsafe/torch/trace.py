@@ -16,7 +16,6 @@ example inputs. The graph's ``notes`` say so when it matters.
 
 from __future__ import annotations
 
-import math
 import random
 from contextlib import contextmanager
 
@@ -26,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .._framework import call
-from ..core.graph import NORMALIZING_KINDS, START_KINDS, Graph, OpKind
+from ..core.graph import START_KINDS, Graph, OpKind, amax_value, path_flags
 from . import modstack
 from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, VIEW_OPS, canonical, runs_in_fp16
 
@@ -166,7 +165,7 @@ class _Recorder(TorchDispatchMode):
         produced = [t for t in tree_leaves(out) if _is_float(t)]
         produced = _dedupe(produced + _written_args(func, args, kwargs))
         out_ids = [self._new(t, low) for t in produced]
-        on, carries = _path_flags(kind, in_ids, self.on_path)
+        on, carries = path_flags(kind, in_ids, self.on_path)
         if on:
             self.watched.update(out_ids)
         if carries:
@@ -198,7 +197,7 @@ class _Recorder(TorchDispatchMode):
     def finish(self) -> None:
         """Turn the device-side maxima into floats (one sync at the end, not one per op)."""
         for node, maxima in self.pending:
-            node.amax = _to_float(max(float(m) for m in maxima))
+            node.amax = amax_value(max(float(m) for m in maxima))
         self.pending.clear()
         if self.grads:
             producer = self.graph.producers()
@@ -207,21 +206,10 @@ class _Recorder(TorchDispatchMode):
                 if idx is None:
                     continue
                 node = self.graph.nodes[idx]
-                node.grad_amax = _to_float(max(float(g), node.grad_amax or 0.0))
+                node.grad_amax = amax_value(max(float(g), node.grad_amax or 0.0))
         for h in self.handles:
             h.remove()
         self.handles.clear()
-
-
-def _path_flags(kind: OpKind, in_ids: list[int], on_path: set[int]) -> tuple[bool, bool]:
-    """(on a path, carries it on) for an op's outputs: a conv/matmul starts a path; an op fed by one is on
-    it; a normalizing, bounded, loss or conv/matmul op ends it (its output still counts for the path)."""
-    if kind in START_KINDS:
-        return True, True
-    fed = any(tid in on_path for tid in in_ids)
-    if kind in NORMALIZING_KINDS or kind is OpKind.LOSS:
-        return fed, False
-    return fed, fed
 
 
 def _version(t) -> int:
@@ -230,10 +218,6 @@ def _version(t) -> int:
         return t._version
     except RuntimeError:
         return -1
-
-
-def _to_float(x: float) -> float:
-    return math.inf if math.isnan(x) else float(x)
 
 
 @contextmanager
