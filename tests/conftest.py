@@ -30,3 +30,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A free TCP port on loopback, for a 2-process gloo group."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def worker_module(request):
+    """Import a helper module that sits beside the requesting test file (spawned workers must be importable)."""
+    import importlib
+    import sys
+
+    folder = str(Path(request.fspath).parent)
+
+    def load(name: str):
+        sys.path.insert(0, folder)
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.path.remove(folder)
+
+    return load

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,23 +14,13 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.dist
-def test_torch_ddp_ranks_heal_the_union_of_paths_and_stay_identical(tmp_path):
+def test_torch_ddp_ranks_heal_the_union_of_paths_and_stay_identical(tmp_path, free_port, worker_module):
     import torch
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, str(HERE))
-    try:
-        import heal_workers
-    finally:
-        sys.path.remove(str(HERE))
-    mp.spawn(heal_workers.torch_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    heal_workers = worker_module("heal_workers")
+    mp.spawn(heal_workers.torch_worker, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in (0, 1))
     assert len(r0["heals"]) == 1 and r0["heals"] == r1["heals"]
     assert r0["found"] == r1["found"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,23 +14,13 @@ HERE = Path(__file__).resolve().parent
 POISON = (2,)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.dist
-def test_torch_ddp_ranks_skip_together_where_torchs_own_scaler_diverges(tmp_path):
+def test_torch_ddp_ranks_skip_together_where_torchs_own_scaler_diverges(tmp_path, free_port, worker_module):
     import torch
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, str(HERE))
-    try:
-        import dist_workers
-    finally:
-        sys.path.remove(str(HERE))
-    mp.spawn(dist_workers.torch_ddp_worker, args=(2, _free_port(), str(tmp_path), POISON, True), nprocs=2, join=True)
+    dist_workers = worker_module("dist_workers")
+    mp.spawn(dist_workers.torch_ddp_worker, args=(2, free_port, str(tmp_path), POISON, True), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in (0, 1))
     ours = [torch.equal(a, b) for a, b in zip(r0["ampsafe"]["params"], r1["ampsafe"]["params"])]
     assert all(ours) and r0["ampsafe"]["skipped"] == r1["ampsafe"]["skipped"] == len(POISON)
