@@ -73,12 +73,17 @@ def run_paddle(
     workload: str = "dbnet",
     workload_out: list | None = None,
     heal_options: dict | None = None,
+    schedule: str = "constant",
 ) -> RunTrace:
     """Train ``dbnet`` for ``steps`` steps in ``mode`` (see ``PADDLE_MODES``) under the float16 emulator.
 
     ``mode="fp32"`` is the reference (no emulator, no loss scaling). ``workload`` picks another Paddle
     workload (e.g. ``ppyolo``); ``workload_out``, when given, receives the trained workload (for ``evaluate``).
+    ``schedule="cosine"`` decays ``lr`` to 0 over ``steps`` (the accuracy bench: runs settle instead of
+    stopping mid-climb, so seeds and modes are compared where they arrive).
     """
+    import paddle
+
     import ampsafe
     from ampsafe.paddle import GradScaler, emulate_fp16
 
@@ -93,7 +98,10 @@ def run_paddle(
     if level == "O2" and mode not in ("native", "fp32"):
         ampsafe.patch(model, w.example_inputs, policy="rewrite", level=level)
         trace.notes.append("rewrite: step function as sigmoid")
-    opt = w.make_optimizer(lr)
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+    sched = paddle.optimizer.lr.CosineAnnealingDecay(lr, T_max=steps) if schedule == "cosine" else None
+    opt = w.make_optimizer(sched or lr)
     if mode == "fp32":
         scaler = GradScaler(enable=False)
     elif mode == "native":  # paddle.amp.GradScaler's behaviour: no floor, no cap (it disables itself on CPU)
@@ -121,6 +129,8 @@ def run_paddle(
             scaler.step(opt)
             scaler.update()
             opt.clear_grad()
+            if sched is not None:
+                sched.step()
             trace.scales.append(float(scale))
             trace.losses.append(float(loss))
             trace.overflowed.append(scaler.stats.skipped_steps > skipped_before)
@@ -149,6 +159,7 @@ def run_torch(
     num_classes: int = 3,
     warmup_steps: int = 10,
     resume: bool = False,
+    heal_options: dict | None = None,
 ) -> RunTrace:
     """Train ``frcnn`` for ``steps`` steps in ``mode`` (see ``TORCH_MODES``) under CPU float16 autocast.
 
@@ -204,8 +215,9 @@ def run_torch(
         scaler = GradScaler(
             device, init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise"
         )
-        if mode == "heal":
-            ampsafe.heal(model, scaler=scaler, level=level, target=device)
+        if mode == "heal":  # as run_paddle: heal after 2 overflowing steps in a row, not only at the floor
+            options = {"patience": 2} if heal_options is None else heal_options
+            ampsafe.heal(model, scaler=scaler, level=level, target=device, **options)
     dtype = torch.bfloat16 if mode == "bf16" else torch.float16
     torch.manual_seed(seed)  # RoI sampling: the same draws in every mode
     t0 = time.perf_counter()

@@ -30,6 +30,7 @@ import numpy as np
 
 from ._framework import call, framework_of, unwrap
 from .core.report import RiskPath
+from .core.scale import HealPlan
 from .errors import ConfigError, LossScaleFloorError
 
 __all__ = ["heal", "Healer"]
@@ -271,10 +272,15 @@ class Healer:
         found = self.find(self.last_inputs, loss_scale)
         return "paths", {p.start: p for p in found}
 
-    def __call__(self, scaler=None, info=None) -> list[str]:
+    def __call__(self, scaler=None, info=None, *, off_floor: bool = False) -> Optional[HealPlan]:
+        """Heal on the last batch (the scaler's hook). ``off_floor=True`` (a streak of overflows above the floor):
+        return ``None`` instead of raising when the forward pass has nothing to island or no heals are left, so
+        the scaler goes on backing off (a backward-only overflow is what loss scaling is for)."""
         step = getattr(info, "step", len(self.heals))
         history = getattr(info, "scale_history", ())
         err = {"offenders": getattr(info, "offenders", ()), "scale_history": history}
+        if off_floor and len(self.heals) >= self.max_heals:
+            return None
         if len(self.heals) >= self.max_heals:
             raise LossScaleFloorError(
                 f"gave up after {len(self.heals)} heals (max_heals={self.max_heals}); the overflow persists. Healed "
@@ -316,6 +322,9 @@ class Healer:
                         by_start[start] = path
         names = sorted(by_start)
         amax = {n: by_start[n].amax for n in names}
+        if not names and off_floor:
+            log.info("ampsafe heal at step %s: the forward pass is in range; the scaler backs off", step)
+            return None
         if not names:
             raise LossScaleFloorError(
                 "not healed: the replayed batch is finite in float32 and nothing in the model comes within "
@@ -329,9 +338,6 @@ class Healer:
         result = patch(self.model, policy="island", level=self.level, paths=[by_start[n] for n in names])
         reset = _repair_running_stats(self.model, self.framework)
         restored = restore_scale(history)
-        core = getattr(scaler, "_core", None)
-        if core is not None and restored is not None:
-            core.last_clean_scale = restored  # the scaler restarts from here (LossScaleState.heal)
         record = {
             "step": step,
             "paths": names,
@@ -350,44 +356,32 @@ class Healer:
             restored,
             f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
         )
-        return list(result.patched) or names
-
-
-def _sync_scale(scaler) -> None:
-    """Copy the core's scale into the scaler's scale tensor (``ScalerBase._refresh_scale``, as after its heal)."""
-    scaler._refresh_scale()
+        return HealPlan(tuple(result.patched) or tuple(names), restored)
 
 
 def _heal_on_streak(scaler, healer: Healer, patience: int) -> None:
     """Wrap ``scaler.update`` (on the instance) to heal after ``patience`` overflowing steps in a row."""
-    from .core.scale import FloorInfo
-
     original = scaler.update
     streak = [0]
+    in_range = [False]  # the last check found the forward in range: wait for a clean step before checking again
 
     def update(*args, **kwargs):
         stats = scaler.stats
         overflows, heals = stats.overflow_steps, len(stats.heals)
         result = original(*args, **kwargs)
         if len(stats.heals) > heals or stats.overflow_steps == overflows:
-            streak[0] = 0  # healed at the floor, or a clean step
+            streak[0], in_range[0] = 0, False  # healed at the floor, or a clean step
             return result
         streak[0] += 1
-        if streak[0] >= patience:
+        if streak[0] >= patience and not in_range[0]:
             streak[0] = 0
-            core = scaler._core
             step = stats.total_steps - 1
-            info = FloorInfo(
-                step=step,
-                offenders=(),
-                modules=(),
-                scale_before_collapse=core.last_clean_scale,
-                scale_history=tuple(stats.scale_history),
-                scale_independent=None,
-            )
-            paths = healer(scaler, info)
-            core.heal(step, paths)
-            _sync_scale(scaler)
+            info = scaler.floor_info(step)
+            plan = healer(scaler, info, off_floor=True)
+            if plan is None:
+                in_range[0] = True
+            else:
+                scaler.apply_heal(step, plan, info)
         return result
 
     update.__doc__ = original.__doc__
@@ -446,4 +440,4 @@ def heal(
         return healer
     healer.detach()
     healer.last_inputs = batch_fn()
-    return healer(None, None)
+    return list(healer(None, None).paths)

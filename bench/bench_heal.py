@@ -5,7 +5,7 @@
 Then train steps of both on one batch are timed, alternated so both see the same load on the shared CPU.
 A heal is a class swap like ``patch``, so (a) should be as fast as (b). Models: ``dbnet`` under
 ``ampsafe.paddle.emulate_fp16`` (EMULATED float16: every op runs in float32 on the CPU, so the absolute speed
-says nothing about a GPU) and ``GrowNet`` (below) under real CPU float16 autocast.
+says nothing about a GPU), the ``frcnn`` brink and ``GrowNet`` (below) under real CPU float16 autocast.
 
 ``GrowNet`` is the torch analogue of DBNet's failure: a BatchNorm backbone, an unnormalized residual chain of
 3x3 convs (the "neck") and a head whose first conv is followed by BatchNorm, so nothing bounds its output.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import write_result  # noqa: E402
+from bench.common import track, write_result  # noqa: E402
 
 TORCH_RECIPE = {"channels": 16, "neck_convs": 4, "image_size": 16, "batch_size": 8, "lr": 1e-1, "init_scale": 1024.0}
 
@@ -129,16 +129,41 @@ def train_grow(
     return out
 
 
-def _interleaved(step_a, step_b, repeats: int) -> tuple[float, float]:
-    """Median seconds per step of two step functions, alternated so both see the same (shared) CPU load."""
+def _interleaved(step_a, step_b, repeats: int) -> dict:
+    """Time two step functions alternated (a, b, a) so both see the same load on the shared CPU.
+
+    ``ratio``: median over rounds of (b seconds / a seconds), i.e. a's speed over b's; ``control``: the same for
+    a's two runs within a round, the noise floor of the ratio on this machine (1.0 on a quiet one).
+    """
     step_a(), step_b()  # warm-up
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, out in ((step_a, ta), (step_b, tb)):
+    ta, tb, ta2 = [], [], []
+    for _ in track(range(repeats), "healed vs island"):
+        for fn, out in ((step_a, ta), (step_b, tb), (step_a, ta2)):
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+    ratios = sorted(b / a for a, b in zip(ta, tb))
+    controls = sorted(a2 / a for a, a2 in zip(ta, ta2))
+    return {
+        "a_steps_per_s": 1.0 / statistics.median(ta),
+        "b_steps_per_s": 1.0 / statistics.median(tb),
+        "ratio": statistics.median(ratios),
+        "ratio_iqr": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
+        "control": statistics.median(controls),
+        "control_iqr": [controls[len(controls) // 4], controls[(3 * len(controls)) // 4]],
+    }
+
+
+def _timing(timed: dict) -> dict:
+    """The healed (a) vs island (b) fields of a bench row."""
+    return {
+        "healed_steps_per_s": timed["a_steps_per_s"],
+        "island_steps_per_s": timed["b_steps_per_s"],
+        "ratio": timed["ratio"],
+        "ratio_iqr": timed["ratio_iqr"],
+        "control": timed["control"],
+        "control_iqr": timed["control_iqr"],
+    }
 
 
 def _torch_stepper(model, batch, lr: float):
@@ -178,7 +203,9 @@ def bench_torch(repeats: int) -> dict:
     ampsafe.patch(fresh, policy="island", paths=list(healed["healer"].heals[0]["patched"]))
     assert ampsafe.patching.patched_modules(fresh) == ampsafe.patching.patched_modules(healed["model"])
     batch = grow_batch(1000, 0, r["image_size"], r["batch_size"])
-    a, b = _interleaved(_torch_stepper(healed["model"], batch, r["lr"]), _torch_stepper(fresh, batch, r["lr"]), repeats)
+    timed = _interleaved(
+        _torch_stepper(healed["model"], batch, r["lr"]), _torch_stepper(fresh, batch, r["lr"]), repeats
+    )
     return {
         "model": f"GrowNet (torch, real CPU float16 autocast), {r['image_size']}x{r['image_size']}, batch {r['batch_size']}",
         "first_overflow": healed["overflowed"].index(True),
@@ -189,9 +216,81 @@ def bench_torch(repeats: int) -> dict:
         "scale_after": record.scale_after,
         "overflowing_steps": sum(healed["overflowed"]),
         "train_seconds_16_steps": round(heal_seconds, 2),
-        "healed_steps_per_s": 1.0 / a,
-        "island_steps_per_s": 1.0 / b,
-        "ratio": b / a,
+        **_timing(timed),
+    }
+
+
+def _frcnn_stepper(model, batch, lr: float):
+    import torch
+
+    from ampsafe.torch import GradScaler
+    from ampsafe.workloads import frcnn_brink
+
+    opt, _ = frcnn_brink.recipe_optimizer(model, lr=lr, warmup_steps=0)
+    scaler = GradScaler("cpu", init_scale=4.0, min_scale=1.0, on_floor="clamp")
+
+    def step():
+        torch.manual_seed(0)  # the same RoI sampling every time
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = sum(model(*batch).values())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bench_frcnn(repeats: int, steps: int = 4, lr: float = 1e-4) -> dict:
+    """frcnn brink (real CPU float16 autocast): heal during training, then time healed vs islanded up front.
+
+    The recipe of ``tests/heal/test_heal_frcnn.py``: from the brink, Adam at lr 1e-4, loss scale from 4 with a
+    floor of 1, so the third overflowing step is the floor hit that heals."""
+    import torch
+
+    import ampsafe
+    from ampsafe.torch import GradScaler
+    from ampsafe.workloads import frcnn_brink
+
+    w = frcnn_brink.brink_workload(0)
+    scaler = GradScaler("cpu", init_scale=4.0, min_scale=1.0, on_floor="heal", model=w.model)
+    healer = ampsafe.heal(w.model, scaler=scaler, level="O1", target="cpu")
+    opt, _ = frcnn_brink.recipe_optimizer(w.model, lr=lr, warmup_steps=0)
+    overflowed = []
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    for step in range(steps):
+        before = scaler.stats.skipped_steps
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = w.loss(w.batch(step))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        overflowed.append(scaler.stats.skipped_steps > before)
+    train_seconds = time.perf_counter() - t0
+    if not scaler.stats.heals:
+        raise RuntimeError("frcnn did not heal within the steps: nothing to measure")
+    record = scaler.stats.heals[0]
+    patched = ampsafe.patching.patched_modules(w.model)
+    fresh = frcnn_brink.brink_workload(0)
+    fresh.model.load_state_dict(w.model.state_dict())  # same values: only the way the islands came differs
+    ampsafe.patch(fresh.model, policy="island", paths=sorted(patched))
+    assert ampsafe.patching.patched_modules(fresh.model) == patched
+    batch = w.batch(1000)
+    timed = _interleaved(_frcnn_stepper(w.model, batch, lr), _frcnn_stepper(fresh.model, batch, lr), repeats)
+    return {
+        "model": "frcnn brink (torchvision fasterrcnn_mobilenet_v3_large_320_fpn), 160x160, batch 2, real CPU "
+        "float16 autocast",
+        "first_overflow": overflowed.index(True),
+        "heal_step": record.step,
+        "paths": list(healer.heals[0]["paths"]),
+        "patched": sorted(patched),
+        "scale_before": record.scale_before,
+        "scale_after": record.scale_after,
+        "overflowing_steps": sum(overflowed),
+        "train_seconds": round(train_seconds, 1),
+        **_timing(timed),
     }
 
 
@@ -249,7 +348,7 @@ def bench_paddle(repeats: int, steps: int = 12) -> dict:
     assert ampsafe.patching.patched_modules(fresh.model) == patched
     batch = healed.batch(1000)
     with emulate_fp16(healed.model), emulate_fp16(fresh.model):
-        a, b = _interleaved(_paddle_stepper(healed, batch, 1e-2), _paddle_stepper(fresh, batch, 1e-2), repeats)
+        timed = _interleaved(_paddle_stepper(healed, batch, 1e-2), _paddle_stepper(fresh, batch, 1e-2), repeats)
     first = trace.overflowed.index(True)
     return {
         "model": "dbnet (det_mv3_db), 128x128, batch 8, Paddle O1 EMULATED float16 on CPU (ampsafe.paddle.emulate_fp16)",
@@ -261,39 +360,45 @@ def bench_paddle(repeats: int, steps: int = 12) -> dict:
         "scales": trace.scales,
         "overflowing_steps": sum(trace.overflowed),
         "train_seconds": round(trace.seconds, 1),
-        "healed_steps_per_s": 1.0 / a,
-        "island_steps_per_s": 1.0 / b,
-        "ratio": b / a,
+        **_timing(timed),
     }
+
+
+ROWS = (("paddle", "dbnet"), ("frcnn", "frcnn"), ("torch", "GrowNet"))
 
 
 def run(suite: str = "quick") -> dict:
     repeats = 7 if suite == "quick" else 15
-    data = {"suite": suite, "torch": bench_torch(repeats * 15), "paddle": bench_paddle(repeats)}
+    data = {
+        "suite": suite,
+        "torch": bench_torch(repeats * 15),
+        "frcnn": bench_frcnn(repeats),
+        "paddle": bench_paddle(repeats),
+    }
     lines = [
         "## Self-healing: throughput after the heal vs the same paths islanded before training",
         "",
-        f"Train steps (forward + backward + scaler + Adam) on the same batch, alternated, median of {repeats} "
-        "(torch: 15x that); ratio = healed steps/s over island steps/s (target >= 1). The 2 CPU cores are shared with other jobs: "
-        "earlier runs of this script gave ratios 0.92-1.01 (dbnet) and 0.82-1.21 (GrowNet).",
+        "Train steps (forward + backward + scaler + Adam) on the same batch, in rounds of healed, island, healed "
+        f"again; {repeats} rounds (GrowNet: 15x that). ratio = median over rounds of healed steps/s over island "
+        "steps/s (target >= 1); control = the same for the healed model against itself, i.e. the noise of a ratio "
+        "on these 2 shared CPU cores. The healed and the island model have the same patched modules (asserted), "
+        "so they run the same computation.",
         "",
-        "| model | first overflow | healed at step | scale restored | healed steps/s | island steps/s | ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| model | first overflow | healed at step | scale restored | healed steps/s | island steps/s | ratio (IQR) "
+        "| control (IQR) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for key in ("paddle", "torch"):
+    for key, _ in ROWS:
         d = data[key]
         restored = d.get("scale_restored", d.get("scale_after"))
         lines.append(
             f"| {d['model']} | {d['first_overflow']} | {d['heal_step']} | {restored} | "
-            f"{d['healed_steps_per_s']:.3f} | {d['island_steps_per_s']:.3f} | {d['healed_steps_per_s'] / d['island_steps_per_s']:.3f} |"
+            f"{d['healed_steps_per_s']:.3f} | {d['island_steps_per_s']:.3f} | {d['ratio']:.3f} "
+            f"({d['ratio_iqr'][0]:.3f}-{d['ratio_iqr'][1]:.3f}) | {d['control']:.3f} "
+            f"({d['control_iqr'][0]:.3f}-{d['control_iqr'][1]:.3f}) |"
         )
-    lines += [
-        "",
-        f"Healed paths (dbnet): {', '.join(data['paddle']['paths'])}.",
-        f"Healed paths (GrowNet): {', '.join(data['torch']['paths'])}.",
-    ]
-    for d in (data["paddle"], data["torch"]):
-        d["ratio"] = d["healed_steps_per_s"] / d["island_steps_per_s"]
+    lines.append("")
+    lines += [f"Healed paths ({label}): {', '.join(data[key]['paths'])}." for key, label in ROWS]
     write_result("heal", data, "\n".join(lines))
     print("\n".join(lines))
     return data

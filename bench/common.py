@@ -75,3 +75,13 @@ def write_result(topic: str, data: dict, markdown: str, *, results: Path = RESUL
     )
     mpath.write_text(header + markdown.rstrip() + "\n")
     return jpath, mpath
+
+
+def track(items, description: str):
+    """A rich progress bar over ``items`` (the long accuracy and timing loops); plain iteration without rich."""
+    items = list(items)
+    try:
+        from rich.progress import track as rich_track
+    except ImportError:  # rich is in the bench/dev extras; the numbers do not need it
+        return iter(items)
+    return rich_track(items, description=description, total=len(items))

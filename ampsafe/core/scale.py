@@ -34,6 +34,7 @@ __all__ = [
     "StepDecision",
     "ScalerStats",
     "HealRecord",
+    "HealPlan",
     "FloorInfo",
     "ON_FLOOR",
     "floor_message",
@@ -122,6 +123,15 @@ class HealRecord:
     paths: tuple
     scale_before: float
     scale_after: float
+
+
+@dataclass(frozen=True)
+class HealPlan:
+    """What a heal hook returns: the module paths it turned into FP32 islands and the scale to restart from
+    (``None``: the scale of the last clean step, which a backward-only overflow may already have pulled down)."""
+
+    paths: tuple
+    restore_scale: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -388,21 +398,36 @@ class ScalerBase:
     def _set_policy(self, **changes) -> None:
         self._core.policy = replace(self._core.policy, **changes)
 
-    def _on_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
-        """``offenders``: (parameter, fallback label) pairs; ``losses``: the losses ``scale()`` saw this step."""
-        names = self._param_names()
+    def floor_info(self, step: int, offenders: list = (), losses: list = ()) -> FloorInfo:
+        """What a heal hook is told: ``offenders`` are (parameter, fallback label) pairs whose gradients were
+        non-finite, ``losses`` the losses ``scale()`` saw this step (to tell a non-finite loss apart)."""
+        names = self._param_names() if offenders else {}
         labelled = [names.get(id(p), label) for p, label in offenders]
         independent = None
         if losses:
             independent = not all(self._all_finite(loss) for loss in losses)
-        info = FloorInfo(
-            step=decision.step,
+        return FloorInfo(
+            step=step,
             offenders=tuple(labelled),
             modules=tuple(name.rpartition(".")[0] for name in labelled),
             scale_before_collapse=self._core.last_clean_scale,
             scale_history=tuple(self._core.stats.scale_history),
             scale_independent=independent,
         )
+
+    def apply_heal(self, step: int, plan, info: Optional[FloorInfo] = None) -> HealRecord:
+        """Record what a heal hook did (a :class:`HealPlan`, or just the healed module paths) and restart from
+        its scale (default: the scale of the last clean step). Also for hooks that heal off the floor."""
+        if not isinstance(plan, HealPlan):
+            plan = HealPlan(tuple(plan or ()))
+        if not plan.paths:
+            raise floor_error(info or self.floor_info(step), self._core.policy, "The heal hook healed nothing. ")
+        record = self._core.heal(step, plan.paths, plan.restore_scale)
+        self._refresh_scale()
+        return record
+
+    def _on_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        info = self.floor_info(decision.step, offenders, losses)
         policy = self._core.policy
         if decision.on_floor == "heal":
             if self.heal_hook is None:
@@ -412,11 +437,7 @@ class ScalerBase:
                     "on_floor='heal' needs ampsafe.heal support: set scaler.heal_hook = fn(scaler, info) "
                     "returning the healed module paths (ampsafe.heal installs one). ",
                 )
-            paths = self.heal_hook(self, info)
-            if not paths:
-                raise floor_error(info, policy, "The heal hook healed nothing. ")
-            self._core.heal(decision.step, paths)
-            self._refresh_scale()
+            self.apply_heal(decision.step, self.heal_hook(self, info), info)
             return
         raise floor_error(info, policy, "")
 

@@ -33,6 +33,17 @@ def test_mode_table_reports_delta_to_fp32_in_points_per_mode():
     assert by_mode["native"]["delta_points"] == pytest.approx(100 * (0.04 - 0.71))
     assert by_mode["native"]["metric"]["failed"] == 1 and by_mode["native"]["errors"] == ["LossScaleFloorError: x"]
     assert "| float16, native scaler | 0,1 (1 failed) | 0.040 |" in md and "-67.0" in md
+    assert by_mode["native"]["paired"]["mean"] == pytest.approx(100 * (0.04 - 0.70))  # seed 0 only: seed 1 failed
+    assert "-66.0 ± 0.0" in md
+
+
+def test_paired_difference_cancels_what_seeds_share():
+    runs = [{"mode": "fp32", "seed": s, "metric": m} for s, m in enumerate((0.6, 0.8, 0.9))]
+    runs += [{"mode": "island", "seed": s, "metric": m - 0.01} for s, m in enumerate((0.6, 0.8, 0.9))]
+    rows, _ = mode_table(runs, metric="hmean", labels=LABELS)
+    island = next(r for r in rows if r["mode"] == "island")
+    assert island["metric"]["std"] > 0.1  # the seeds' spread ...
+    assert island["paired"]["mean"] == pytest.approx(-1.0) and island["paired"]["std"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_throughput_ratios_compare_each_mode_with_fp32_and_islands_with_fp16():

@@ -131,3 +131,14 @@ def test_heal_rejects_bad_arguments_and_changes_nothing():
         ampsafe.heal(model, scaler=ampsafe.torch.GradScaler("cpu", on_floor="heal"), patience=0)
     assert not model._forward_pre_hooks
     assert ampsafe.patching.patched_modules(model) == {}
+
+
+def test_patience_leaves_a_backward_only_overflow_to_the_scaler(caplog):
+    """A scale too large for the gradients overflows every step while the forward is in range: with patience the
+    healer checks once, finds nothing to island, and the scaler backs off as loss scaling should (no raise)."""
+    with caplog.at_level(logging.INFO, logger="ampsafe.heal"):
+        run = train_grow("heal", steps=12, patience=2, recipe={"init_scale": 2.0**24, "lr": 1e-4})
+    overflowed = run["overflowed"]
+    assert overflowed[:2] == [True, True] and not overflowed[-1], overflowed
+    assert not run["scaler"].stats.heals and run["scales"][-1] < 2.0**24
+    assert caplog.text.count("the forward pass is in range") == 1

@@ -244,3 +244,16 @@ def test_heal_hook_gets_offenders_and_the_scale_restarts_before_the_collapse():
     assert scaler.stats.heals[0].paths == ("2",) and scaler.get_loss_scaling() == 32.0
     with pytest.raises(ampsafe.LossScaleFloorError, match="needs ampsafe.heal support"):
         _train(GradScaler(init_loss_scaling=2.0, on_floor="heal"), [True] * 4)
+
+
+def test_heal_hook_plan_sets_the_scale_to_restart_from():
+    from ampsafe.core.scale import HealPlan
+
+    scaler = GradScaler(init_loss_scaling=32.0, on_floor="heal")
+    scaler.heal_hook = lambda s, info: HealPlan(tuple(info.modules), restore_scale=8.0)
+    _train(scaler, [False] * 2 + [True] * 6)
+    assert scaler.stats.heals[0].scale_after == 8.0 and scaler.get_loss_scaling() == 8.0
+    empty = GradScaler(init_loss_scaling=2.0, on_floor="heal")
+    empty.heal_hook = lambda s, info: HealPlan(())
+    with pytest.raises(ampsafe.LossScaleFloorError, match="healed nothing"):
+        _train(empty, [True] * 4)
