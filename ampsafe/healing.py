@@ -274,8 +274,8 @@ class Healer:
 
     def __call__(self, scaler=None, info=None, *, off_floor: bool = False) -> Optional[HealPlan]:
         """Heal on the last batch (the scaler's hook). ``off_floor=True`` (a streak of overflows above the floor):
-        return ``None`` instead of raising when the forward pass has nothing to island or no heals are left, so
-        the scaler goes on backing off (a backward-only overflow is what loss scaling is for)."""
+        heal only when the replayed forward pass overflows, else return ``None`` (also when no heals are left),
+        so the scaler goes on backing off: a backward-only overflow is what loss scaling is for."""
         step = getattr(info, "step", len(self.heals))
         history = getattr(info, "scale_history", ())
         err = {"offenders": getattr(info, "offenders", ()), "scale_history": history}
@@ -322,7 +322,8 @@ class Healer:
                         by_start[start] = path
         names = sorted(by_start)
         amax = {n: by_start[n].amax for n in names}
-        if not names and off_floor:
+        if off_floor and not any(by_start[n].overflows_in == "forward" for n in names):
+            # near the edge is not over it: this streak is a backward overflow, which a smaller scale fixes
             log.info("ampsafe heal at step %s: the forward pass is in range; the scaler backs off", step)
             return None
         if not names:
