@@ -241,11 +241,10 @@ def _frcnn_stepper(model, batch, lr: float):
     return step
 
 
-def bench_frcnn(repeats: int, steps: int = 4, lr: float = 1e-4) -> dict:
-    """frcnn brink (real CPU float16 autocast): heal during training, then time healed vs islanded up front.
-
-    The recipe of ``tests/heal/test_heal_frcnn.py``: from the brink, Adam at lr 1e-4, loss scale from 4 with a
-    floor of 1, so the third overflowing step is the floor hit that heals."""
+def train_frcnn_heal(steps: int, lr: float | None = None, init_scale: float = 4.0) -> dict:
+    """The frcnn brink trained on under real CPU float16 autocast with ``GradScaler(on_floor="heal")`` +
+    ``ampsafe.heal``: loss scale from ``init_scale`` with a floor of 1, so the third overflowing step (from 4) is
+    the floor hit that heals; ``lr=None``: the brink recipe's Adam lr (1e-2)."""
     import torch
 
     import ampsafe
@@ -253,12 +252,13 @@ def bench_frcnn(repeats: int, steps: int = 4, lr: float = 1e-4) -> dict:
     from ampsafe.workloads import frcnn_brink
 
     w = frcnn_brink.brink_workload(0)
-    scaler = GradScaler("cpu", init_scale=4.0, min_scale=1.0, on_floor="heal", model=w.model)
+    scaler = GradScaler("cpu", init_scale=init_scale, min_scale=1.0, on_floor="heal", model=w.model)
     healer = ampsafe.heal(w.model, scaler=scaler, level="O1", target="cpu")
     opt, _ = frcnn_brink.recipe_optimizer(w.model, lr=lr, warmup_steps=0)
-    overflowed = []
+    out = {"workload": w, "scaler": scaler, "healer": healer, "losses": [], "skipped": []}
+    out["params_before"] = [id(p) for p in w.model.parameters()]
     t0 = time.perf_counter()
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # RoI sampling
     for step in range(steps):
         before = scaler.stats.skipped_steps
         with torch.autocast("cpu", dtype=torch.float16):
@@ -267,8 +267,21 @@ def bench_frcnn(repeats: int, steps: int = 4, lr: float = 1e-4) -> dict:
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
-        overflowed.append(scaler.stats.skipped_steps > before)
-    train_seconds = time.perf_counter() - t0
+        out["losses"].append(loss.item())
+        out["skipped"].append(scaler.stats.skipped_steps > before)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def bench_frcnn(repeats: int, steps: int = 4, lr: float = 1e-4) -> dict:
+    """frcnn brink (real CPU float16 autocast): heal during training (:func:`train_frcnn_heal`, with Adam at lr
+    1e-4 so the timed steps stay in range), then time healed vs islanded up front."""
+    import ampsafe
+    from ampsafe.workloads import frcnn_brink
+
+    run = train_frcnn_heal(steps, lr)
+    w, scaler, healer, overflowed = run["workload"], run["scaler"], run["healer"], run["skipped"]
+    train_seconds = run["seconds"]
     if not scaler.stats.heals:
         raise RuntimeError("frcnn did not heal within the steps: nothing to measure")
     record = scaler.stats.heals[0]

@@ -15,8 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
 import ampsafe  # noqa: E402
-from ampsafe.torch import GradScaler  # noqa: E402
-from ampsafe.workloads import frcnn_brink  # noqa: E402
+from bench.bench_heal import train_frcnn_heal  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -27,33 +26,12 @@ INIT_SCALE = 4.0  # floor 1.0: overflows at 4 and 2 back off, the third is the f
 @pytest.fixture(scope="module")
 def healed_run():
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    w = frcnn_brink.brink_workload(0)
-    model = w.model
-    opt, _ = frcnn_brink.recipe_optimizer(model, warmup_steps=0)
-    scaler = GradScaler("cpu", init_scale=INIT_SCALE, min_scale=1.0, on_floor="heal", model=model)
-    healer = ampsafe.heal(model, scaler=scaler, level="O1", target="cpu")
-    params_before = [id(p) for p in model.parameters()]
-    losses, skipped = [], []
-    torch.manual_seed(0)
-    for step in range(STEPS):
-        before = scaler.stats.skipped_steps
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = w.loss(w.batch(step))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        skipped.append(scaler.stats.skipped_steps > before)
-    print(f"\nfrcnn heal: losses {[round(x, 2) for x in losses]}, skipped {skipped}, heals {scaler.stats.heals}")
-    return {
-        "model": model,
-        "scaler": scaler,
-        "healer": healer,
-        "losses": losses,
-        "skipped": skipped,
-        "params_before": params_before,
-    }
+    run = train_frcnn_heal(STEPS, init_scale=INIT_SCALE)
+    scaler = run["scaler"]
+    print(
+        f"\nfrcnn heal: losses {[round(x, 2) for x in run['losses']]}, skipped {run['skipped']}, heals {scaler.stats.heals}"
+    )
+    return dict(run, model=run["workload"].model)
 
 
 def test_heal_fires_once_at_the_floor_on_frcnn_brink(healed_run):
