@@ -40,7 +40,7 @@ __all__ = ["SUITES", "run", "spread", "mode_table"]
 # With a constant lr the runs are stopped mid-climb and a seed's hmean swings by 30 points with the float16
 # rounding noise alone (seed 1: FP32 0.883, island 0.574 at 80 steps; the same island run from scale 32768
 # instead of 1024: 0.946). A cosine decay over 120 steps lets every run settle (measured, seeds 0-2: FP32
-# 0.864 / 0.944 / 0.911), so modes are compared where they arrive. The decay keeps lr above 9e-3 until step 26,
+# 0.864 / 0.944 / 0.911), so modes are compared where they arrive. The decay keeps lr above 9e-3 until step 24,
 # past the overflow.
 DBNET = {
     "image_size": 96,
