@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Union
 
+from .amax import AmaxRecorder
 from .cache import cache_dir as _cache_dir
 from .cache import recipe_key
 
@@ -88,39 +89,22 @@ def recipe_optimizer(model, lr: float | None = None, warmup_steps: int | None = 
     return opt, sched
 
 
-class leaf_amax:
+class leaf_amax(AmaxRecorder):
     """Context manager: forward hooks on every leaf module record the float32 abs-max of its tensor output.
 
     ``amax`` maps module path to the largest value since the last ``reset()``, in the order modules first ran.
     """
 
-    def __init__(self, model):
-        self.model = model
-        self.amax: dict[str, float] = {}
-        self._handles = []
+    def _modules(self):
+        return ((name, m) for name, m in self.model.named_modules() if name and not any(True for _ in m.children()))
 
-    def reset(self) -> None:
-        self.amax = {}
+    def _register(self, module, hook):
+        return module.register_forward_hook(hook)
 
-    def _hook(self, name):
-        def record(module, inputs, output):
-            if getattr(output, "is_floating_point", lambda: False)():
-                value = float(output.detach().abs().max()) if output.numel() else 0.0
-                if value > self.amax.get(name, -1.0):
-                    self.amax[name] = value
-
-        return record
-
-    def __enter__(self):
-        for name, module in self.model.named_modules():
-            if name and not any(True for _ in module.children()):
-                self._handles.append(module.register_forward_hook(self._hook(name)))
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+    def _value(self, output):
+        if not getattr(output, "is_floating_point", lambda: False)():
+            return None
+        return float(output.detach().abs().max()) if output.numel() else 0.0
 
 
 def seeded_forward(model, inputs, seed: int = 0):

@@ -21,6 +21,7 @@ from typing import Union
 
 import numpy as np
 
+from ..amax import AmaxRecorder
 from ..cache import cache_dir as _cache_dir
 from ..cache import recipe_key
 
@@ -48,38 +49,21 @@ RECIPE = {
 }
 
 
-class layer_amax:
+class layer_amax(AmaxRecorder):
     """Context manager: forward post-hooks on every sublayer record the float32 abs-max of its outputs.
 
     ``amax`` maps sublayer path (as ``named_sublayers`` spells it) to the largest value seen since the last
     ``reset()``, in the order the layers first ran; tensors nested in tuples, lists and dicts count.
     """
 
-    def __init__(self, model):
-        self.model = model
-        self.amax: dict[str, float] = {}
-        self._handles = []
+    def _modules(self):
+        return self.model.named_sublayers()
 
-    def reset(self) -> None:
-        self.amax = {}
+    def _register(self, module, hook):
+        return module.register_forward_post_hook(hook)
 
-    def _hook(self, name):
-        def record(layer, inputs, output):
-            value = _max_abs(output)
-            if value is not None and value > self.amax.get(name, -1.0):
-                self.amax[name] = value
-
-        return record
-
-    def __enter__(self):
-        for name, layer in self.model.named_sublayers():
-            self._handles.append(layer.register_forward_post_hook(self._hook(name)))
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+    def _value(self, output):
+        return _max_abs(output)
 
 
 def _max_abs(output) -> float | None:
