@@ -75,6 +75,19 @@ def grow_loss(out, y):
     return torch.nn.functional.binary_cross_entropy_with_logits(out.float(), y)
 
 
+def fp16_step(loss_fn, scaler, opt, enabled: bool = True):
+    """One training step under CPU float16 autocast with a GradScaler; returns the loss (``loss_fn()``)."""
+    import torch
+
+    with torch.autocast("cpu", dtype=torch.float16, enabled=enabled):
+        loss = loss_fn()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def train_grow(
     mode: str,
     *,
@@ -117,12 +130,7 @@ def train_grow(
             x = batch_hook(step, x, model)
         scale = scaler.get_scale()
         skipped = scaler.stats.skipped_steps
-        with torch.autocast("cpu", dtype=torch.float16, enabled=mode != "fp32"):
-            loss = grow_loss(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        loss = fp16_step(lambda: grow_loss(model(x), y), scaler, opt, enabled=mode != "fp32")  # noqa: B023
         out["losses"].append(float(loss.detach()))
         out["scales"].append(float(scale))
         out["overflowed"].append(scaler.stats.skipped_steps > skipped)
@@ -176,12 +184,7 @@ def _torch_stepper(model, batch, lr: float):
     x, y = batch
 
     def step():
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = grow_loss(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        fp16_step(lambda: grow_loss(model(x), y), scaler, opt)
 
     return step
 
@@ -231,12 +234,7 @@ def _frcnn_stepper(model, batch, lr: float):
 
     def step():
         torch.manual_seed(0)  # the same RoI sampling every time
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = sum(model(*batch).values())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        fp16_step(lambda: sum(model(*batch).values()), scaler, opt)
 
     return step
 
@@ -261,12 +259,7 @@ def train_frcnn_heal(steps: int, lr: float | None = None, init_scale: float = 4.
     torch.manual_seed(0)  # RoI sampling
     for step in range(steps):
         before = scaler.stats.skipped_steps
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = w.loss(w.batch(step))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        loss = fp16_step(lambda: w.loss(w.batch(step)), scaler, opt)  # noqa: B023 - called at once
         out["losses"].append(loss.item())
         out["skipped"].append(scaler.stats.skipped_steps > before)
     out["seconds"] = time.perf_counter() - t0

@@ -18,7 +18,7 @@ def torch_worker(rank: int, world: int, port: int, out: str) -> None:
 
     import ampsafe
     from ampsafe.torch import GradScaler
-    from bench.bench_heal import grow_batch, grow_loss, grow_net
+    from bench.bench_heal import fp16_step, grow_batch, grow_loss, grow_net
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -31,12 +31,7 @@ def torch_worker(rank: int, world: int, port: int, out: str) -> None:
         x, y = grow_batch(step, seed=rank, image_size=16, batch_size=4)
         if rank == 1 and step < HOT_STEPS:
             x = x * 1e5
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = grow_loss(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        fp16_step(lambda: grow_loss(model(x), y), scaler, opt)  # noqa: B023 - called at once
     torch.save(
         {
             "params": [p.detach().clone() for p in model.parameters()],
