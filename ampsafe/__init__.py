@@ -4,6 +4,7 @@ One entry point per job, for PyTorch and PaddlePaddle alike (the framework is re
 
     report = ampsafe.scan(model, example_inputs)      # which conv/matmul paths overflow float16, and where
     ampsafe.patch(model, example_inputs)              # FP32 islands / ConvBN / exact range shifts, in place
+    ampsafe.patch(model, example_inputs, policy=ampsafe.Island())   # a typed policy config ("island" for short)
     scaler = ampsafe.torch.GradScaler(min_scale=1.0)  # or ampsafe.paddle.GradScaler: a scaler with a floor
     with ampsafe.watch(model):                        # names the op, pass and sample of the first NaN/Inf
         ...
@@ -35,6 +36,11 @@ __all__ = [
     "watch",
     "heal",
     "check_targets",
+    "Auto",
+    "Island",
+    "ConvBN",
+    "Rescale",
+    "Rewrite",
     "ScanReport",
     "PatchReport",
     "RiskPath",
@@ -56,6 +62,11 @@ _LAZY = {
     "watch": ("ampsafe.sentinel", "watch"),
     "heal": ("ampsafe.healing", "heal"),
     "check_targets": ("ampsafe.core.targets", "check_targets"),
+    "Auto": ("ampsafe.policies.auto", "Auto"),
+    "Island": ("ampsafe.policies.island", "Island"),
+    "ConvBN": ("ampsafe.policies.convbn", "ConvBN"),
+    "Rescale": ("ampsafe.policies.rescale", "Rescale"),
+    "Rewrite": ("ampsafe.policies.rewrite", "Rewrite"),
 }
 _SUBPACKAGES = {"torch", "paddle", "workloads", "patches", "core", "policies"}
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ._framework import framework_of, unwrap
 from .core.report import PatchReport, ScanReport
 from .errors import ConfigError
-from .policies import PatchContext, handler, names
+from .policies import PatchContext, PolicyConfig, handler, resolve
 from .policies._swap import protection_of, unswap
 
 __all__ = ["patch", "unpatch", "protection_of", "island_layers", "patched_modules"]
@@ -37,34 +37,31 @@ def patch(
     model,
     example_inputs=None,
     *,
-    policy: str = "auto",
+    policy: PolicyConfig | str = "auto",
     level: str = "O1",
     report: ScanReport | None = None,
     filter_fn: Callable[[Any, str], bool] | None = None,
-    margin_bits: float = 4.0,
+    margin_bits: float | None = None,
     paths: list | None = None,
     **options,
 ) -> PatchReport:
     """Patch ``model`` in place with ``policy`` and return what changed.
 
-    ``policy``: "auto" (islands for scan's risky paths, exact rewrites or islands for its risky ops),
-    "island" (every unnormalized and every risky path in float32), "convbn" (a fresh BatchNorm after each
-    unnormalized conv; options ``optimizers=``, ``act=``), "rescale" (a power-of-two shift on homogeneous
-    paths, compensated at their normalization; option ``bits=``), "rewrite" (``reciprocal(1+exp(-z))`` ->
-    ``sigmoid(z)``). Targets come from ``paths=`` (RiskPaths or module paths) if given, else from ``report``,
-    else from ``ampsafe.scan(model, example_inputs, level=level, margin_bits=margin_bits)``.
-    ``filter_fn(module, path) -> bool`` narrows them. Patching twice is a no-op.
+    ``policy``: a config, or its shorthand name with the config's fields as ``**options``
+    (``policy="convbn", act="relu"`` is ``policy=ampsafe.ConvBN(act="relu")``): ``Auto(margin_bits=4.0)``
+    (islands for scan's risky paths, exact rewrites or islands for its risky ops), ``Island()`` (every
+    unnormalized and every risky path in float32), ``ConvBN(act=None, optimizers=None)`` (a fresh BatchNorm
+    after each unnormalized conv), ``Rescale(bits=None)`` (a power-of-two shift on homogeneous paths,
+    compensated at their normalization), ``Rewrite()`` (``reciprocal(1+exp(-z))`` -> ``sigmoid(z)``).
+    Targets come from ``paths=`` (RiskPaths or module paths) if given, else from ``report``, else from
+    ``ampsafe.scan(model, example_inputs, level=level, margin_bits=margin_bits)`` (margin_bits: the config's
+    if it has one, else 4.0). ``filter_fn(module, path) -> bool`` narrows them. Patching twice is a no-op.
     """
     framework = framework_of(model)  # UnsupportedModelError for anything else
     if level not in _LEVELS:
         raise ConfigError(f"level must be one of {_LEVELS}, got {level!r}")
-    if not isinstance(policy, str):
-        raise ConfigError(f"policy must be a policy name ({', '.join(names())}), got {policy!r}")
-    plan_fn, accepted = handler(policy)
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        allowed = ", ".join(sorted(accepted)) or "none"
-        raise ConfigError(f"policy {policy!r} takes no option {', '.join(unknown)} (its options: {allowed})")
+    config = resolve(policy, options, shared={"margin_bits": margin_bits})
+    margin_bits = getattr(config, "margin_bits", 4.0 if margin_bits is None else margin_bits)
     if report is not None and not isinstance(report, ScanReport):
         raise ConfigError(f"report must be an ampsafe.ScanReport, got {type(report).__name__}")
     if paths is not None and (isinstance(paths, str) or not hasattr(paths, "__iter__")):
@@ -84,9 +81,9 @@ def patch(
         filter_fn=filter_fn,
         margin_bits=margin_bits,
         example_inputs=example_inputs,
-        options=options,
+        config=config,
     )
-    plan = plan_fn(ctx)
+    plan = handler(config)(ctx)
     applied = []
     try:
         for change in plan.changes:
@@ -97,7 +94,7 @@ def patch(
         for module in reversed(applied):
             unswap(module)
         raise
-    out = PatchReport(policy=policy, skipped=dict(plan.skipped), scan=ctx.report)
+    out = PatchReport(policy=config.name, skipped=dict(plan.skipped), scan=ctx.report)
     for change in plan.changes:
         out.patched.append(change.path)
         out.details[change.path] = change.detail

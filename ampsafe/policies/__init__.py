@@ -1,12 +1,16 @@
 """Patch policies (``island``, ``convbn``, ``rescale``, ``rewrite``, ``auto``) behind ``ampsafe.patch``.
 
-Each policy is one small module with a handler registered here under its name. A handler only *plans*: it
-reads the scan report (or the explicit ``paths=``) and returns a :class:`Plan` of :class:`Change` records;
-``ampsafe.patching`` applies the plan transactionally through the framework adapter
-(``ampsafe.torch.patch`` / ``ampsafe.paddle.patch``). Selection logic is framework-neutral: a handler sees
-modules only through the adapter's predicates (``is_conv``, ``has_bias``, ``is_norm``...).
+Each policy is one small module that declares, for the registry in :mod:`ampsafe.policies._registry`: a
+frozen config dataclass (a :class:`PolicyConfig` such as ``Island()``, its ``name`` the string shorthand), the
+handler planning it (:func:`register`, keyed by config type) and the module swap of each change kind it plans
+with the protection name that swap records (:func:`action`). A handler only *plans*: it reads the scan report
+(or the explicit ``paths=``) and returns a :class:`Plan` of :class:`Change` records; ``ampsafe.patching``
+applies the plan transactionally through the framework adapter (``ampsafe.torch.patch`` /
+``ampsafe.paddle.patch``), whose ``apply`` dispatches to the registered action. Selection logic is
+framework-neutral: a handler sees modules only through the adapter's predicates (``is_conv``, ``has_bias``...).
 
-A new policy is one new module that calls :func:`register`, not an edit to a long if/else.
+Policy modules are discovered (every public submodule is imported on first use), so a new policy is one new
+module: no shared if/else, table or import list to edit.
 """
 
 from __future__ import annotations
@@ -16,14 +20,29 @@ from typing import Any, Callable
 
 from ..core.report import RiskPath, ScanReport
 from ..errors import ConfigError
+from ._registry import PolicyConfig, action, apply_change, handler, names, protection, register, resolve
 
-__all__ = ["Change", "Plan", "PatchContext", "register", "handler", "names", "under", "path_starts"]
+__all__ = [
+    "PolicyConfig",
+    "Change",
+    "Plan",
+    "PatchContext",
+    "register",
+    "action",
+    "resolve",
+    "handler",
+    "apply_change",
+    "protection",
+    "names",
+    "under",
+    "path_starts",
+]
 
 
 @dataclass
 class Change:
-    """One module to patch: ``kind`` is the adapter action ("island", "convbn", "rescale_input",
-    "rescale_norm", "rewrite"), ``path`` the module path, ``detail`` the sentence the report shows."""
+    """One module to patch: ``kind`` names a registered action ("island", "convbn", "rescale_input",
+    "rescale_norm", "rewrite"...), ``path`` the module path, ``detail`` the sentence the report shows."""
 
     kind: str
     path: str
@@ -44,7 +63,7 @@ class Plan:
 @dataclass
 class PatchContext:
     """What a handler may read. ``modules``: path -> module of the unwrapped model; ``outer``: the model as
-    the user passed it (DDP wrapper included); ``options``: the policy's extra keyword arguments."""
+    the user passed it (DDP wrapper included); ``config``: the policy's typed config (``ConvBN(act=...)``)."""
 
     model: Any
     outer: Any
@@ -56,7 +75,7 @@ class PatchContext:
     filter_fn: Callable | None = None
     margin_bits: float = 4.0
     example_inputs: Any = None
-    options: dict = field(default_factory=dict)
+    config: PolicyConfig | None = None
 
     def scan_report(self, why: str) -> ScanReport:
         """The scan report, running ``ampsafe.scan`` on ``example_inputs`` when none was given."""
@@ -84,7 +103,7 @@ class PatchContext:
         from ._swap import protection_of
 
         current = protection_of(module)
-        if current == _PROTECTION[kind]:
+        if current == protection(kind):
             return False  # already done: patching twice is a no-op
         if current is not None:
             plan.skipped[path] = f"already patched by {current!r}"
@@ -93,44 +112,6 @@ class PatchContext:
             plan.skipped[path] = "excluded by filter_fn"
             return False
         return True
-
-
-_PROTECTION = {
-    "island": "island",
-    "convbn": "convbn",
-    "rescale_input": "rescale",
-    "rescale_norm": "rescale",
-    "rewrite": "rewrite",
-}
-
-_REGISTRY: dict[str, tuple[Callable[[PatchContext], Plan], frozenset]] = {}
-
-
-def register(name: str, *, options: tuple[str, ...] = ()):
-    """Decorator: register ``fn(ctx) -> Plan`` as policy ``name`` accepting the extra keyword ``options``."""
-
-    def deco(fn):
-        _REGISTRY[name] = (fn, frozenset(options))
-        return fn
-
-    return deco
-
-
-def handler(name: str):
-    """(handler, accepted option names) of policy ``name``."""
-    _load()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(names())}")
-    return _REGISTRY[name]
-
-
-def names() -> list[str]:
-    _load()
-    return sorted(_REGISTRY)
-
-
-def _load() -> None:
-    from . import auto, convbn, island, rescale, rewrite  # noqa: F401  (each registers itself)
 
 
 def under(path: str, ancestor: str) -> bool:

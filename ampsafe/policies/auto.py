@@ -8,15 +8,34 @@ or ``convbn`` up front, or the scaler's ``on_floor="heal"``.
 
 from __future__ import annotations
 
+import math
+import numbers
+from dataclasses import dataclass
+
 from ..core.report import RiskPath
-from . import Change, PatchContext, Plan, register
+from ..errors import ConfigError
+from . import Change, PatchContext, Plan, PolicyConfig, register
 from .island import add_islands, island_modules
 from .rewrite import logistic_rewrites
 
-__all__ = ["plan_auto"]
+__all__ = ["Auto", "plan_auto"]
 
 
-@register("auto")
+@dataclass(frozen=True)
+class Auto(PolicyConfig):
+    """``policy=Auto()`` (shorthand ``"auto"``, the default). ``margin_bits``: a path or op with less float16
+    headroom than this is risky, so patched (the scan's margin; ``patch(margin_bits=)`` sets the same)."""
+
+    name = "auto"
+    margin_bits: float = 4.0
+
+    def __post_init__(self):
+        m = self.margin_bits
+        if isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m) or m < 0:
+            raise ConfigError(f"Auto.margin_bits must be a finite number >= 0, got {m!r}")
+
+
+@register(Auto)
 def plan_auto(ctx: PatchContext) -> Plan:
     plan = Plan()
     why: dict[str, str] = {}

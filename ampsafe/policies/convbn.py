@@ -11,13 +11,52 @@ Patch first, then build the optimizer and wrap the model.
 
 from __future__ import annotations
 
-from ..errors import UnsupportedModelError
-from . import Change, PatchContext, Plan, path_starts, register
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["plan_convbn"]
+from ..errors import ConfigError, UnsupportedModelError
+from . import Change, PatchContext, Plan, PolicyConfig, action, path_starts, register
+from ._swap import swap
+from .patcher import ConvBN as ConvBNMixin
+
+__all__ = ["ConvBN", "ACTIVATIONS", "plan_convbn"]
+
+ACTIVATIONS = ("gelu", "hardswish", "relu", "relu6", "silu")  # the act= names both adapters build
 
 
-@register("convbn", options=("optimizers", "act"))
+@dataclass(frozen=True)
+class ConvBN(PolicyConfig):
+    """``policy=ConvBN()`` (shorthand ``"convbn"``): a fresh BatchNorm after each unnormalized conv.
+
+    ``act``: what follows the BatchNorm: None, a name from ``ACTIVATIONS``, a module or a module class.
+    ``optimizers``: the optimizers that must not hold the model's parameters yet (an optimizer or a list,
+    kept as a tuple); None checks every optimizer alive in the process.
+    """
+
+    name = "convbn"
+    act: Any = None
+    optimizers: Any = None
+
+    def __post_init__(self):
+        act = self.act
+        known = act.lower() in ACTIVATIONS if isinstance(act, str) else act is None or callable(act)
+        if not known:
+            raise ConfigError(
+                f"ConvBN.act must be None, one of {', '.join(ACTIVATIONS)}, a module or a module class, got {act!r}"
+            )
+        opts = self.optimizers
+        if isinstance(opts, (str, bytes, dict)):
+            raise ConfigError(f"ConvBN.optimizers must be None, an optimizer or a list of optimizers, got {opts!r}")
+        if opts is not None and hasattr(opts, "__iter__"):
+            object.__setattr__(self, "optimizers", tuple(opts))  # frozen and hashable
+
+
+@action("convbn", protection=ConvBNMixin._ampsafe_protection)
+def swap_convbn(adapter, module, change: Change) -> None:
+    swap(module, ConvBNMixin, bn=adapter.new_batch_norm(module), act=adapter.activation(change.params.get("act")))
+
+
+@register(ConvBN)
 def plan_convbn(ctx: PatchContext) -> Plan:
     adapter = ctx.adapter
     if adapter.is_distributed(ctx.outer):
@@ -25,7 +64,7 @@ def plan_convbn(ctx: PatchContext) -> Plan:
             "policy 'convbn' adds BatchNorm parameters, which a model already wrapped in DistributedDataParallel "
             "would never synchronise: patch the bare model first, then wrap it"
         )
-    holder = adapter.optimizer_holding(ctx.model, ctx.options.get("optimizers"))
+    holder = adapter.optimizer_holding(ctx.model, ctx.config.optimizers)
     if holder is not None:
         raise UnsupportedModelError(
             f"policy 'convbn' adds BatchNorm parameters, but an optimizer ({type(holder).__name__}) already holds "
@@ -37,7 +76,7 @@ def plan_convbn(ctx: PatchContext) -> Plan:
     else:
         report = ctx.scan_report("policy 'convbn' normalizes the unnormalized convs scan finds")
         starts = [p.start for p in report.paths if not p.normalized and not p.protected]
-    act = ctx.options.get("act")
+    act = ctx.config.act
     for path in dict.fromkeys(starts):
         module = ctx.modules.get(path)
         if module is not None and not adapter.is_conv(module):

@@ -12,11 +12,25 @@ between them) is left alone; at O2 it is islanded and nested targets collapse to
 
 from __future__ import annotations
 
-from ..core.report import RiskPath
-from . import Change, PatchContext, Plan, register, under
-from ._swap import protection_of
+from dataclasses import dataclass
 
-__all__ = ["island_modules", "outermost", "plan_island"]
+from ..core.report import RiskPath
+from . import Change, PatchContext, Plan, PolicyConfig, action, register, under
+from ._swap import protection_of, swap
+
+__all__ = ["Island", "island_modules", "outermost", "plan_island"]
+
+
+@dataclass(frozen=True)
+class Island(PolicyConfig):
+    """``policy=Island()`` (shorthand ``"island"``): every unnormalized and every risky path in float32."""
+
+    name = "island"
+
+
+@action("island", protection="island")
+def swap_island(adapter, module, change: Change) -> None:
+    swap(module, adapter.island)  # the framework's float32 mixin
 
 
 def island_modules(item, level: str) -> list[str]:
@@ -48,7 +62,7 @@ def add_islands(ctx: PatchContext, plan: Plan, targets: list[str], why: dict[str
             plan.add(Change("island", path, why.get(path, "FP32 island")))
 
 
-@register("island")
+@register(Island)
 def plan_island(ctx: PatchContext) -> Plan:
     plan = Plan()
     why: dict[str, str] = {}

@@ -1,7 +1,8 @@
 """What the torch and Paddle patch adapters share: the framework-neutral mixins and the adapter base class.
 
 Why: ``ConvBN`` and ``RescaledInput`` only call the base class's forward (and a child ``bn``/``act``, or a
-constant factor), and turning a :class:`~ampsafe.policies.Change` into a class swap is one dispatch. What is
+constant factor), and turning a :class:`~ampsafe.policies.Change` into a class swap is one lookup of the action
+its policy module registered (:func:`~ampsafe.policies.action`), the same for every framework. What is
 framework-specific stays in ``ampsafe.torch.patch`` / ``ampsafe.paddle.patch``: the module types, the island's
 float32 forward, the normalization statistics, the new BatchNorm, the optimizer's parameter lists.
 """
@@ -11,9 +12,8 @@ from __future__ import annotations
 import gc
 
 from ..errors import ConfigError
-from . import Change
-from ._swap import SwapMixin, swap
-from .rewrite import LogisticRewrite
+from . import Change, apply_change
+from ._swap import SwapMixin
 
 __all__ = ["ConvBN", "RescaledInput", "PatcherBase"]
 
@@ -79,19 +79,8 @@ class PatcherBase:
         return None
 
     def apply(self, module, change: Change) -> None:
-        kind = change.kind
-        if kind == "island":
-            swap(module, self.island)
-        elif kind == "rewrite":
-            swap(module, LogisticRewrite)
-        elif kind == "rescale_input":
-            swap(module, RescaledInput, _ampsafe_scale=float(change.params["scale"]))
-        elif kind == "rescale_norm":
-            swap(module, self.rescaled_norm, _ampsafe_scale=float(change.params["scale"]))
-        elif kind == "convbn":
-            swap(module, ConvBN, bn=self.new_batch_norm(module), act=self.activation(change.params.get("act")))
-        else:
-            raise ValueError(f"unknown patch action {kind!r}")
+        """Swap ``module`` as ``change`` says, through the action registered for ``change.kind``."""
+        apply_change(self, module, change)
 
     def activation(self, act):
         """The ``act=`` of a convbn patch as a module: None, a module, a name from ``activations``, or a class."""

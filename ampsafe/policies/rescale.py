@@ -18,14 +18,50 @@ that breaks it.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from dataclasses import dataclass, field
 
 from ..core.graph import FP16_MAX, START_KINDS, Graph, OpKind
 from ..errors import ConfigError, UnsupportedModelError
-from . import Change, PatchContext, Plan, path_starts, register
+from . import Change, PatchContext, Plan, PolicyConfig, action, path_starts, register
+from ._swap import swap
+from .patcher import RescaledInput
 
-__all__ = ["Region", "NotHomogeneous", "homogeneous_region", "shift_bits", "plan_rescale"]
+__all__ = ["Rescale", "Region", "NotHomogeneous", "homogeneous_region", "shift_bits", "plan_rescale"]
+
+MAX_BITS = 126  # 2^-126 is float32's smallest normal number: a larger shift would flush the path to zero
+
+
+@dataclass(frozen=True)
+class Rescale(PolicyConfig):
+    """``policy=Rescale()`` (shorthand ``"rescale"``): an exact power-of-two shift on homogeneous paths.
+
+    ``bits``: the shift k (input x 2^-k) for every region; None picks, per region, the least k that leaves
+    ``margin_bits`` of float16 headroom.
+    """
+
+    name = "rescale"
+    bits: int | None = None
+
+    def __post_init__(self):
+        b = self.bits
+        if b is None:
+            return
+        if isinstance(b, bool) or not isinstance(b, numbers.Integral) or not 1 <= b <= MAX_BITS:
+            raise ConfigError(f"Rescale.bits must be None or a whole number from 1 to {MAX_BITS}, got {b!r}")
+        object.__setattr__(self, "bits", int(b))
+
+
+@action("rescale_input", protection=RescaledInput._ampsafe_protection)
+def scale_input(adapter, module, change: Change) -> None:
+    swap(module, RescaledInput, _ampsafe_scale=float(change.params["scale"]))
+
+
+@action("rescale_norm", protection=RescaledInput._ampsafe_protection)
+def compensate_norm(adapter, module, change: Change) -> None:
+    swap(module, adapter.rescaled_norm, _ampsafe_scale=float(change.params["scale"]))  # the framework's norm mixin
+
 
 # Ops f with f(s*x) = s*f(x) for s > 0, in one scaled input (others: constants or unscaled side inputs).
 _UNARY = {
@@ -199,7 +235,7 @@ def shift_bits(amax: float | None, margin_bits: float) -> int:
     return max(0, math.ceil(math.log2(amax / FP16_MAX) + margin_bits))
 
 
-@register("rescale", options=("bits",))
+@register(Rescale)
 def plan_rescale(ctx: PatchContext) -> Plan:
     plan = Plan()
     report = ctx.scan_report("policy 'rescale' finds the homogeneous region on the traced graph")
@@ -235,8 +271,8 @@ def plan_rescale(ctx: PatchContext) -> Plan:
                 raise NotHomogeneous(f"path from {start}: {why}")
             plan.skipped[start] = why
             continue
-        bits = ctx.options.get("bits")
-        k = int(bits) if bits is not None else shift_bits(region.amax, ctx.margin_bits)
+        bits = ctx.config.bits
+        k = bits if bits is not None else shift_bits(region.amax, ctx.margin_bits)
         if k <= 0:
             plan.skipped[start] = f"already within float16 range with {ctx.margin_bits:g} bits of margin"
             continue

@@ -17,11 +17,19 @@ import functools
 import inspect
 import textwrap
 import types
+from dataclasses import dataclass
 
-from . import Change, PatchContext, Plan, path_starts, register
-from ._swap import SwapMixin
+from . import Change, PatchContext, Plan, PolicyConfig, action, path_starts, register
+from ._swap import SwapMixin, swap
 
-__all__ = ["LogisticRewrite", "logistic_rewrites", "plan_rewrite"]
+__all__ = ["Rewrite", "LogisticRewrite", "logistic_rewrites", "plan_rewrite"]
+
+
+@dataclass(frozen=True)
+class Rewrite(PolicyConfig):
+    """``policy=Rewrite()`` (shorthand ``"rewrite"``): exact rewrites of known risky ops, nothing else."""
+
+    name = "rewrite"
 
 
 def _is_one(node) -> bool:
@@ -153,7 +161,12 @@ class LogisticRewrite(SwapMixin):
         return dict(logistic_rewrites(base))
 
 
-@register("rewrite")
+@action("rewrite", protection=LogisticRewrite._ampsafe_protection)
+def swap_rewrite(adapter, module, change: Change) -> None:
+    swap(module, LogisticRewrite)
+
+
+@register(Rewrite)
 def plan_rewrite(ctx: PatchContext) -> Plan:
     plan = Plan()
     if ctx.paths is not None:
