@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 HOT_STEPS = 3  # rank 1's first steps carry inputs of 1e5 (> 65504): its first conv overflows, rank 0's does not
 
@@ -18,7 +14,7 @@ def torch_worker(rank: int, world: int, port: int, out: str) -> None:
 
     import ampsafe
     from ampsafe.torch import GradScaler
-    from bench.bench_heal import fp16_step, grow_batch, grow_loss, grow_net
+    from ampsafe.workloads.heal_runs import fp16_step, grow_batch, grow_loss, grow_net
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
 import ampsafe  # noqa: E402
-from bench.bench_heal import train_frcnn_heal  # noqa: E402
+from ampsafe.workloads.heal_runs import train_frcnn_heal  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
