@@ -15,6 +15,8 @@ from .errors import MissingFrameworkError, UnsupportedModelError
 TORCH = "torch"
 PADDLE = "paddle"
 
+_BACKENDS: dict = {}
+
 _INSTALL_HINT = {
     TORCH: "pip install torch (see https://pytorch.org for the CUDA build), or pip install 'ampsafe[torch]'",
     PADDLE: "install PaddlePaddle first: pip install paddlepaddle (CPU) or paddlepaddle-gpu from Paddle's own index",
@@ -63,9 +65,23 @@ def unwrap(model):
         return model
 
 
-def adapter(model) -> ModuleType:
-    """The adapter subpackage (``ampsafe.torch`` or ``ampsafe.paddle``) for a model."""
-    return importlib.import_module(f"ampsafe.{framework_of(model)}")
+def backend_named(framework: str):
+    """The :class:`~ampsafe.core.backend.Backend` of ``"torch"`` or ``"paddle"`` (one instance each, cached)."""
+    backend = _BACKENDS.get(framework)
+    if backend is None:
+        require(framework)
+        backend = _BACKENDS[framework] = importlib.import_module(f"ampsafe.{framework}.backend").BACKEND
+    return backend
+
+
+def backend_of(model):
+    """The :class:`~ampsafe.core.backend.Backend` of a model (DDP / DataParallel wrappers looked through)."""
+    return backend_named(framework_of(unwrap(model)))
+
+
+def imported_backends() -> list:
+    """The backends of the frameworks this process has already imported (none is imported here)."""
+    return [backend_named(name) for name in (TORCH, PADDLE) if name in sys.modules]
 
 
 def call(model, example_inputs):

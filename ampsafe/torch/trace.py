@@ -25,16 +25,13 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .._framework import call
-from ..core.graph import START_KINDS, Graph, OpKind, amax_value, path_flags
+from ..core import record
+from ..core.graph import Graph
 from . import modstack
+from .backend import BACKEND
 from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, VIEW_OPS, canonical, runs_in_fp16
 
 __all__ = ["trace", "preserved", "modules", "output_tensors"]
-
-
-def modules(model) -> dict:
-    """Module path -> module, as ``named_modules()`` spells it."""
-    return dict(model.named_modules())
 
 
 def _is_norm_module(module) -> bool:
@@ -47,15 +44,8 @@ def _is_norm_module(module) -> bool:
     return "running_mean" in bufs and "running_var" in bufs
 
 
-def output_tensors(obj) -> list:
-    """Tensors inside a model output: tensors, tuples/lists/namedtuples, dicts, nested."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in output_tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in output_tensors(v)]
-    return []
+output_tensors = BACKEND.tensors  # tensors inside a model output: tuples/lists/namedtuples, dicts, nested
+modules = BACKEND.modules
 
 
 def _is_float(x) -> bool:
@@ -82,134 +72,135 @@ def _written_args(func, args, kwargs) -> list:
     return out
 
 
-class _Recorder(TorchDispatchMode):
-    """Appends one graph node per aten op with a floating input; measures output abs-max; hooks gradients."""
+class _Hooks:
+    """torch's mechanics for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`)."""
 
-    def __init__(self, graph: Graph, *, level: str, target: str, want_grads: bool):
+    framework = "torch"
+    tensor_type = torch.Tensor
+    tracks_unseen = False  # the dispatch level sees every op
+    # an output has no autograd node until dispatch returns: gradients are hooked where the tensor is read
+    hooks_outputs_when_made = False
+
+    def __init__(self, *, level: str, target: str):
+        self.level, self.target = level, target
+
+    id_map = staticmethod(WeakTensorKeyDictionary)
+    no_grad = staticmethod(torch.no_grad)
+    maximum = staticmethod(torch.maximum)
+
+    @staticmethod
+    def version(t) -> int:
+        return _version(t)
+
+    @staticmethod
+    def float_leaves(obj) -> list:
+        return _dedupe([t for t in tree_leaves(obj) if _is_float(t)])
+
+    @staticmethod
+    def numel(t) -> int:
+        return t.numel()
+
+    @staticmethod
+    def is_batched(t) -> bool:
+        return t.dim() > 0
+
+    @staticmethod
+    def current_module():
+        return modstack.current_module(), modstack.current_module_object()
+
+    is_norm_module = staticmethod(_is_norm_module)
+
+    def runs_low(self, op, kind, input_halves) -> bool:
+        return runs_in_fp16(op, kind, input_halves, target=self.target, level=self.level)
+
+    @staticmethod
+    def written(func, args, kwargs, inputs, versions) -> list:
+        return _written_args(func, args, kwargs)
+
+    @staticmethod
+    def measured(op: str) -> bool:
+        return op not in VIEW_OPS and op not in NON_EXPANDING_OPS
+
+    @staticmethod
+    def describe(t):
+        return tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+    @staticmethod
+    def abs_max(t):
+        lo, hi = torch.aminmax(t.detach())
+        return torch.maximum(lo.abs(), hi.abs())
+
+    @staticmethod
+    def grad_hook(t, fn):
+        if not t.requires_grad or t.grad_fn is None:
+            return None
+
+        def on_grad(grad):
+            if grad is not None and grad.is_floating_point():
+                fn(grad)
+
+        return t.register_hook(on_grad)
+
+    @staticmethod
+    def custom_function(t):
+        node = t.grad_fn
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            return type(node).__name__.removesuffix("Backward")
+        return None
+
+    @staticmethod
+    def requires_grad(t) -> bool:
+        return t.requires_grad
+
+    @staticmethod
+    def check_level(level: str) -> str:
+        return level
+
+    @staticmethod
+    def preserved(model):
+        return preserved(model)
+
+    @contextmanager
+    def recording(self, model, recorder, want_grads: bool):
+        with torch.set_grad_enabled(want_grads and torch.is_grad_enabled()), modstack.module_stack(model):
+            with _DispatchRecorder(recorder):
+                yield
+
+    @staticmethod
+    def backward(model, loss, scale: float) -> None:
+        """Into fresh ``.grad`` tensors (``preserved`` puts the user's back): never accumulate into them."""
+        params = list(model.parameters())
+        for p in params:
+            p.grad = None
+        try:
+            (loss * scale).backward()
+        finally:
+            for p in params:
+                p.grad = None
+
+    @staticmethod
+    def notes(recorder) -> list[str]:
+        if not recorder.custom_functions:
+            return []
+        return [
+            "custom autograd Functions (" + ", ".join(sorted(recorder.custom_functions)) + "): their forward ops "
+            "were recorded; gradients inside them were not measured"
+        ]
+
+
+class _DispatchRecorder(TorchDispatchMode):
+    """Hands every aten op to the recorder, as its canonical name and kind."""
+
+    def __init__(self, recorder):
         super().__init__()
-        self.graph = graph
-        self.level = level
-        self.target = target
-        self.want_grads = want_grads
-        self.ids = WeakTensorKeyDictionary()  # tensor -> [tensor id, _version when that id was given]
-        self.next_id = 0
-        self.half: dict[int, bool] = {}
-        self.pending: list[tuple[object, list]] = []  # (node, [0-dim abs-max tensors])
-        self.grads: dict[int, object] = {}
-        self.hooked: set[int] = set()
-        self.handles: list = []
-        self.custom_functions: set[str] = set()
-        self.on_path: set[int] = set()  # tensors a conv/matmul path runs through
-        self.watched: set[int] = set()  # those plus the outputs of the ops that end a path: they get grad hooks
+        self.recorder = recorder
 
-    # tensor ids ---------------------------------------------------------------------------------------
-    def _new(self, t, half: bool) -> int:
-        tid = self.next_id
-        self.next_id += 1
-        self.ids[t] = [tid, _version(t)]
-        self.half[tid] = half
-        return tid
-
-    def tid_of(self, t) -> int:
-        entry = self.ids.get(t)
-        if entry is None:  # a parameter, buffer, input or factory output: float16 only at O2
-            return self._new(t, self.level == "O2")
-        if entry[1] == _version(t):
-            return entry[0]
-        old = entry[0]  # written through a view or outside the trace: keep the edge, mark the write
-        new = self._new(t, self.half[old])
-        self.graph.add("mutated", OpKind.OTHER, modstack.current_module(), [old], [new], low_precision=self.half[old])
-        return new
-
-    def lookup(self, t) -> int | None:
-        entry = self.ids.get(t)
-        return None if entry is None else entry[0]
-
-    # gradients -----------------------------------------------------------------------------------------
-    def hook(self, t, tid: int) -> None:
-        if tid in self.hooked or not t.requires_grad or t.grad_fn is None:
-            return
-        self.hooked.add(tid)
-        if isinstance(t.grad_fn, torch.autograd.function.BackwardCFunction):
-            self.custom_functions.add(type(t.grad_fn).__name__.removesuffix("Backward"))
-
-        def on_grad(grad, tid=tid):
-            if grad is not None and grad.is_floating_point() and grad.numel():
-                lo, hi = torch.aminmax(grad.detach())
-                m = torch.maximum(lo.abs(), hi.abs())
-                prev = self.grads.get(tid)
-                self.grads[tid] = m if prev is None else torch.maximum(prev, m)
-
-        self.handles.append(t.register_hook(on_grad))
-
-    # the recorder --------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = _dedupe([t for t in tree_leaves((args, kwargs)) if _is_float(t)])
-        if not inputs:
+        if not any(_is_float(t) for t in tree_leaves((args, kwargs))):
             return func(*args, **kwargs)
         op, kind = canonical(func, args)
-        module = modstack.current_module()
-        if kind not in START_KINDS and _is_norm_module(modstack.current_module_object()):
-            kind = OpKind.NORM
-        in_ids = [self.tid_of(t) for t in inputs]
-        if self.want_grads:
-            for t, tid in zip(inputs, in_ids):
-                if tid in self.watched:
-                    self.hook(t, tid)
-        halves = [self.half[tid] for t, tid in zip(inputs, in_ids) if t.dim() > 0]
-        low = runs_in_fp16(op, kind, halves, target=self.target, level=self.level)
-
-        out = func(*args, **kwargs)
-
-        produced = [t for t in tree_leaves(out) if _is_float(t)]
-        produced = _dedupe(produced + _written_args(func, args, kwargs))
-        out_ids = [self._new(t, low) for t in produced]
-        on, carries = path_flags(kind, in_ids, self.on_path)
-        if on:
-            self.watched.update(out_ids)
-        if carries:
-            self.on_path.update(out_ids)
-        first = produced[0] if produced else None
-        node = self.graph.add(
-            op,
-            kind,
-            module,
-            in_ids,
-            out_ids,
-            module_type=type(modstack.current_module_object()).__name__ if module else "",
-            shape=tuple(first.shape) if first is not None else None,
-            dtype=str(first.dtype).removeprefix("torch.") if first is not None else "",
-            low_precision=low,
-        )
-        if produced and op not in VIEW_OPS and op not in NON_EXPANDING_OPS:
-            measured = produced[:1] if kind is OpKind.NORM else produced
-            with torch.no_grad():
-                maxima = []
-                for t in measured:
-                    if t.numel():
-                        lo, hi = torch.aminmax(t.detach())
-                        maxima.append(torch.maximum(lo.abs(), hi.abs()))
-            if maxima:
-                self.pending.append((node, maxima))
-        return out
-
-    def finish(self) -> None:
-        """Turn the device-side maxima into floats (one sync at the end, not one per op)."""
-        for node, maxima in self.pending:
-            node.amax = amax_value(max(float(m) for m in maxima))
-        self.pending.clear()
-        if self.grads:
-            producer = self.graph.producers()
-            for tid, g in self.grads.items():
-                idx = producer.get(tid)
-                if idx is None:
-                    continue
-                node = self.graph.nodes[idx]
-                node.grad_amax = amax_value(max(float(g), node.grad_amax or 0.0))
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        return self.recorder.record(op, kind, func, args, kwargs)
 
 
 def _version(t) -> int:
@@ -228,12 +219,7 @@ def preserved(model):
     Parameters are not copied (a forward does not write them); one written in place is named in the error.
     """
     modes = [(m, m.training) for m in model.modules()]
-    buffers = [
-        (m, name, b, b.detach().clone())
-        for m in model.modules()
-        for name, b in list(m._buffers.items())
-        if b is not None
-    ]
+    restore_state = BACKEND.snapshot(model)
     params = [(name, p, p._version, p.grad) for name, p in model.named_parameters()]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -243,10 +229,7 @@ def preserved(model):
     finally:
         for m, training in modes:
             m.training = training
-        with torch.no_grad():
-            for m, name, b, saved in buffers:  # always copied back: kernels may update stats without a version bump
-                m._buffers[name] = b
-                b.copy_(saved)
+        restore_state()  # always copied back: kernels may update stats without a version bump
         for _, p, _, grad in params:
             p.grad = grad
         torch.set_rng_state(cpu_rng)
@@ -278,44 +261,14 @@ def trace(
     gets ``grad_amax`` (the scaled gradient's abs-max). Model state is restored afterwards in any case.
     Exceptions from the model propagate unchanged (``ampsafe.scan`` wraps them).
     """
-    graph = Graph(framework="torch", level=level)
-    want_grads = loss_fn is not None
-    recorder = _Recorder(graph, level=level, target=target, want_grads=want_grads)
-    with preserved(model):
-        grads_saved = []
-        try:
-            with torch.set_grad_enabled(want_grads and torch.is_grad_enabled()), modstack.module_stack(model):
-                with recorder:
-                    output = call(model, example_inputs)
-                    outs = output_tensors(output)
-                    if want_grads:
-                        for t in outs:
-                            tid = recorder.lookup(t)
-                            if tid is not None and tid in recorder.watched:
-                                recorder.hook(t, tid)
-                    graph.outputs = {tid for tid in map(recorder.lookup, outs) if tid is not None}
-                    loss = loss_fn(output) if want_grads else None
-                    if loss is not None:
-                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                            from ..errors import ConfigError
-
-                            raise ConfigError("loss_fn(output) must return a scalar tensor")
-                        graph.loss = recorder.lookup(loss)
-            if loss is not None and loss.requires_grad:
-                # fresh .grad tensors (restored by preserved()): never accumulate into the user's gradients
-                for p in model.parameters():
-                    grads_saved.append(p)
-                    p.grad = None
-                (loss * float(loss_scale if loss_scale is not None else 1.0)).backward()
-            elif loss is not None:
-                graph.notes.append("the loss does not require grad (no_grad model?): backward not measured")
-        finally:
-            recorder.finish()
-            for p in grads_saved:
-                p.grad = None
-    if recorder.custom_functions:
-        graph.notes.append(
-            "custom autograd Functions (" + ", ".join(sorted(recorder.custom_functions)) + "): their forward ops "
-            "were recorded; gradients inside them were not measured"
-        )
-    return graph
+    hooks = _Hooks(level=level, target=target)
+    return record.trace(
+        hooks,
+        model,
+        example_inputs,
+        call=call,
+        tensors=output_tensors,
+        level=level,
+        loss_fn=loss_fn,
+        loss_scale=loss_scale,
+    )

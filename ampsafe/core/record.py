@@ -1,0 +1,290 @@
+"""The scan's recording algorithm, written once over a framework's :class:`TraceHooks`.
+
+Why here: the torch and Paddle tracers see ops differently (a ``TorchDispatchMode`` / an ``intercept.OpMode``),
+but what they do with an op is the same: give every tensor a versioned id, mark writes the trace did not see as
+``mutated`` nodes, follow conv/matmul paths, hook the gradients on them, and measure output abs-maxes on the
+device with one host sync at the end. The adapters' tracers only turn their framework's op into
+:meth:`Recorder.record` and supply the hooks; :func:`trace` drives one recorded forward (and backward).
+Pure Python: importing it imports neither torch nor paddle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any, Protocol
+
+from ..errors import ConfigError
+from .graph import START_KINDS, Graph, OpKind, amax_value, path_flags
+
+__all__ = ["TraceHooks", "Recorder", "trace"]
+
+
+class TraceHooks(Protocol):
+    """What the recorder needs from a framework, for one trace of one model (``Backend.trace_hooks``)."""
+
+    framework: str
+    tensor_type: type
+    tracks_unseen: bool  # tensors that need grad may come from kernels the tracer cannot see (Paddle)
+    hooks_outputs_when_made: bool  # an op's outputs can take a gradient hook as soon as the op returns
+
+    def id_map(self) -> Any:
+        """A mapping keyed weakly by tensor (``get`` / ``[t] = ...``), never by a recycled ``id()``."""
+
+    def version(self, t) -> int:
+        """The tensor's in-place write counter."""
+
+    def float_leaves(self, obj) -> list:
+        """The floating tensors in a nest of args, deduplicated by identity, in order."""
+
+    def numel(self, t) -> int: ...
+
+    def is_batched(self, t) -> bool:
+        """Whether ``t``'s float16-ness counts for promotion (not a scalar)."""
+
+    def current_module(self) -> tuple[str, Any]:
+        """(path, module object) of the innermost running module; ("", None) outside any."""
+
+    def is_norm_module(self, module) -> bool:
+        """A module that normalizes with plain ops (frozen BatchNorm): its ops count as ``NORM``."""
+
+    def runs_low(self, op: str, kind: OpKind, input_halves: list[bool]) -> bool:
+        """Whether the op would compute in float16 at the traced level, given its batched inputs' float16-ness."""
+
+    def written(self, func, args, kwargs, inputs: list, versions: list) -> list:
+        """Input tensors the op wrote into (in-place, ``out=``, running statistics)."""
+
+    def measured(self, op: str) -> bool:
+        """Whether the op's output abs-max is worth a reduction (not a view, not bounded by its input)."""
+
+    def describe(self, t) -> tuple[tuple, str]:
+        """(shape, dtype name without the framework prefix)."""
+
+    def abs_max(self, t):
+        """max |t| as a 0-d device tensor (no host sync)."""
+
+    def maximum(self, a, b): ...
+
+    def no_grad(self) -> ContextManager: ...
+
+    def grad_hook(self, t, fn: Callable) -> Any:
+        """Register ``fn(grad)`` on ``t``'s gradient; None when ``t`` has no gradient (yet) to hook."""
+
+    def custom_function(self, t) -> str | None:
+        """The name of a custom autograd Function that made ``t`` (its inside is not measured), if any."""
+
+    def requires_grad(self, t) -> bool: ...
+
+    def check_level(self, level: str) -> str: ...
+
+    def preserved(self, model) -> ContextManager:
+        """Restore modes, buffers and statistics, ``.grad`` and RNG on exit; raise if parameters were written."""
+
+    def recording(self, model, recorder: Recorder, want_grads: bool) -> ContextManager:
+        """Grad mode, module tracking and the op interception that calls ``recorder.record``."""
+
+    def backward(self, model, loss, scale: float) -> None:
+        """``(loss * scale).backward()`` into fresh ``.grad`` (the user's gradients are put back)."""
+
+    def notes(self, recorder: Recorder) -> list[str]:
+        """What this framework's tracer could not see, for ``Graph.notes``."""
+
+
+class Recorder:
+    """One graph node per op with a floating input; output abs-max measured after it; gradients hooked."""
+
+    def __init__(self, hooks: TraceHooks, graph: Graph, *, level: str, want_grads: bool):
+        self.hooks = hooks
+        self.graph = graph
+        self.level = level
+        self.want_grads = want_grads
+        self.ids = hooks.id_map()  # tensor -> (tensor id, version when that id was given)
+        self.next_id = 0
+        self.half: dict[int, bool] = {}
+        self.pending: list[tuple[object, list]] = []  # (node, [0-dim abs-max tensors])
+        self.grads: dict[int, object] = {}  # tensor id -> abs-max of its gradient (0-d tensor)
+        self.hooked: set[int] = set()
+        self.handles: list = []
+        self.custom_functions: set[str] = set()
+        self.leaf_ids: set[int] = set()  # id() of parameters and model inputs: they legitimately have no producer
+        self.unseen: set[str] = set()  # modules where a grad-carrying tensor came from an unseen kernel
+        self.on_path: set[int] = set()  # tensors a conv/matmul path runs through
+        self.watched: set[int] = set()  # those plus the outputs of the ops that end a path: their gradients count
+
+    # tensor ids ---------------------------------------------------------------------------------------
+    def _new(self, t, half: bool) -> int:
+        tid = self.next_id
+        self.next_id += 1
+        self.ids[t] = (tid, self.hooks.version(t))
+        self.half[tid] = half
+        return tid
+
+    def tid_of(self, t) -> int:
+        entry = self.ids.get(t)
+        if entry is None:  # a parameter, buffer, input or factory output: float16 only at O2
+            if self.hooks.tracks_unseen and id(t) not in self.leaf_ids and self.hooks.requires_grad(t):
+                self.unseen.add(self.hooks.current_module()[0])
+            return self._new(t, self.level == "O2")
+        if entry[1] == self.hooks.version(t):
+            return entry[0]
+        old = entry[0]  # written through a view or outside the trace: keep the edge, mark the write
+        new = self._new(t, self.half[old])
+        module = self.hooks.current_module()[0]
+        self.graph.add("mutated", OpKind.OTHER, module, [old], [new], low_precision=self.half[old])
+        return new
+
+    def lookup(self, t) -> int | None:
+        entry = self.ids.get(t)
+        return None if entry is None else entry[0]
+
+    def alias(self, src, dst) -> None:
+        """``dst`` is another wrapper of ``src``'s data (Paddle's ``_use_gpudnn``): same tensor id."""
+        if dst is src or not isinstance(dst, self.hooks.tensor_type) or not self.hooks.float_leaves([dst]):
+            return
+        self.ids[dst] = (self.tid_of(src), self.hooks.version(dst))
+
+    # gradients -----------------------------------------------------------------------------------------
+    def hook(self, t, tid: int) -> None:
+        """Measure ``t``'s gradient (once per tensor id; retried while it has no gradient to hook)."""
+        if tid in self.hooked:
+            return
+
+        def on_grad(grad, tid=tid):
+            if grad is not None and self.hooks.numel(grad):
+                m = self.hooks.abs_max(grad)
+                prev = self.grads.get(tid)
+                self.grads[tid] = m if prev is None else self.hooks.maximum(prev, m)
+
+        handle = self.hooks.grad_hook(t, on_grad)
+        if handle is None:
+            return
+        self.hooked.add(tid)
+        self.handles.append(handle)
+        name = self.hooks.custom_function(t)
+        if name:
+            self.custom_functions.add(name)
+
+    def mark_outputs(self, outputs: list) -> None:
+        """The model's returned tensors: graph outputs, and their gradients count when on a path."""
+        for t in outputs:
+            tid = self.lookup(t)
+            if self.want_grads and tid is not None and tid in self.watched:
+                self.hook(t, tid)
+        self.graph.outputs = {tid for tid in map(self.lookup, outputs) if tid is not None}
+
+    # the recorder --------------------------------------------------------------------------------------
+    def record(self, op: str, kind: OpKind, func, args, kwargs):
+        """Run ``func(*args, **kwargs)`` as canonical ``op`` of ``kind`` and record it; returns its output."""
+        h = self.hooks
+        inputs = h.float_leaves((args, kwargs))
+        if not inputs:
+            return func(*args, **kwargs)
+        module, owner = h.current_module()
+        if kind not in START_KINDS and h.is_norm_module(owner):
+            kind = OpKind.NORM
+        in_ids = [self.tid_of(t) for t in inputs]
+        versions = [h.version(t) for t in inputs]
+        if self.want_grads:
+            for t, tid in zip(inputs, in_ids):
+                if tid in self.watched:
+                    self.hook(t, tid)
+        halves = [self.half[tid] for t, tid in zip(inputs, in_ids) if h.is_batched(t)]
+        low = h.runs_low(op, kind, halves)
+
+        out = func(*args, **kwargs)
+
+        produced = h.float_leaves([out])
+        for t in h.written(func, args, kwargs, inputs, versions):
+            if not any(t is p for p in produced):
+                produced.append(t)
+        on, carries = path_flags(kind, in_ids, self.on_path)
+        out_ids = [self._new(t, low) for t in produced]
+        if on:
+            self.watched.update(out_ids)
+            if self.want_grads and h.hooks_outputs_when_made:
+                for t, tid in zip(produced, out_ids):
+                    self.hook(t, tid)
+        if carries:
+            self.on_path.update(out_ids)
+        first = produced[0] if produced else None
+        shape, dtype = h.describe(first) if first is not None else (None, "")
+        node = self.graph.add(
+            op,
+            kind,
+            module,
+            in_ids,
+            out_ids,
+            module_type=type(owner).__name__ if module else "",
+            shape=shape,
+            dtype=dtype,
+            low_precision=low,
+        )
+        if produced and h.measured(op):
+            measured = produced[:1] if kind is OpKind.NORM else produced
+            with h.no_grad():
+                maxima = [h.abs_max(t) for t in measured if h.numel(t)]
+            if maxima:
+                self.pending.append((node, maxima))
+        return out
+
+    def finish(self) -> None:
+        """Turn the device-side maxima into floats (one pass at the end, not a sync per op); drop the hooks."""
+        for node, maxima in self.pending:
+            node.amax = amax_value(max(float(m) for m in maxima))
+        self.pending.clear()
+        if self.grads:
+            producer = self.graph.producers()
+            for tid, g in self.grads.items():
+                idx = producer.get(tid)
+                if idx is None:
+                    continue
+                node = self.graph.nodes[idx]
+                node.grad_amax = amax_value(max(float(g), node.grad_amax or 0.0))
+            self.grads.clear()
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def trace(
+    hooks: TraceHooks,
+    model,
+    example_inputs,
+    *,
+    call: Callable,
+    tensors: Callable,
+    level: str,
+    loss_fn=None,
+    loss_scale: float | None = None,
+    leaves: tuple = (),
+) -> Graph:
+    """Run ``model`` once on ``example_inputs`` and return its recorded graph; model state restored in any case.
+
+    With ``loss_fn``, ``loss_fn(output) * loss_scale`` is back-propagated and each hooked activation gets
+    ``grad_amax``. ``call(model, inputs)`` runs the model, ``tensors(obj)`` lists the tensors of its output;
+    ``leaves`` are the parameters and inputs (they have no producer, and that is fine).
+    Exceptions from the model propagate unchanged (``ampsafe.scan`` wraps them).
+    """
+    level = hooks.check_level(level)
+    graph = Graph(framework=hooks.framework, level=level)
+    want_grads = loss_fn is not None
+    recorder = Recorder(hooks, graph, level=level, want_grads=want_grads)
+    recorder.leaf_ids = {id(t) for t in leaves}
+    with hooks.preserved(model):
+        try:
+            with hooks.recording(model, recorder, want_grads):
+                output = call(model, example_inputs)
+                recorder.mark_outputs(tensors(output))
+                loss = loss_fn(output) if want_grads else None
+                if loss is not None:
+                    if not isinstance(loss, hooks.tensor_type) or hooks.numel(loss) != 1:
+                        raise ConfigError("loss_fn(output) must return a scalar tensor")
+                    graph.loss = recorder.lookup(loss)
+            if loss is not None and hooks.requires_grad(loss):
+                hooks.backward(model, loss, float(loss_scale if loss_scale is not None else 1.0))
+            elif loss is not None:
+                graph.notes.append("the loss does not require grad (no_grad model?): backward not measured")
+        finally:
+            recorder.finish()
+    graph.notes += hooks.notes(recorder)
+    return graph

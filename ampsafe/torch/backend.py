@@ -1,0 +1,135 @@
+"""PyTorch's :class:`~ampsafe.core.backend.Backend`: the framework facts scan, patch, watch and heal use."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+import torch
+from torch import nn
+
+from ..core import backend as core
+
+__all__ = ["TorchBackend", "BACKEND"]
+
+
+class TorchBackend:
+    """``torch.nn.Module`` models. Normalization statistics are buffers (``running_mean``/``running_var``)."""
+
+    name = "torch"
+    tensor_type = torch.Tensor
+    module_type = nn.Module
+
+    # -- structure
+    def modules(self, model) -> dict:
+        return dict(model.named_modules())
+
+    def children(self, module) -> list:
+        return list(module.children())
+
+    def parameters(self, module) -> list:
+        return list(module.parameters())
+
+    def optimizer_params(self, optimizer) -> list:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def live_modules(self) -> list:
+        return [o for o in gc.get_objects() if isinstance(o, nn.Module)]
+
+    def owner_of(self, optimizer, candidates=None):
+        return core.owner_of(self, optimizer, candidates)
+
+    # -- state
+    def state_slots(self, model) -> list[tuple[dict, str, torch.Tensor]]:
+        """(holder dict, name, tensor) of every buffer: the slots a forward may rebind or write."""
+        return [(m._buffers, n, b) for m in model.modules() for n, b in list(m._buffers.items()) if b is not None]
+
+    def state_tensors(self, model) -> list:
+        return [b for _, _, b in self.state_slots(model)]
+
+    def snapshot(self, model):
+        slots = self.state_slots(model)
+        copies = [b.detach().clone() for _, _, b in slots]
+
+        def restore() -> None:
+            for holder, name, b in slots:
+                holder[name] = b
+            if slots:
+                with torch.no_grad():
+                    torch._foreach_copy_([b for _, _, b in slots], copies)
+
+        return restore
+
+    def running_stats(self, model):
+        for path, m in model.named_modules():
+            mean, var = getattr(m, "running_mean", None), getattr(m, "running_var", None)
+            if mean is not None and var is not None:
+                yield path, m, mean, var
+
+    def reset_running_stats(self, mean, var) -> None:
+        with torch.no_grad():
+            mean.zero_()
+            var.fill_(1.0)
+
+    # -- numerics
+    @contextlib.contextmanager
+    def float32(self):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(torch.autocast("cpu", enabled=False))
+            if torch.cuda.is_available():
+                stack.enter_context(torch.autocast("cuda", enabled=False))
+            yield
+
+    def tensors(self, obj) -> list:
+        if isinstance(obj, torch.Tensor):
+            return [obj]
+        if isinstance(obj, dict):
+            return [t for v in obj.values() for t in self.tensors(v)]
+        if isinstance(obj, (list, tuple)):
+            return [t for v in obj for t in self.tensors(v)]
+        return []
+
+    def all_finite(self, t) -> bool:
+        return t.numel() == 0 or bool(torch.isfinite(t).all())
+
+    def to_numpy(self, t):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return None
+        return t.detach().to("cpu", torch.float32).numpy()
+
+    def abs_max(self, t):
+        lo, hi = torch.aminmax(t.detach())
+        return torch.maximum(lo.abs(), hi.abs())
+
+    def all_gather(self, obj) -> list:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return [obj]
+        gathered: list = [None] * dist.get_world_size()  # torch fills a list of world size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    # -- hooks
+    def forward_pre_hook(self, model, fn):
+        return model.register_forward_pre_hook(lambda m, args, kwargs: fn(args, kwargs), with_kwargs=True)
+
+    def trace(self, model, example_inputs, **options):
+        from .trace import trace
+
+        return trace(model, example_inputs, **options)
+
+    def watch(self, model, **options):
+        from .watch import Watch
+
+        return Watch(model, **options)
+
+    @property
+    def patcher(self):
+        from .patch import ADAPTER
+
+        return ADAPTER
+
+
+BACKEND = TorchBackend()
