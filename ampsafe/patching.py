@@ -15,10 +15,9 @@ looked through (``.module`` / ``._layers``).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
-from ._framework import framework_of, unwrap
+from ._framework import backend_named, backend_of, framework_of, unwrap
 from .core.report import PatchReport, ScanReport
 from .errors import ConfigError
 from .policies import PatchContext, PolicyConfig, handler, resolve
@@ -30,7 +29,12 @@ _LEVELS = ("O1", "O2")
 
 
 def _adapter(framework: str):
-    return importlib.import_module(f"ampsafe.{framework}.patch").ADAPTER
+    """The policies' adapter of a framework (``ctx.adapter``), from its Backend."""
+    return backend_named(framework).patcher
+
+
+def _modules(model) -> dict:
+    return backend_of(model).patcher.modules(unwrap(model))
 
 
 def patch(
@@ -107,19 +111,18 @@ def unpatch(model) -> None:
     Parameters are the same objects throughout, so the state_dict is exactly the original one (``convbn``'s
     ``<conv>.bn.*`` entries go away with the BatchNorms).
     """
-    framework = framework_of(model)
-    for module in list(_adapter(framework).modules(unwrap(model)).values()):
+    for module in list(_modules(model).values()):
         unswap(module)
 
 
 def patched_modules(model) -> dict[str, str]:
     """module path -> policy, for every patched module of ``model``."""
-    mods = _adapter(framework_of(model)).modules(unwrap(model))
+    mods = _modules(model)
     return {path: protection_of(m) for path, m in mods.items() if protection_of(m)}
 
 
 def island_layers(model) -> list:
     """The FP32-island modules of ``model``: pass them to ``paddle.amp.decorate(..., level="O2",
     excluded_layers=ampsafe.patching.island_layers(model))`` so their weights stay float32 under O2."""
-    mods = _adapter(framework_of(model)).modules(unwrap(model))
+    mods = _modules(model)
     return [m for m in mods.values() if protection_of(m) == "island"]

@@ -4,8 +4,8 @@
     print(report.to_markdown())
     report = ampsafe.scan(model, inputs, loss_fn=lambda out: out.sum(), loss_scale=2.0**16)
 
-The adapter (``ampsafe.torch.trace`` / ``ampsafe.paddle.trace``) records one real forward per batch as a
-framework-neutral graph; :mod:`ampsafe.core.paths` finds the paths and measures their headroom.
+The model's :class:`~ampsafe.core.backend.Backend` records one real forward per batch as a framework-neutral
+graph (:mod:`ampsafe.core.record`); :mod:`ampsafe.core.paths` finds the paths and measures their headroom.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import math
 import numbers
 import sys
 
-from ._framework import framework_of, unwrap
+from ._framework import backend_of, unwrap
 from .core.paths import UNTRACED, analyze, merge_paths, merge_risky_ops
 from .core.report import ScanReport
 from .errors import AmpSafeError, ConfigError
+from .policies._swap import protection_of
 
 __all__ = ["scan", "ScanError", "main"]
 
@@ -55,20 +56,11 @@ def _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale,
 
 
 def _protection(modules: dict, path: str):
-    """What ``ampsafe.patch`` did to ``path`` or an enclosing module, if anything (None without patching)."""
-    try:
-        from .patching import protection_of
-    except (ImportError, AttributeError):
-        return None
+    """What ``ampsafe.patch`` did to ``path`` or an enclosing module, if anything (None when unpatched)."""
     parts = path.split(".") if path else []
     for n in range(len(parts), -1, -1):
         module = modules.get(".".join(parts[:n]))
-        if module is None:
-            continue
-        try:
-            how = protection_of(module)
-        except (AttributeError, TypeError):
-            return None
+        how = protection_of(module) if module is not None else None
         if how:
             return how
     return None
@@ -94,15 +86,14 @@ def scan(
     """
     _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale, calibration)
     model = unwrap(model)
-    framework = framework_of(model)
-    tracer = importlib.import_module(f"ampsafe.{framework}.trace")
+    backend = backend_of(model)
     if loss_fn is not None and loss_scale is None:
         loss_scale = DEFAULT_LOSS_SCALE
     batches = [example_inputs, *(calibration or ())]
     paths, ops, notes = [], [], []
     for i, batch in enumerate(batches):
         try:
-            graph = tracer.trace(model, batch, level=level, target=target, loss_fn=loss_fn, loss_scale=loss_scale)
+            graph = backend.trace(model, batch, level=level, target=target, loss_fn=loss_fn, loss_scale=loss_scale)
         except AmpSafeError:
             raise
         except Exception as exc:
@@ -120,7 +111,7 @@ def scan(
         risky_ops=merge_risky_ops(ops),
         level=level,
         target=target,
-        framework=framework,
+        framework=backend.name,
         margin_bits=float(margin_bits),
         loss_scale=loss_scale,
         notes=notes,
@@ -132,7 +123,7 @@ def scan(
             f"{len(untraced)} path(s) lead into ops the tracer did not record ({', '.join(untraced[:5])}); they are "
             "reported as unnormalized"
         )
-    modules = tracer.modules(model)
+    modules = backend.modules(model)
     for p in report.paths:
         p.protected_by = _protection(modules, p.start)
     for o in report.risky_ops:
