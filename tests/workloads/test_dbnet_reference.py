@@ -12,7 +12,14 @@ paddle = pytest.importorskip("paddle")
 from ampsafe.workloads.dbnet import build_loss, build_model  # noqa: E402
 from ampsafe.workloads.dbnet.config import load_config  # noqa: E402
 
+# Tolerances from float32 noise measured across instruction sets (bench/results/margins.md): the reference was
+# made on an AVX-512 Xeon; an AVX2-only AMD EPYC (default kernels, and ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 or
+# SSE41/SSE4_2) gives eval maps within 3.0e-7 and loss terms within 2.4e-7 (strict TOL below: 33x margin), but
+# train-mode maps within 1.9e-5 (shrink, threshold) and 1.7e-4 (binary): BatchNorm on a batch of 2 divides by
+# a batch standard deviation, and the binary map sigmoid(k * (P - T)), k = 50, multiplies P - T errors by up to
+# k / 4 = 12.5. So train maps are compared relative to the map's magnitude, with 5x the largest noise measured.
 TOL = 1e-5
+TRAIN_REL_TOL = {"shrink": 1e-4, "threshold": 1e-4, "binary": 1e-4 * 50 / 4}
 LABEL_KEYS = ("threshold_map", "threshold_mask", "shrink_map", "shrink_mask")
 
 
@@ -71,7 +78,8 @@ def test_train_mode_maps_match_paddleocr(loaded, reference):
     assert maps.shape == expected.shape == (2, 3, 64, 64)
     for channel, name in enumerate(("shrink", "threshold", "binary")):
         diff = np.abs(maps[:, channel] - expected[:, channel]).max()
-        assert diff <= TOL, f"{name} map differs by {diff}"
+        scale = np.abs(expected[:, channel]).max()
+        assert diff <= TRAIN_REL_TOL[name] * scale, f"{name} map differs by {diff} (magnitude {scale})"
 
 
 def test_eval_mode_maps_match_paddleocr(loaded, reference):
