@@ -18,6 +18,9 @@ setup(
     packages=packages,
     # `patches/` (ready-made patches for upstream model families) is installed as `ampsafe.patches`.
     package_dir={"ampsafe.patches": "patches"},
+    # Byte-identical copies of the upstream configs the workloads build from by default (the demo's det_mv3_db.yml,
+    # ppyolo's named configs); ampsafe/workloads/data/upstream/SOURCES.md lists where each came from.
+    package_data={"ampsafe.workloads": ["data/upstream/SOURCES.md", "data/upstream/**/*.yml"]},
     install_requires=["numpy", "pyyaml", "ruamel.yaml"],
     extras_require={
         "torch": ["torch>=2.1", "torchvision"],

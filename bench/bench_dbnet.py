@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -25,9 +26,11 @@ def _reference_diffs() -> dict | None:
     import paddle
 
     from ampsafe.workloads.dbnet import build_loss, build_model
-    from ampsafe.workloads.dbnet.config import default_config_path, load_config
+    from ampsafe.workloads.dbnet.config import load_config
 
-    ref = default_config_path().parents[2] / "reference" / "det_mv3_db"
+    # the reference run is test data beside the checkout (not shipped in the package): shared/upstream/PaddleOCR
+    shared = Path(os.environ.get("AMPSAFE_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+    ref = shared / "upstream" / "PaddleOCR" / "reference" / "det_mv3_db"
     if not ref.is_dir():
         return None
     cfg = load_config()

@@ -10,6 +10,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("AMPSAFE_SHARED", REPO.parent / "shared"))
 UPSTREAM = SHARED / "upstream"
+# The library reads its own packaged copies of the default upstream configs; the tests build every upstream config,
+# so they point the workloads at the full copy (subprocesses inherit it). tests/test_wheel.py unsets it.
+os.environ.setdefault("AMPSAFE_SHARED", str(SHARED))
+# The brink checkpoints: the checkout's .cache/ampsafe (the library's default is ~/.cache/ampsafe).
+os.environ.setdefault("AMPSAFE_CACHE", str(REPO / ".cache" / "ampsafe"))
 
 
 @pytest.fixture(scope="session")

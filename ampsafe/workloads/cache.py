@@ -13,19 +13,19 @@ from typing import Union
 
 __all__ = ["cache_dir", "recipe_key"]
 
-_REPO = Path(__file__).resolve().parents[2]
-
 
 def cache_dir(explicit: Union[str, Path, None] = None) -> Path:
-    """``explicit``, else ``$AMPSAFE_CACHE``, else ``.cache/ampsafe`` in a source checkout, else ``~/.cache/ampsafe``."""
+    """``explicit``, else ``$AMPSAFE_CACHE``, else ``$XDG_CACHE_HOME/ampsafe``, else ``~/.cache/ampsafe``.
+
+    The default never depends on where the package is installed; the repository's tests (``tests/conftest.py``)
+    set ``AMPSAFE_CACHE`` to the checkout's ``.cache/ampsafe``.
+    """
     if explicit is not None:
         return Path(explicit)
     env = os.environ.get("AMPSAFE_CACHE")
     if env:
         return Path(env)
-    if (_REPO / "setup.py").exists() or (_REPO / "pyproject.toml").exists():
-        return _REPO / ".cache" / "ampsafe"
-    return Path.home() / ".cache" / "ampsafe"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ampsafe"
 
 
 def recipe_key(prefix: str, seed: int, recipe: dict) -> str:

@@ -23,6 +23,7 @@ from ..errors import ConfigError, MissingFrameworkError
 from .base import Workload
 from .coco import coco_map
 from .shapes import MAX_CLASSES, make_samples
+from .upstream import upstream_root
 
 __all__ = ["PPYOLOWorkload", "build", "CONFIGS", "upstream_dir"]
 
@@ -40,11 +41,9 @@ _IMAGE_OPS = {"NormalizeImage", "Permute"}
 
 
 def upstream_dir() -> Path:
-    """The PaddleDetection configs copy: ``$AMPSAFE_SHARED/upstream/PaddleDetection`` or ``<repo>/../shared/...``."""
-    import os
-
-    shared = Path(os.environ.get("AMPSAFE_SHARED", Path(__file__).resolve().parents[3] / "shared"))
-    return shared / "upstream" / "PaddleDetection"
+    """The PaddleDetection configs copy: the package's (``ampsafe/workloads/data/upstream/PaddleDetection``, the
+    ``_BASE_`` chains of :data:`CONFIGS`) or, when ``AMPSAFE_SHARED`` is set, ``$AMPSAFE_SHARED/upstream/...``."""
+    return upstream_root() / "PaddleDetection"
 
 
 def _ppdet():

@@ -1,17 +1,19 @@
 """Read the ``Architecture``, ``Loss`` and ``PostProcess`` sections of a PaddleOCR detection config.
 
-The default is the upstream ``configs/det/det_mv3_db.yml`` (the seed report's model); when the shared upstream
-folder is absent, an equivalent built-in copy of those sections is used so the workload still builds.
+The default is the upstream ``configs/det/det_mv3_db.yml`` (the seed report's model), read from the copy shipped
+in the package (``ampsafe/workloads/data/upstream``, see :mod:`ampsafe.workloads.upstream`) or, when
+``AMPSAFE_SHARED`` is set, from ``$AMPSAFE_SHARED/upstream``; when that folder lacks it, an equivalent built-in
+copy of those sections is used so the workload still builds.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any, Union
 
 from ...errors import ConfigError
+from ..upstream import upstream_root
 
 __all__ = ["BUILTIN_DET_MV3_DB", "upstream_configs", "default_config_path", "load_config"]
 
@@ -43,16 +45,9 @@ BUILTIN_DET_MV3_DB: dict[str, Any] = {
 }
 
 
-def _shared_dir() -> Path:
-    env = os.environ.get("AMPSAFE_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[4] / "shared"
-
-
 def upstream_configs() -> Path:
-    """``<shared>/upstream/PaddleOCR/configs`` (``AMPSAFE_SHARED`` overrides the shared folder)."""
-    return _shared_dir() / "upstream" / "PaddleOCR" / "configs"
+    """``<upstream>/PaddleOCR/configs``: the package's copy, or ``$AMPSAFE_SHARED/upstream/...`` when that is set."""
+    return upstream_root() / "PaddleOCR" / "configs"
 
 
 def default_config_path() -> Path:
@@ -86,7 +81,7 @@ def _read_yaml(path: Path) -> dict:
 def load_config(config: Union[str, Path, dict, None] = None) -> dict:
     """Return a config dict with at least ``Architecture`` and ``Loss``.
 
-    ``config``: None (upstream det_mv3_db.yml, or the built-in copy if shared/ is missing), a path to a YAML
+    ``config``: None (upstream det_mv3_db.yml, or the built-in copy if the upstream folder lacks it), a path to a YAML
     file, a config name such as ``"det_r50_vd_db"`` or ``"ch_ppocr_v2.0/ch_det_mv3_db_v2.0"`` (looked up under
     the upstream configs), or a dict (copied). Keys other than the three sections read are kept, untouched.
     """
