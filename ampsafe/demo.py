@@ -299,11 +299,39 @@ def plot(traces: list[RunTrace], path: Path, title: str) -> Path:
     return path
 
 
+def _paddle_setup(args) -> tuple:
+    """``(modes, steps, lr, runner, options, description)`` of the Paddle demo (the README's main job)."""
+    modes = args.modes or list(PADDLE_MODES)
+    steps, lr = args.steps or 40, args.lr or 1e-2
+    what = (
+        f"dbnet (PaddleOCR det_mv3_db), random init, 128x128 synthetic text, batch 8, Adam lr {lr:g}, "
+        f"Paddle AMP {args.level} emulated in float16 on CPU, loss scale from 1024"
+    )
+    return modes, steps, lr, run_paddle, {"image_size": 128, "batch_size": 8}, what
+
+
+def _torch_setup(args) -> tuple:
+    """``(modes, steps, lr, runner, options, description)`` of the torch demo (the frcnn brink, resumed)."""
+    modes = args.modes or list(TORCH_MODES)
+    steps, lr = args.steps or 20, args.lr or 1e-2
+    opts = {"image_size": 160, "batch_size": 2, "optimizer": "adam", "resume": args.lr is None, "init_scale": 128.0}
+    what = (
+        f"frcnn (torchvision fasterrcnn_mobilenet_v3_large_320_fpn), random init, 160x160 synthetic shapes, "
+        f"batch 2, Adam lr {lr:g} after 10 linear-warmup steps (FP32, shared), real CPU float16 autocast "
+        f"{args.level}, loss scale from 128"
+    )
+    return modes, steps, lr, run_torch, opts, what
+
+
+# --framework -> its setup
+_SETUPS = {"paddle": _paddle_setup, "torch": _torch_setup}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="ampsafe demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--framework", choices=["paddle", "torch"], default="paddle")
+    ap.add_argument("--framework", choices=list(_SETUPS), default="paddle")
     ap.add_argument("--level", choices=["O1", "O2"], default="O1", help="AMP level to emulate (default O1)")
     ap.add_argument("--modes", nargs="*", help="runs to show (default: all for the framework)")
     ap.add_argument("--steps", type=int, default=None)
@@ -312,24 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("ampsafe-demo"), help="folder for the PNG plot and JSON")
     args = ap.parse_args(argv)
 
-    if args.framework == "paddle":
-        modes = args.modes or list(PADDLE_MODES)
-        steps, lr = args.steps or 40, args.lr or 1e-2
-        runner, opts = run_paddle, {"image_size": 128, "batch_size": 8}
-        what = (
-            f"dbnet (PaddleOCR det_mv3_db), random init, 128x128 synthetic text, batch 8, Adam lr {lr:g}, "
-            f"Paddle AMP {args.level} emulated in float16 on CPU, loss scale from 1024"
-        )
-    else:
-        modes = args.modes or list(TORCH_MODES)
-        steps, lr = args.steps or 20, args.lr or 1e-2
-        runner = run_torch
-        opts = {"image_size": 160, "batch_size": 2, "optimizer": "adam", "resume": args.lr is None, "init_scale": 128.0}
-        what = (
-            f"frcnn (torchvision fasterrcnn_mobilenet_v3_large_320_fpn), random init, 160x160 synthetic shapes, "
-            f"batch 2, Adam lr {lr:g} after 10 linear-warmup steps (FP32, shared), real CPU float16 autocast "
-            f"{args.level}, loss scale from 128"
-        )
+    modes, steps, lr, runner, opts, what = _SETUPS[args.framework](args)
     print(f"ampsafe demo: {what}\n", flush=True)
     traces = []
     for mode in modes:
