@@ -206,8 +206,10 @@ class LossScaleState:
 
     @property
     def at_floor(self) -> bool:
-        """True when the scale can't back off any further (so the next overflow is a floor hit)."""
-        return self.policy.dynamic and self.policy.min_scale > 0 and float(self.scale) <= self.policy.min_scale
+        """True when the scale can't back off any further (so the next overflow is a floor hit). The floor is
+        ``min_scale`` as a float32 (what a backoff clamps to; above ``min_scale`` itself for, e.g., 0.1)."""
+        p = self.policy
+        return bool(p.dynamic and p.min_scale > 0 and self.scale <= _f32(p.min_scale))
 
     def update(self, found_inf: bool) -> StepDecision:
         """Advance one step. Never raises: the adapter decides what a floor hit means (it knows the offenders)."""

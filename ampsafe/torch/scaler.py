@@ -31,7 +31,6 @@ from collections import abc, defaultdict, deque
 from enum import Enum
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 
 from ..core.scale import (
@@ -43,6 +42,7 @@ from ..core.scale import (
     StepDecision,
     names_from_live_modules,
 )
+from .device_scale import DeviceSteps
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -121,8 +121,7 @@ class GradScaler(ScalerBase):
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
         self._losses: deque = deque(maxlen=16)
         self._device_decisions = device_decisions
-        self._lag = 0  # steps decided on the device only (self-unscaling optimizers), not yet known to the host
-        self._dev: Optional[dict] = None
+        self._device_steps = DeviceSteps()  # steps of self-unscaling optimizers decided on the device
         self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
 
     # -- public extras -----------------------------------------------------------------------------------------------
@@ -344,8 +343,8 @@ class GradScaler(ScalerBase):
             total = pending[0]
             for t in pending[1:]:
                 total = total + t
-            if len(pending) == len(checked) and self._decide_on_device() and self._device_update_allowed():
-                self._device_update(total)  # no host sync, like torch's _amp_update_scale_
+            if len(pending) == len(checked) and self._decide_on_device() and self._device_steps.allowed(self._core):
+                self._device_steps.step(self._core, scale, total)  # no host sync, like torch's _amp_update_scale_
                 self._losses.clear()
                 return
             if bool(self._reconcile(total)):
@@ -365,77 +364,20 @@ class GradScaler(ScalerBase):
             self._on_floor(decision, offenders, losses)
 
     # -- device-side steps (self-unscaling optimizers: torch's needs no host sync there, so neither do we) --------
+    @property
+    def _lag(self) -> int:
+        """Steps decided on the device only (self-unscaling optimizers), not yet known to the host."""
+        return self._device_steps.lag
+
     def _decide_on_device(self) -> bool:
         """On a CPU a host read costs nothing and ~20 small tensor ops cost ~90 us, so only off the CPU by default."""
         if self._device_decisions is not None:
             return self._device_decisions
         return self._scale.device.type != "cpu"
 
-    def _device_update_allowed(self) -> bool:
-        """True when deciding this step on the device can't hide a floor hit that needs the host (raise/heal):
-        even if every unknown step overflowed, the scale could not have reached min_scale."""
-        p, core = self._core.policy, self._core
-        if core.callbacks or not p.dynamic:  # per-step callbacks need per-step host records
-            return False
-        if p.min_scale == 0 or p.on_floor == "clamp":
-            return True
-        backoffs = (core.overflow_tracker + self._lag + 1) // p.hysteresis
-        return float(core.scale) * p.backoff_factor**backoffs > p.min_scale * 1.001
-
-    def _device_update(self, found: torch.Tensor) -> None:
-        """The state machine of :mod:`ampsafe.core.scale` in a few tensor ops (same float32/float64 rounding)."""
-        p, s = self._core.policy, self._scale
-        if self._lag == 0:
-            core = self._core
-            self._dev = {
-                "growth": torch.full((), core.growth_tracker, dtype=torch.int32, device=s.device),
-                "overflow": torch.full((), core.overflow_tracker, dtype=torch.int32, device=s.device),
-                "counts": torch.zeros(2, dtype=torch.int64, device=s.device),
-                "last_clean": torch.full((), core.last_clean_scale, dtype=torch.float32, device=s.device),
-            }
-        d = self._dev
-        found = found.to(s.device)
-        inf = found > 0
-        d["counts"] += torch.stack([inf, inf & (s <= p.min_scale) if p.min_scale > 0 else torch.zeros_like(inf)])
-        d["last_clean"] = torch.where(inf, d["last_clean"], s)
-        self._lag += 1
-        if p.hysteresis == 1:  # torch's fused kernel, then the floor and cap: max(s*b, min), min(s*g, max)
-            torch._amp_update_scale_(s, d["growth"], found, p.growth_factor, p.backoff_factor, p.growth_interval)
-            s.clamp_(p.min_scale, p.max_scale)
-            return
-        overflow = torch.where(inf, d["overflow"] + 1, 0)
-        back = inf & (overflow >= p.hysteresis)
-        d["overflow"] = torch.where(back, 0, overflow)
-        growth = torch.where(inf, 0, d["growth"] + 1)
-        grow = ~inf & (growth >= p.growth_interval)
-        d["growth"] = torch.where(grow, 0, growth)
-        backed = (s.double() * p.backoff_factor).float().clamp_min(p.min_scale)
-        grown = (s.double() * p.growth_factor).float()
-        grown = torch.where(torch.isfinite(grown), grown.clamp_max(p.max_scale), s)
-        s.copy_(torch.where(back, backed, torch.where(grow, grown, s)))
-
     def _reconcile(self, extra: Optional[torch.Tensor] = None):
         """Bring device-decided steps into the host state with one sync, reading ``extra`` in the same sync."""
-        if self._lag == 0:
-            return None if extra is None else extra.item()
-        d, s = self._dev, self._scale
-        parts = [s.double(), d["growth"].double(), d["overflow"].double(), *d["counts"].double(), d["last_clean"]]
-        parts = [t.double() for t in parts]
-        if extra is not None:
-            parts.append(extra.to(s.device).double())
-        values = torch.stack(parts).tolist()
-        core, stats = self._core, self._core.stats
-        core.scale = np.float32(values[0])
-        core.growth_tracker, core.overflow_tracker = int(values[1]), int(values[2])
-        skipped, floor_hits = int(values[3]), int(values[4])
-        core.last_clean_scale = values[5]
-        stats.total_steps += self._lag
-        stats.skipped_steps += skipped
-        stats.overflow_steps += skipped
-        stats.floor_hits += floor_hits
-        stats.scale_history.append(float(core.scale))  # one entry for the device-decided stretch
-        self._lag, self._dev = 0, None
-        return values[6] if extra is not None else None
+        return self._device_steps.reconcile(self._core, self._scale, extra)
 
     def _set_scale(self, new_scale, scale: torch.Tensor) -> None:
         if isinstance(new_scale, float):
@@ -516,7 +458,7 @@ class GradScaler(ScalerBase):
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
-        self._lag, self._dev = 0, None
+        self._device_steps.discard()
         self._core.load_state_dict(state_dict)
         if self._scale is not None:
             self._scale.fill_(float(self._core.scale))
