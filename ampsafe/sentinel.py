@@ -23,10 +23,10 @@ headroom left. When the block exits, successfully or not, no hook is left on the
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
-from ._framework import framework_of, unwrap
+from ._framework import backend_of, unwrap
+from .scanner import scan
 
 __all__ = ["watch"]
 
@@ -52,8 +52,7 @@ def watch(
     backward checks (with a dynamic loss scale, a float16 gradient overflow is expected now and then).
     """
     inner = unwrap(model)
-    adapter = importlib.import_module(f"ampsafe.{framework_of(inner)}.watch")
-    return adapter.Watch(
+    return backend_of(inner).watch(
         inner,
         on_nonfinite=on_nonfinite,
         guard=guard,
@@ -61,4 +60,5 @@ def watch(
         margin_bits=margin_bits,
         callback=callback,
         backward=backward,
+        scan=scan,  # the monitor's paths; passed in so that core never imports the front end
     )

@@ -28,6 +28,7 @@ __all__ = [
     "tensor_stats",
     "first_nonfinite_row",
     "nonfinite_error",
+    "rerun_failure",
     "HeadroomWarning",
     "headroom_warnings",
 ]
@@ -36,7 +37,7 @@ log = logging.getLogger("ampsafe.watch")
 
 OVERFLOW, NUMERICAL, INPUT = "overflow", "numerical", "input"
 PARAMETER = "parameter"  # a weight or buffer was already non-finite (a previous step's update went bad)
-UNKNOWN = "unknown"  # the guard saw a non-finite loss/gradient and had nothing to replay
+UNKNOWN = "unknown"  # not measured: the guard had nothing to replay, or the op's float32 re-run failed
 LOW_PRECISION_DTYPES = ("float16", "bfloat16")
 
 # Ops that only move or re-view data: when their input was already non-finite they are not the origin;
@@ -48,15 +49,20 @@ MOVEMENT_OPS = frozenset(
 )
 
 
-def verdict(low_precision: bool, inputs_finite: bool, rerun_finite: bool | None, *, from_param=False) -> str:
+def verdict(
+    low_precision: bool, inputs_finite: bool, rerun_finite: bool | None, *, from_param=False, rerun_failed=False
+) -> str:
     """The kind of a non-finite origin.
 
     ``inputs_finite``: the op's inputs were all finite; otherwise the bad value came from outside any op
     (the data, or a parameter when ``from_param``). ``rerun_finite``: the op re-run in float32 on the same
-    (upcast) inputs gave finite outputs (None: not re-run, the op already ran in float32).
+    (upcast) inputs gave finite outputs (None: not re-run, the op already ran in float32). ``rerun_failed``:
+    the float32 re-run raised, so float32 was never checked and the kind is :data:`UNKNOWN`.
     """
     if not inputs_finite:
         return PARAMETER if from_param else INPUT
+    if low_precision and rerun_failed:
+        return UNKNOWN
     if low_precision and rerun_finite:
         return OVERFLOW
     return NUMERICAL
@@ -106,6 +112,37 @@ _ADVICE = {
     UNKNOWN: "pass replay= to check() so the guard can re-run the batch with full hooks and name the op",
 }
 
+# NUMERICAL says "float32 too" only where float32 ran; these say what was measured instead
+_NUMERICAL_BACKWARD = (
+    "its gradient went non-finite although it ran in float32: a numerical error in the backward (a log, sqrt "
+    "or division of a bad value); guard the op's input (clamp, eps)"
+)
+_NAN_LOW_BACKWARD = (
+    "its low-precision gradient went non-finite, and not as a plain overflow (a NaN, or non-finite gradients "
+    "came in); float32 was not tried on the backward, so overflow vs numerical error is not established: "
+    "check the forward under ampsafe.watch first (a forward overflow poisons every gradient after it)"
+)
+
+
+def _advice(phase: str, kind: str, dtype: str, reason: str) -> str:
+    """What the error can honestly say: ``reason`` (what was not measured, and why) wins."""
+    if reason:
+        return reason
+    if phase == "backward" and kind == OVERFLOW:
+        return _BACKWARD_OVERFLOW
+    if phase == "backward" and kind == NUMERICAL:
+        return _NAN_LOW_BACKWARD if dtype.startswith(LOW_PRECISION_DTYPES) else _NUMERICAL_BACKWARD
+    return _ADVICE.get(kind, "")
+
+
+def rerun_failure(exc: BaseException) -> str:
+    """The reason of an :data:`UNKNOWN` verdict when an op's float32 re-run raised."""
+    return (
+        f"its float32 re-run failed ({type(exc).__name__}: {exc}), so whether float32 overflows too was not "
+        "measured: neither overflow nor numerical error is established. Re-run the op in float32 by hand, or "
+        "keep its path in float32 (ampsafe.patch) and see whether the non-finite value goes away"
+    )
+
 
 _BACKWARD_OVERFLOW = (
     "finite gradients came in and its low-precision gradient overflowed (inf): with a dynamic loss scale the "
@@ -125,9 +162,16 @@ def nonfinite_error(
     dtype: str = "",
     where: str = "",
     step: int | None = None,
+    reason: str = "",
 ) -> NonFiniteError:
-    """Build the :class:`NonFiniteError` for an origin, with a message that says what to do."""
-    stats = stats or {}
+    """Build the :class:`NonFiniteError` for an origin, with a message that says what to do.
+
+    ``reason``: why the kind is what it is when the usual advice would claim something not measured (an
+    :data:`UNKNOWN` verdict); it replaces the advice and is kept as ``stats["reason"]``.
+    """
+    stats = dict(stats or {})
+    if reason:
+        stats["reason"] = reason
     who = f"{module or '<root>'}:{op}"
     parts = [f"first non-finite value of the {phase} pass comes from {who}"]
     if dtype:
@@ -138,8 +182,7 @@ def nonfinite_error(
         parts.append(f"in sample {sample}")
     if where:
         parts.append(f"[{where}]")
-    advice = _BACKWARD_OVERFLOW if (phase == "backward" and kind == OVERFLOW) else _ADVICE.get(kind, "")
-    msg = " ".join(parts) + f": kind={kind!r}: {advice}."
+    msg = " ".join(parts) + f": kind={kind!r}: {_advice(phase, kind, dtype, reason)}."
     ins, outs = stats.get("inputs", []), stats.get("outputs", [])
     if ins or outs:
         msg += " " + _stats_line("inputs", ins) + "; " + _stats_line("outputs", outs) + "."
@@ -197,12 +240,3 @@ def headroom_warnings(
         )
         out.append(HeadroomWarning(step, start, tuple(layers), float(amax), float(bits), float(margin_bits), msg))
     return out
-
-
-def __getattr__(name: str):
-    # WatchBase moved to ampsafe.core.watcher (it imports this module, so it is loaded lazily here)
-    if name == "WatchBase":
-        from .watcher import WatchBase
-
-        return WatchBase
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

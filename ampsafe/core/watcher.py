@@ -17,18 +17,9 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, NonFiniteError
-from .sentinel import (
-    INPUT,
-    PARAMETER,
-    UNKNOWN,
-    HeadroomWarning,
-    first_nonfinite_row,
-    headroom_warnings,
-    log,
-    nonfinite_error,
-    tensor_stats,
-    verdict,
-)
+from .sentinel import INPUT, PARAMETER, UNKNOWN, first_nonfinite_row, log, nonfinite_error, tensor_stats, verdict
+from .watch_guard import Guard
+from .watch_monitor import Monitor
 
 __all__ = ["TensorOps", "float_tensors", "map_nested", "WatchPass", "WatchBase"]
 
@@ -121,7 +112,7 @@ class WatchPass:
 
 # ------------------------------------------------------------------------------------------- the watch object
 @dataclass
-class WatchBase:
+class WatchBase(Guard, Monitor):
     """State and logic shared by the torch and paddle watchers: root-forward bookkeeping, the input scan, the
     origin report, the guard (check / replay), the headroom monitor, raise-or-record.
 
@@ -138,6 +129,7 @@ class WatchBase:
     margin_bits: float = 4.0
     callback: Callable | None = None
     backward: bool = True
+    scan: Callable | None = None  # scan(model, example_inputs, margin_bits=) -> ScanReport, for the monitor
     events: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     step_count: int = 0
@@ -181,23 +173,6 @@ class WatchBase:
             self.callback(error)
         if self.on_nonfinite == "raise":
             raise error
-
-    def emit_headroom(self, path_amax: dict, step: int) -> list[HeadroomWarning]:
-        found = headroom_warnings(path_amax, margin_bits=self.margin_bits, step=step, already=self._warned)
-        for w in found:
-            self.warnings.append(w)
-            log.warning("%s", w.message)
-            if self.callback is not None:
-                self.callback(w)
-        return found
-
-    def monitored(self, step: int) -> bool:
-        """Whether forward number ``step`` (0-based) is a monitored step (0, N, 2N, ...)."""
-        return self.monitor_every is not None and step % self.monitor_every == 0
-
-    def step(self, loss=None, *, replay=None, grads: bool = True) -> bool:
-        """Alias of ``check``: the per-step hook of a training loop."""
-        return self.check(loss, replay=replay, grads=grads)
 
     @property
     def last_event(self):
@@ -336,13 +311,27 @@ class WatchBase:
 
     # -- forward origin
     def _report_origin(
-        self, *, module: str, op: str, inputs: list, input_ok: list, outputs: list, low: bool, rerun_finite, dtype: str
+        self,
+        *,
+        module: str,
+        op: str,
+        inputs: list,
+        input_ok: list,
+        outputs: list,
+        low: bool,
+        rerun_finite,
+        dtype: str,
+        rerun_error: str = "",
     ) -> None:
-        """Report the op whose outputs went non-finite: its verdict, the sample, the stats."""
+        """Report the op whose outputs went non-finite: its verdict, the sample, the stats.
+
+        ``rerun_error``: why the float32 re-run could not run (:func:`~ampsafe.core.sentinel.rerun_failure`);
+        the kind is then ``"unknown"`` and the message says so instead of guessing.
+        """
         p, ops = self._pass, self.ops
         bad_in = [t for t, ok in zip(inputs, input_ok) if not ok]
         from_param = any(ops.key(t) in self._param_keys for t in bad_in)
-        kind = verdict(low, all(input_ok), rerun_finite, from_param=from_param)
+        kind = verdict(low, all(input_ok), rerun_finite, from_param=from_param, rerun_failed=bool(rerun_error))
         where, sample = self._origin_where(kind, bad_in)
         if sample is None and kind != PARAMETER:
             bad_out = next(t for t in outputs if not ops.finite(t))
@@ -362,6 +351,7 @@ class WatchBase:
             dtype=dtype,
             where=where,
             step=p.step,
+            reason=rerun_error if kind == UNKNOWN else "",
         )
         p.forward_event = err
         self.report(err)
@@ -379,125 +369,6 @@ class WatchBase:
         elif kind == PARAMETER:
             where = ", ".join(sorted({self._param_keys[key(t)] for t in bad_in if key(t) in self._param_keys}))
         return where, sample
-
-    # -- guard
-    def check(self, loss=None, *, replay=None, grads: bool = True) -> bool:
-        """True when the loss and every gradient are finite (one fused host sync); else localize and report.
-
-        Call it after ``backward()`` (after ``scaler.unscale_`` with a GradScaler, or with ``grads=False``).
-        ``replay()``: recomputes the same loss (forward + loss, no backward); on a hit the step's RNG and
-        buffers are restored, it runs with full hooks (and its backward too, when the loss was finite), the
-        gradients are put back and the buffers reset to before the bad step. Returns False when the step
-        must be skipped (``on_nonfinite="record"``); raises with ``"raise"``.
-        """
-        snap, self._snapshot = self._snapshot, None
-        self.step_count += 1
-        if self._guard_finite(loss, grads):
-            return True
-        loss_bad = loss is not None and not all(self.ops.finite(v) for v in self._float_tensors(loss))
-        before = len(self.events)
-        if replay is not None and snap is not None:
-            self._replay(replay, snap, run_backward=not loss_bad)
-        if len(self.events) == before:
-            what = "the loss" if loss_bad else self._grad_what
-            err = nonfinite_error(
-                phase="forward" if loss_bad else "backward",
-                module="<loss>" if loss_bad else "",
-                op="loss" if loss_bad else "grad_norm",
-                kind=UNKNOWN,
-                where=f"guard: {what} is non-finite"
-                + ("; the replay did not reproduce it" if replay is not None else ""),
-                step=self.step_count - 1,
-            )
-            self.report(err)
-        return False
-
-    def _replay(self, replay, snap: dict, *, run_backward: bool) -> None:
-        """Re-run the bad step from its snapshot with full hooks; the gradients and buffers end as they were."""
-        restore_grads = self._stash_grads()
-        self._restore_snapshot(snap)
-        self._replaying = True
-        self._install_full()
-        try:
-            loss = replay()
-            if run_backward and self.backward and self._runs_backward(loss):
-                if not (self._pass and self._pass.done):
-                    loss.backward()
-        finally:
-            self._remove_full()
-            self._replaying = False
-            restore_grads()
-            self._restore_snapshot({**snap, "rng": self._rng_state()})
-
-    # -- headroom monitor
-    def _find_paths(self, args, kwargs) -> list[tuple[str, tuple]]:
-        """Unnormalized paths (start, layers) from ``ampsafe.scan`` on this step's inputs (state restored)."""
-        snap = self._take_snapshot()
-        self._suspended += 1
-        try:
-            from ..scanner import scan  # lazily: it dispatches to the model's framework
-
-            example = dict(kwargs) if kwargs and not args else tuple(args)
-            if kwargs and args and self._signature is not None:
-                example = dict(self._signature.bind(*args, **kwargs).arguments)
-            report = scan(self.model, example, margin_bits=self.margin_bits)
-            paths = [(p.start, tuple(p.layers)) for p in report.paths if not p.normalized]
-        except Exception as exc:  # noqa: BLE001 - no scan: watch every conv/linear output instead
-            log.warning("ampsafe.watch: scan unavailable (%s); monitoring every conv/linear output", exc)
-            paths = self._fallback_paths()
-        finally:
-            self._suspended -= 1
-            self._restore_snapshot(snap)
-        return paths
-
-    def _monitor_begin(self, args, kwargs, step: int) -> None:
-        if self._paths is None:
-            self._paths = self._find_paths(args, kwargs)
-        layers = self._layers()
-        wanted = {x for _, path in self._paths for x in path if x in layers}
-        self._monitor_amax = {}
-        self._monitor_step = step
-        for name in wanted:
-            self._monitor_handles.append(self._post_hook(layers[name], self._amax_hook(name)))
-
-    def _amax_hook(self, name: str):
-        def hook(layer, inputs, outputs):
-            floats = self._float_tensors(outputs)
-            if not floats or self._suspended:
-                return None
-            self._suspended += 1
-            try:
-                with self.ops.no_grad():
-                    amax = self.ops.amax(floats)
-                    prev = self._monitor_amax.get(name)
-                    self._monitor_amax[name] = amax if prev is None else self.ops.maximum(prev, amax)
-            finally:
-                self._suspended -= 1
-            return None
-
-        return hook
-
-    def _monitor_detach(self) -> None:
-        for h in self._monitor_handles:
-            h.remove()
-        self._monitor_handles = []
-
-    def _monitor_end(self) -> None:
-        if self._monitor_step is None:
-            return
-        step, self._monitor_step = self._monitor_step, None
-        self._monitor_detach()
-        if not self._monitor_amax:
-            return
-        names = list(self._monitor_amax)
-        amax = dict(zip(names, self.ops.to_floats([self._monitor_amax[n] for n in names])))  # one host sync
-        path_amax = {}
-        for start, layers in self._paths or []:
-            seen = [amax[x] for x in layers if x in amax]
-            if seen:
-                path_amax[start] = (layers, max(seen))
-        self.last_headroom = {s: v[1] for s, v in path_amax.items()}
-        self.emit_headroom(path_amax, step)
 
     # -- what adapters supply (see the class docstring)
     def _root_handles(self) -> list:  # pragma: no cover - adapters

@@ -18,6 +18,7 @@ from paddle import nn
 
 from ..policies._swap import SwapMixin
 from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
+from .backend import BACKEND
 
 __all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "PaddlePatcher"]
 
@@ -113,23 +114,12 @@ class PaddlePatcher(PatcherBase):
         return type(model).__name__ == "DataParallel" and hasattr(model, "_layers")
 
     def save_buffers(self, model):
-        """A function that puts every buffer and non-trainable statistic (BatchNorm ``_mean``/``_variance``)
-        of ``model`` back to its current value."""
-        tensors = list(model.buffers()) + [p for p in model.parameters() if p.stop_gradient]
-        saved = [(t, t.clone()) for t in tensors]
-
-        def restore():
-            with paddle.no_grad():
-                for t, v in saved:
-                    t.set_value(v)
-
-        return restore
+        """A function that puts every buffer and statistic (BatchNorm ``_mean``/``_variance``) of ``model`` back
+        to its current value (``PaddleBackend.snapshot``: one rule for what a forward may move)."""
+        return BACKEND.snapshot(model)
 
     def optimizer_params(self, optimizer):
-        params = list(optimizer._parameter_list or [])
-        if params and isinstance(params[0], dict):
-            params = [p for group in params for p in group["params"]]
-        return params
+        return BACKEND.optimizer_params(optimizer)
 
     def new_batch_norm(self, conv) -> nn.Layer:
         """A fresh ``BatchNorm{1,2,3}D`` for the conv's output (its data format), in its train mode."""

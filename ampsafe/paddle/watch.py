@@ -25,6 +25,7 @@ from ..core.sentinel import MOVEMENT_OPS
 from ..core.watcher import TensorOps, WatchBase, WatchPass, float_tensors, map_nested
 from ..errors import NonFiniteError
 from . import intercept
+from .backend import BACKEND
 
 __all__ = ["Watch"]
 
@@ -220,7 +221,7 @@ class Watch(WatchBase):
             return  # a view or copy of bad data: the first op computing with it is reported
         emulators = _emulators()
         low = any(t.dtype in _LOW for t in inputs + outputs) or any(e.is_fp16(t) for e in emulators for t in outputs)
-        rerun_finite = self._rerun(func, args, kwargs) if inputs_finite and low else None
+        rerun_finite, rerun_error = self._rerun(func, args, kwargs) if inputs_finite and low else (None, "")
         dtype = "float16 (emulated)" if low and emulators else str(outputs[0].dtype).replace("paddle.", "")
         self._report_origin(
             module=module,
@@ -231,6 +232,7 @@ class Watch(WatchBase):
             low=low,
             rerun_finite=rerun_finite,
             dtype=dtype,
+            rerun_error=rerun_error,
         )
 
     def _origin_where(self, kind: str, bad_in: list) -> tuple[str, int | None]:
@@ -243,8 +245,9 @@ class Watch(WatchBase):
             where = ", ".join(sorted(self._param_keys[id(t)] for t in bad_in if id(t) in self._param_keys))
         return where, sample
 
-    def _rerun(self, func, args, kwargs) -> bool | None:
-        """Finite outputs when ``func`` re-runs in float32 (an FP32 region: no emulator rounding)?"""
+    def _rerun(self, func, args, kwargs) -> tuple[bool | None, str]:
+        """(finite outputs when ``func`` re-runs in float32, an FP32 region with no emulator rounding?; why the
+        re-run could not run, or "")."""
         try:
             with intercept.fp32_region(), paddle.no_grad(), paddle.amp.auto_cast(enable=False):
                 self._suspended += 1
@@ -252,10 +255,10 @@ class Watch(WatchBase):
                     out = func(*_upcast(tuple(args)), **_upcast(dict(kwargs)))
                 finally:
                     self._suspended -= 1
-        except Exception as exc:  # noqa: BLE001 - no verdict from a rerun that fails
+        except Exception as exc:  # noqa: BLE001 - a rerun that fails: the verdict says "unknown"
             log.debug("float32 re-run failed: %s", exc)
-            return None
-        return all(_finite(t) for t in _float_tensors(out))
+            return None, core.rerun_failure(exc)
+        return all(_finite(t) for t in _float_tensors(out)), ""
 
     # ------------------------------------------------------------------------------------------ backward
     def _hook_outputs(self, op: str, module: str, floats: list) -> None:
@@ -342,15 +345,12 @@ class Watch(WatchBase):
 
     # ------------------------------------------------------------------------------------------ guard
     def _take_snapshot(self) -> dict:
-        # BatchNorm's running statistics are non-trainable parameters in Paddle, not buffers
-        frozen = [p for p in self.model.parameters() if p.stop_gradient]
-        buffers = [b for b in self.model.buffers() if b is not None] + frozen
-        return {"rng": paddle.get_rng_state(), "buffers": buffers, "copies": [b.clone() for b in buffers]}
+        # BatchNorm's running statistics are non-trainable parameters in Paddle: PaddleBackend's one rule
+        return {"rng": paddle.get_rng_state(), "state": BACKEND.snapshot(self.model)}
 
     def _restore_snapshot(self, snap: dict) -> None:
         paddle.set_rng_state(snap["rng"])
-        for buf, copy in zip(snap["buffers"], snap["copies"]):
-            buf.set_value(copy)
+        snap["state"]()
 
     def _rng_state(self):
         return paddle.get_rng_state()

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..policies._swap import SwapMixin
 from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
+from .backend import BACKEND
 
 __all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "TorchPatcher"]
 
@@ -108,18 +109,11 @@ class TorchPatcher(PatcherBase):
         return isinstance(model, nn.parallel.DistributedDataParallel)
 
     def save_buffers(self, model):
-        """A function that puts every buffer of ``model`` back to its current value."""
-        saved = [(b, b.detach().clone()) for b in model.buffers()]
-
-        def restore():
-            with torch.no_grad():
-                for b, v in saved:
-                    b.copy_(v)
-
-        return restore
+        """A function that puts every buffer of ``model`` back to its current value (``TorchBackend.snapshot``)."""
+        return BACKEND.snapshot(model)
 
     def optimizer_params(self, optimizer):
-        return [p for group in optimizer.param_groups for p in group["params"]]
+        return BACKEND.optimizer_params(optimizer)
 
     def new_batch_norm(self, conv) -> nn.Module:
         """A fresh ``BatchNorm{1,2,3}d`` for the conv's output, on its device and dtype, in its train mode."""

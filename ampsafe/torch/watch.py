@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 from ..core import sentinel as core
 from ..core.sentinel import MOVEMENT_OPS
 from ..core.watcher import TensorOps, WatchBase, WatchPass, float_tensors, map_nested
+from .backend import BACKEND
 from .modstack import current_module, module_stack
 
 __all__ = ["Watch", "op_name"]
@@ -223,7 +224,7 @@ class Watch(WatchBase):
                 p.pending = (module, name)
             return  # a view or copy of bad data: the first op computing with it is reported
         low = any(t.dtype in _LOW for t in inputs + outputs)
-        rerun_finite = self._rerun(func, args, kwargs, pre) if inputs_finite and low else None
+        rerun_finite, rerun_error = self._rerun(func, args, kwargs, pre) if inputs_finite and low else (None, "")
         dtype = str(outputs[0].dtype).replace("torch.", "")
         self._report_origin(
             module=module,
@@ -234,12 +235,14 @@ class Watch(WatchBase):
             low=low,
             rerun_finite=rerun_finite,
             dtype=dtype,
+            rerun_error=rerun_error,
         )
 
-    def _rerun(self, func, args, kwargs, pre) -> bool | None:
-        """Whether ``func`` gives finite outputs in float32 on the same (upcast) inputs, autocast off."""
+    def _rerun(self, func, args, kwargs, pre) -> tuple[bool | None, str]:
+        """(whether ``func`` gives finite outputs in float32 on the same (upcast) inputs, autocast off; why the
+        re-run could not run, or "")."""
         if op_name(func)[0] in ("half", "bfloat16"):  # a cast *to* low precision: float32 keeps finite values
-            return True
+            return True, ""
         if pre is not None and pre[1] is not None:
             args = (pre[1], *args[1:])
         up_args, up_kwargs = _upcast(tuple(args)), _upcast(dict(kwargs))
@@ -254,11 +257,11 @@ class Watch(WatchBase):
                     out = func(*up_args, **up_kwargs)
                 finally:
                     self._suspended -= 1
-        except Exception as exc:  # noqa: BLE001 - an op that refuses float32 inputs: no verdict from the rerun
+        except Exception as exc:  # noqa: BLE001 - an op that refuses float32 inputs: the verdict says "unknown"
             log.debug("float32 re-run of %s failed: %s", func, exc)
-            return None
+            return None, core.rerun_failure(exc)
         floats = _float_tensors(up_args[0] if out is None and up_args else out)
-        return all(_finite(t) for t in floats)
+        return all(_finite(t) for t in floats), ""
 
     # ------------------------------------------------------------------------------------------ backward
     def _hook_nodes(self, name: str, floats: list) -> None:
@@ -317,8 +320,7 @@ class Watch(WatchBase):
 
     # ------------------------------------------------------------------------------------------ guard
     def _take_snapshot(self) -> dict:
-        buffers = [b for b in self.model.buffers()]
-        snap = {"rng": torch.get_rng_state(), "buffers": buffers, "copies": [b.clone() for b in buffers]}
+        snap = {"rng": torch.get_rng_state(), "state": BACKEND.snapshot(self.model)}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             snap["cuda_rng"] = torch.cuda.get_rng_state_all()
         return snap
@@ -327,9 +329,7 @@ class Watch(WatchBase):
         torch.set_rng_state(snap["rng"])
         if "cuda_rng" in snap:
             torch.cuda.set_rng_state_all(snap["cuda_rng"])
-        with torch.no_grad():
-            if snap["buffers"]:
-                torch._foreach_copy_(snap["buffers"], snap["copies"])
+        snap["state"]()
 
     def _rng_state(self):
         return torch.get_rng_state()

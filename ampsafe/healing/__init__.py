@@ -1,0 +1,28 @@
+"""Self-healing AMP: at the loss-scale floor, find the paths that overflow, make them FP32 islands, go on.
+
+    scaler = ampsafe.torch.GradScaler(min_scale=1.0, on_floor="heal")   # or ampsafe.paddle.GradScaler
+    ampsafe.heal(model, scaler=scaler)                                   # attach: heals at the floor
+    ...                                                                  # the usual training loop
+
+    ampsafe.heal(model, scaler=scaler, patience=2)                       # or: after 2 overflowing steps in a row
+    paths = ampsafe.heal(model, lambda: (images,))                       # custom loops: heal now, on this batch
+
+At a heal the last batch (kept by a forward pre-hook) is replayed: non-finite inputs -> error naming the sample;
+non-finite output (or ``loss_fn`` loss) in float32 -> error (a numerical failure); else ``scan`` finds the paths
+within ``margin_bits`` of 65504, ``patch(policy="island", paths=...)`` islands them, running statistics that
+the overflowing forwards poisoned are reset, and the scaler restarts from the scale before the collapse.
+
+Why it can work: islands keep parameter identity, so the optimizer and its state go on untouched; only the
+overflowing paths pay for float32. Why it gives up: an overflow that is not in the model (non-finite data) or
+that float32 has too (a numerical error) is not a precision problem, and more islands would hide it.
+Distributed (torch.distributed / paddle.distributed initialized): verdicts are all-gathered, every rank raises
+the same error or islands the union of the paths found on any rank.
+"""
+
+from __future__ import annotations
+
+from .attach import heal
+from .evidence import nonfinite_sample, restore_scale
+from .healer import Healer
+
+__all__ = ["heal", "Healer", "nonfinite_sample", "restore_scale"]

@@ -1,0 +1,204 @@
+"""The healer a scaler calls at the loss-scale floor: replay the last batch, decide, island what overflows.
+
+Why a class of its own: it holds the only state of a heal (the last inputs, the heals so far) and makes every
+decision collectively (verdicts all-gathered through the model's Backend), so all ranks raise the same error
+or island the same union of paths. The facts it decides on come from :mod:`ampsafe.healing.evidence`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Optional
+
+from .._framework import backend_of, unwrap
+from ..core.report import RiskPath
+from ..core.scale import HealPlan
+from ..errors import ConfigError, LossScaleFloorError
+from .evidence import float32_replay, nonfinite_sample, repair_running_stats, restore_scale
+
+__all__ = ["Healer"]
+
+log = logging.getLogger("ampsafe.heal")
+
+
+class Healer:
+    """A scaler's ``heal_hook``: remembers the model's last inputs and islands what overflows on them.
+
+    ``margin_bits``: a path is healed when its float32 abs-max comes within this many bits of 65504 on the
+    replayed batch (1 bit: above 32752), so it does not overflow again on the next, slightly larger batch.
+    ``max_heals``: give up with :class:`LossScaleFloorError` after that many heals. ``loss_fn(output)``:
+    optional; lets the float32 check look at the loss and the search find paths whose *gradients* overflow.
+
+    Every check is collective: each rank replays its own last batch, the verdicts are all-gathered, and every
+    rank raises the same error or patches the same union of paths, so the replicas stay identical.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        level: str = "O1",
+        target: str = "cuda",
+        margin_bits: float = 1.0,
+        max_heals: int = 3,
+        loss_fn: Optional[Callable] = None,
+    ):
+        if not isinstance(max_heals, int) or max_heals < 0:
+            raise ConfigError(f"max_heals must be an int >= 0, got {max_heals!r}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise ConfigError("loss_fn must be callable: loss_fn(output) -> scalar tensor")
+        self.model = unwrap(model)
+        self.backend = backend_of(self.model)
+        self.framework = self.backend.name
+        self.level, self.target, self.margin_bits = level, target, margin_bits
+        self.max_heals, self.loss_fn = max_heals, loss_fn
+        self.heals: list[dict] = []
+        self.last_inputs: Any = None
+        self._handle = self._remember_inputs()
+
+    def _remember_inputs(self):
+        def keep(args, kwargs):
+            self.last_inputs = dict(kwargs) if kwargs and not args else tuple(args)
+
+        return self.backend.forward_pre_hook(self.model, keep)
+
+    def detach(self) -> None:
+        """Stop remembering inputs (the hook is removed)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def find(self, inputs, loss_scale: Optional[float] = None) -> list[RiskPath]:
+        """The unprotected paths that overflow (or come within ``margin_bits`` of it) on ``inputs``.
+
+        With ``loss_fn`` and nothing near the edge in the forward, the backward at ``loss_scale`` is searched too.
+        """
+        from ..scanner import scan
+
+        report = scan(self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits)
+        found = [p for p in report.paths if p.risky and not p.protected]
+        if not found and self.loss_fn is not None and loss_scale:
+            report = scan(
+                self.model,
+                inputs,
+                level=self.level,
+                target=self.target,
+                margin_bits=self.margin_bits,
+                loss_fn=self.loss_fn,
+                loss_scale=loss_scale,
+            )
+            found = [p for p in report.paths if p.overflows_in and not p.protected]
+        return found
+
+    def _local_verdict(self, loss_scale: Optional[float]) -> tuple[str, Any]:
+        """("data", (input, sample)) | ("float32", what) | ("paths", {start: amax}) for this rank's last batch."""
+        if self.last_inputs is None:
+            return "nothing", None
+        bad = nonfinite_sample(self.last_inputs, self.backend)
+        if bad is not None:
+            return "data", bad
+        what = float32_replay(self.backend, self.model, self.last_inputs, self.loss_fn)
+        if what is not None:
+            return "float32", what
+        found = self.find(self.last_inputs, loss_scale)
+        return "paths", {p.start: p for p in found}
+
+    def __call__(self, scaler=None, info=None, *, off_floor: bool = False) -> Optional[HealPlan]:
+        """Heal on the last batch (the scaler's hook). ``off_floor=True`` (a streak of overflows above the floor):
+        heal only when the replayed forward pass overflows, else return ``None`` (also when no heals are left),
+        so the scaler goes on backing off: a backward-only overflow is what loss scaling is for."""
+        step = getattr(info, "step", len(self.heals))
+        history = getattr(info, "scale_history", ())
+        err = {"offenders": getattr(info, "offenders", ()), "scale_history": history}
+        if off_floor and len(self.heals) >= self.max_heals:
+            return None
+        if len(self.heals) >= self.max_heals:
+            raise LossScaleFloorError(
+                f"gave up after {len(self.heals)} heals (max_heals={self.max_heals}); the overflow persists. Healed "
+                f"so far: {[h['paths'] for h in self.heals]}. See ampsafe.scan(model, inputs).to_markdown().",
+                **err,
+            )
+        floor = float(history[-1]) if history else None
+        verdicts = self.backend.all_gather(self._local_verdict(floor))  # every rank decides alike
+        many = len(verdicts) > 1
+        where = (lambda r: f"rank {r}: ") if many else (lambda r: "")
+        if all(kind == "nothing" for kind, _ in verdicts):
+            raise LossScaleFloorError(
+                "ampsafe.heal has no batch to replay: the model has not run a forward since the healer was attached",
+                **err,
+            )
+        for rank, (kind, detail) in enumerate(verdicts):
+            if kind == "data":
+                raise LossScaleFloorError(
+                    f"not healed: the overflow is not in the model: {where(rank)}input {detail[0]} of the batch of "
+                    f"step {step} is non-finite at sample {detail[1]}. Fix the data (ampsafe.check_targets / ampsafe.watch "
+                    "name such samples).",
+                    **err,
+                )
+        for rank, (kind, detail) in enumerate(verdicts):
+            if kind == "float32":
+                raise LossScaleFloorError(
+                    f"not healed: {where(rank)}{detail} is non-finite in float32 too on the replayed batch: a "
+                    "numerical error (log/sqrt/division of a bad value, a diverging learning rate), not a float16 "
+                    "range problem, so FP32 islands would not fix it. Run the step under ampsafe.watch(model) "
+                    "to name the op.",
+                    **err,
+                )
+        by_start: dict[str, RiskPath] = {}
+        for kind, detail in verdicts:
+            if kind == "paths":
+                for start, path in detail.items():
+                    old = by_start.get(start)
+                    if old is None or _amax(path) > _amax(old):
+                        by_start[start] = path
+        names = sorted(by_start)
+        amax = {n: by_start[n].amax for n in names}
+        if off_floor and not any(by_start[n].overflows_in == "forward" for n in names):
+            # near the edge is not over it: this streak is a backward overflow, which a smaller scale fixes
+            log.info("ampsafe heal at step %s: the forward pass is in range; the scaler backs off", step)
+            return None
+        if not names:
+            raise LossScaleFloorError(
+                "not healed: the replayed batch is finite in float32 and nothing in the model comes within "
+                f"{self.margin_bits:g} bits of float16's max on it (on any rank); the non-finite values come from "
+                "elsewhere (the loss, a custom op, the optimizer). Run the step under ampsafe.watch(model) to name "
+                "the op.",
+                **err,
+            )
+        from ..patching import patch
+
+        result = patch(self.model, policy="island", level=self.level, paths=[by_start[n] for n in names])
+        reset = repair_running_stats(self.backend, self.model)
+        restored = restore_scale(history)
+        record = {
+            "step": step,
+            "paths": names,
+            "patched": list(result.patched),
+            "amax": amax,
+            "scale": restored,
+            "reset_running_stats": reset,
+        }
+        self.heals.append(record)
+        log.warning(
+            "ampsafe heal at step %s: islanded %d paths (%s), max amax %s; scale restored to %s%s",
+            step,
+            len(names),
+            ", ".join(names),
+            _fmt_max(amax),
+            restored,
+            f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
+        )
+        return HealPlan(tuple(result.patched) or tuple(names), restored)
+
+
+def _amax(path: RiskPath) -> float:
+    return -1.0 if path.amax is None or math.isnan(path.amax) else float(path.amax)
+
+
+def _fmt_max(amax: dict) -> str:
+    vals = [v for v in amax.values() if v is not None]
+    if not vals:
+        return "-"
+    m = max(vals)
+    return "inf" if math.isinf(m) else f"{m:.3g}"
