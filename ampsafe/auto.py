@@ -239,21 +239,16 @@ def _arm_watch(scaler) -> None:
 
 
 def _find_model(scaler):
-    import gc
-
+    """The model being trained: the scaler's own, else the live root module with the most parameters."""
     model = getattr(scaler, "_model", None)
     if model is not None:
         return model
-    kinds = tuple(
-        t for t in (getattr(sys.modules.get("torch"), "nn", None), getattr(sys.modules.get("paddle"), "nn", None)) if t
-    )
-    bases = tuple(b for b in (getattr(k, "Module", None) or getattr(k, "Layer", None) for k in kinds) if b)
-    if not bases:
-        return None
-    modules = [o for o in gc.get_objects() if isinstance(o, bases)]
-    children = {id(c) for m in modules for c in (m.children() if hasattr(m, "children") else ())}
-    roots = [m for m in modules if id(m) not in children]
-    return max(roots, key=lambda m: sum(1 for _ in m.parameters()), default=None)
+    from ._framework import imported_backends
+    from .core.backend import live_roots
+
+    roots = [(b, m) for b in imported_backends() for m in live_roots(b)]
+    best = max(roots, key=lambda bm: len(bm[0].parameters(bm[1])), default=None)
+    return best[1] if best is not None else None
 
 
 # --------------------------------------------------------------------------------------------- public

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from .graph import Graph
 
-__all__ = ["Backend", "owner_of"]
+__all__ = ["Backend", "owner_of", "live_roots"]
 
 
 class Backend(Protocol):
@@ -101,7 +101,7 @@ def owner_of(backend: Backend, optimizer, candidates: Iterable | None = None):
     wanted = {id(p) for p in backend.optimizer_params(optimizer)}
     if not wanted:
         return None
-    roots = list(candidates) if candidates is not None else _roots(backend, backend.live_modules())
+    roots = list(candidates) if candidates is not None else live_roots(backend)
 
     def covers(module) -> bool:
         return wanted <= {id(p) for p in backend.parameters(module)}
@@ -117,6 +117,8 @@ def owner_of(backend: Backend, optimizer, candidates: Iterable | None = None):
         best = child
 
 
-def _roots(backend: Backend, modules: list) -> list:
+def live_roots(backend: Backend) -> list:
+    """The live modules of the backend's framework that are no other live module's child."""
+    modules = backend.live_modules()
     inner = {id(c) for m in modules for c in backend.children(m)}
     return [m for m in modules if id(m) not in inner]

@@ -1,0 +1,157 @@
+"""Layering: ``ampsafe.core`` stands on its own (no framework, no front end), and no import cycle exists.
+
+The cycle check reads every ``ampsafe`` module with ``ast`` and follows its *module-level* imports (absolute
+and relative, also inside a module-level ``if``/``try``), which are the ones that run at import time and
+whose cycles break import order. Imports inside functions are left out on purpose: they are how a Backend
+reaches its tracer or watcher lazily (``TorchBackend.trace`` imports ``ampsafe.torch.trace``, which imports
+the backend back), and a cycle through a function body cannot half-initialise a module.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ampsafe
+
+PACKAGE = Path(ampsafe.__file__).parent
+BLOCK_BOTH = textwrap.dedent(
+    """
+    import sys
+    class _Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "paddle"):
+                raise ImportError("blocked for this test: " + name)
+    sys.meta_path.insert(0, _Block())
+    """
+)
+# what core may import from ampsafe besides itself: the exception types (a leaf: stdlib only)
+CORE_MAY_IMPORT = {"ampsafe.errors"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def _module_level(tree: ast.Module):
+    """Import statements that run when the module is imported (not those inside functions or classes)."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            pending += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            for handler in getattr(node, "handlers", []):
+                pending += handler.body
+
+
+def _imports(name: str, path: Path, known: dict) -> set[str]:
+    """The ampsafe modules ``name`` imports at module level."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in _module_level(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+            continue
+        if node.level:
+            base = package.split(".")
+            base = base[: len(base) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        for alias in node.names:
+            sub = f"{target}.{alias.name}"
+            if sub in known:
+                out.add(sub)  # ``from pkg import submodule``
+            elif target in known:
+                out.add(target)
+    out.discard(name)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_every_core_module_imports_with_torch_and_paddle_blocked():
+    core = sorted(n for n in _modules() if n == "ampsafe.core" or n.startswith("ampsafe.core."))
+    body = f"""
+    import importlib, sys
+    for name in {core!r}:
+        importlib.import_module(name)
+    assert not any(m.split(".")[0] in ("torch", "paddle") for m in sys.modules), "a framework was imported"
+    print(len({core!r}))
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCK_BOTH + textwrap.dedent(body)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.split()[-1]) == len(core) >= 10
+
+
+def test_core_imports_nothing_from_the_front_end():
+    graph = _graph()
+    wrong = {
+        name: sorted(t for t in targets if not t.startswith("ampsafe.core") and t not in CORE_MAY_IMPORT)
+        for name, targets in graph.items()
+        if name.startswith("ampsafe.core")
+    }
+    assert not {k: v for k, v in wrong.items() if v}
+
+
+def test_core_has_no_function_level_import_of_the_front_end_either():
+    for name, path in _modules().items():
+        if not name.startswith("ampsafe.core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:
+                assert node.module is None or node.module.split(".")[0] in ("errors", "core"), (name, node.module)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("ampsafe"):
+                assert node.module.startswith("ampsafe.core") or node.module in CORE_MAY_IMPORT, (name, node.module)
+
+
+def test_no_import_cycle_among_ampsafe_modules():
+    graph = _graph()
+    assert len(graph) > 40 and graph["ampsafe.scanner"]  # the parse found the package and its imports
+    assert _find_cycle(graph) is None, " -> ".join(_find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
