@@ -282,6 +282,13 @@ class LossScaleState:
         return record
 
     # -- persistence -------------------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        """A pickled state carries policy, scale, trackers and statistics; not the callbacks (this process's
+        loggers: add them again after loading)."""
+        state = self.__dict__.copy()
+        state["callbacks"] = []
+        return state
+
     def state_dict(self) -> dict:
         p = self.policy
         return {
@@ -442,6 +449,26 @@ class ScalerBase:
             self.apply_heal(decision.step, self.heal_hook(self, info), info)
             return
         raise floor_error(info, policy, "")
+
+    # -- pickling: the state travels, the hooks stay ----------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        """What ``pickle`` (also ``copy.deepcopy``, ``torch.save(scaler)``) carries: the policy, the scale, the
+        trackers and the statistics, never the training loop around them. Left behind (they would drag the model
+        into the pickle, or can't be pickled at all): ``model=``, the step callbacks, ``heal_hook`` and methods
+        wrapped on the instance (``ampsafe.heal(..., patience=)``, ``ampsafe run --watch``). After loading the
+        scaler works; it names parameters from the live modules as without ``model=``. Re-attach what you
+        need: ``add_step_callback(fn)``, ``ampsafe.heal(model, scaler=scaler)``."""
+        state = {
+            name: value
+            for name, value in self.__dict__.items()
+            if not callable(getattr(type(self), name, None))  # an instance-level wrapper of a method
+        }
+        state["_model"] = None
+        state["heal_hook"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def _param_names(self) -> dict[int, str]:  # pragma: no cover - adapters
         raise NotImplementedError

@@ -362,6 +362,29 @@ class GradScaler(ScalerBase):
         self._init_loss_scaling = scale
         self._scale = self._scale_tensor()
 
+    def __getstate__(self) -> dict:
+        """The scale, policy, trackers and statistics; not the model, callbacks or hooks (see
+        :meth:`ScalerBase.__getstate__`: re-attach them after loading). Only between iterations (before
+        ``unscale_``/``step``, or after ``update``/``minimize``): a step in flight holds gradients' verdicts."""
+        if self._cache_found_inf is not None or any(
+            s["state"] is not OptimizerState.INIT for s in self._optimizer_states.values()
+        ):
+            raise AssertionError(
+                "A GradScaler instance may only be pickled at the beginning "
+                "of an iteration, or at the end after scaler.update()."
+            )
+        state = super().__getstate__()
+        state["_scale"] = None  # rebuilt from the state in __setstate__
+        state["_found_inf"] = None
+        state["_optimizer_states"] = defaultdict(_fresh_state)
+        state["_losses"] = deque(maxlen=16)
+        state["_offenders"] = []
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._scale = self._scale_tensor()
+
 
 def _amp_dtype() -> str:
     from paddle.amp.auto_cast import amp_global_state

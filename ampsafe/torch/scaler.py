@@ -464,20 +464,20 @@ class GradScaler(ScalerBase):
             self._scale.fill_(float(self._core.scale))
 
     def __getstate__(self) -> dict[str, Any]:
+        """The scale, policy, trackers and statistics; not the model, callbacks or hooks (see
+        :meth:`ScalerBase.__getstate__`: re-attach them after loading). Only between iterations, as torch's."""
         if self._active and any(s["found_inf_per_device"] for s in self._per_optimizer_states.values()):
             raise AssertionError(
                 "A GradScaler instance may only be pickled at the beginning "
                 "of an iteration, or at the end after scaler.update()."
             )
         self._reconcile()
-        state = self.__dict__.copy()
-        state["_scale"] = None
+        state = super().__getstate__()
+        state["_scale"] = None  # created again, on the device of the next scale() call
         state["_losses"] = deque(maxlen=16)
         state["_per_optimizer_states"] = defaultdict(_fresh_state)
+        state["_device_steps"] = DeviceSteps()
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
 
 def _nonfinite_params(optimizer) -> list:
