@@ -12,10 +12,11 @@ Example::
     scaler.update()
     optimizer.clear_grad()
 
-As Paddle's, it unscales with Paddle's fused ``check_finite_and_unscale`` kernel and hands ``found_inf`` to the
-optimizer through ``_set_auxiliary_var`` (the optimizer skips the update itself and leaves a Python bool behind),
-so a step costs the same single host sync. Decisions come from :mod:`ampsafe.core.scale` (float32 products, as
-Paddle's ``scale * ratio``); ``decr_every_n_nan_or_inf`` is the hysteresis.
+As Paddle's, it unscales with Paddle's fused ``check_finite_and_unscale`` kernel (:mod:`ampsafe.paddle.grads`)
+and hands ``found_inf`` to the optimizer through ``_set_auxiliary_var`` (the optimizer skips the update itself and
+leaves a Python bool behind), so a step costs the same single host sync. Decisions come from
+:mod:`ampsafe.core.scale` (float32 products, as Paddle's ``scale * ratio``); ``decr_every_n_nan_or_inf`` is the
+hysteresis.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import paddle
-from paddle import _C_ops
 
 from ..core.scale import (
     FloorInfo,
@@ -37,6 +37,7 @@ from ..core.scale import (
     StepDecision,
     names_from_live_modules,
 )
+from .grads import nonfinite_params, unscale_and_check_
 
 __all__ = ["GradScaler", "OptimizerState"]
 
@@ -51,17 +52,6 @@ def _fresh_state() -> dict[str, Any]:
     return {"state": OptimizerState.INIT}
 
 
-def _check_finite_and_unscale(grads: list, scale):
-    """(found_inf bool[1]) after dividing ``grads`` in place by ``scale``: Paddle's fused kernel."""
-    if hasattr(_C_ops, "check_finite_and_unscale_"):
-        return _C_ops.check_finite_and_unscale_(grads, scale)[1]
-    from paddle import _legacy_C_ops
-
-    found = paddle.zeros([1], dtype="bool")
-    _legacy_C_ops.check_finite_and_unscale(grads, scale, grads, found)
-    return found
-
-
 class GradScaler(ScalerBase):
     """Drop-in for :class:`paddle.amp.GradScaler` (same arguments and methods).
 
@@ -70,6 +60,10 @@ class GradScaler(ScalerBase):
     group when ``paddle.distributed`` is initialized), ``fp32_guard`` (no scaling, skip non-finite steps),
     ``callback`` (``fn(StepDecision)`` per update), ``model`` (names parameters in errors; found via the garbage
     collector when omitted). ``min_loss_scaling=0, max_loss_scaling=inf`` reproduce Paddle's scaler.
+
+    Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
+    and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
+    them: ``scaler.add_step_callback(fn)``, ``ampsafe.heal(model, scaler=scaler)``.
     """
 
     def __init__(
@@ -156,18 +150,8 @@ class GradScaler(ScalerBase):
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        by_dtype: dict = defaultdict(list)
-        for param in _parameters(optimizer):
-            grad = param._grad_ivar()
-            if grad is not None:
-                by_dtype[grad.dtype].append(grad)
         scale = paddle.ones([1], dtype="float32") if self._guard else self._scale
-        found_inf = None
-        for grads in by_dtype.values():
-            found = _check_finite_and_unscale(grads, scale)
-            found_inf = found if found_inf is None else paddle.logical_or(found_inf, found)
-        if found_inf is None:
-            found_inf = paddle.zeros([1], dtype="bool")
+        found_inf = unscale_and_check_(optimizer, scale)
         self._found_inf = self._all_reduce(found_inf)
         state["state"] = OptimizerState.UNSCALED
 
@@ -196,7 +180,7 @@ class GradScaler(ScalerBase):
         found = bool(found)
         self._cache_found_inf = found if self._cache_found_inf is None else (self._cache_found_inf or found)
         if found and self._core.at_floor:
-            self._offenders += _nonfinite_params(optimizer)
+            self._offenders += nonfinite_params(optimizer)
         return result
 
     def step(self, optimizer) -> None:
@@ -390,20 +374,3 @@ def _amp_dtype() -> str:
     from paddle.amp.auto_cast import amp_global_state
 
     return amp_global_state().amp_dtype
-
-
-def _parameters(optimizer) -> list:
-    groups = getattr(optimizer, "_param_groups", None)
-    if groups and isinstance(groups[0], dict):
-        return [p for g in groups for p in g["params"]]
-    return list(optimizer._parameter_list)
-
-
-def _nonfinite_params(optimizer) -> list:
-    """(parameter, fallback label) for each parameter whose gradient is non-finite: only on the floor path."""
-    found = []
-    for p in _parameters(optimizer):
-        grad = p._grad_ivar()
-        if grad is not None and not bool(paddle.isfinite(grad).all().item()):
-            found.append((p, f"{p.name} {tuple(p.shape)}"))
-    return found

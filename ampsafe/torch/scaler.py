@@ -14,13 +14,17 @@ Example::
         scaler.step(optimizer)                      # skipped when any gradient is inf/NaN (on any rank)
         scaler.update()                             # LossScaleFloorError when overflow persists at min_scale
 
-The tensor work is torch's own (``_amp_foreach_non_finite_check_and_unscale_``, no per-parameter Python maths);
-the scale decisions come from :mod:`ampsafe.core.scale` on the host, fed by the one ``found_inf.item()`` sync
-that ``step`` needs anyway, so a step costs no more host syncs than torch's scaler. Optimizers that unscale and
-skip on the device (fused Adam) never hand found_inf to the host; off the CPU their steps are decided on the
-device by a few tensor ops (the same rules and rounding), reconciled with the host in one sync when needed. ``fp32_guard=True`` turns
-scaling off and keeps the guard: steps whose gradients are non-finite are skipped and counted (for FP32 runs
-that hit ``loss = nan``).
+The tensor work is torch's own (``_amp_foreach_non_finite_check_and_unscale_``, in :mod:`ampsafe.torch.grads`;
+no per-parameter Python maths); the scale decisions come from :mod:`ampsafe.core.scale` on the host, fed by the
+one ``found_inf.item()`` sync that ``step`` needs anyway, so a step costs no more host syncs than torch's scaler.
+Optimizers that unscale and skip on the device (fused Adam) never hand found_inf to the host; off the CPU their
+steps are decided on the device by a few tensor ops with the same rules and rounding
+(:mod:`ampsafe.torch.device_scale`), reconciled with the host in one sync when needed. ``fp32_guard=True`` turns
+scaling off and keeps the guard: steps whose gradients are non-finite are skipped and counted (for FP32 runs that
+hit ``loss = nan``).
+
+A pickle (``pickle``, ``copy.deepcopy``, ``torch.save(scaler)``) carries the scale state, not ``model=``, the
+callbacks or the heal hook: re-attach those after loading (``state_dict()`` is the checkpoint format, as torch's).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ..core.scale import (
     names_from_live_modules,
 )
 from .device_scale import DeviceSteps
+from .grads import nonfinite_params, unscale_and_check_
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -72,6 +77,10 @@ class GradScaler(ScalerBase):
     whose found_inf never reaches the host, are decided on the device without a sync, as torch's are; the host
     syncs only when the unknown steps could have reached the floor (``on_floor`` raise/heal); default: when the
     scale lives on an accelerator). ``min_scale=0, max_scale=inf, hysteresis=1`` reproduce torch exactly.
+
+    Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
+    and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
+    them: ``scaler.add_step_callback(fn)``, ``ampsafe.heal(model, scaler=scaler)``.
     """
 
     def __init__(
@@ -178,28 +187,8 @@ class GradScaler(ScalerBase):
 
     # -- unscale / check ---------------------------------------------------------------------------------------------
     def _unscale_grads_(self, optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool):
-        by_device: dict = defaultdict(lambda: defaultdict(list))
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    grad = param.grad
-                    if grad is None:
-                        continue
-                    if not allow_fp16 and grad.dtype == torch.float16:
-                        raise ValueError("Attempting to unscale FP16 gradients.")
-                    if grad.is_sparse:
-                        if grad.dtype is torch.float16:
-                            param.grad = grad = grad.coalesce()
-                        grad = grad._values()
-                    by_device[grad.device][grad.dtype].append(grad)
-            found: dict = {}
-            for device, by_dtype in by_device.items():
-                dev_found = found_inf if found_inf.device == device else found_inf.to(device, copy=True)
-                dev_inv = inv_scale if inv_scale.device == device else inv_scale.to(device)
-                for grads in by_dtype.values():
-                    torch._amp_foreach_non_finite_check_and_unscale_(grads, dev_found, dev_inv)
-                found[device] = dev_found
-        return found
+        """torch's private name for :func:`~ampsafe.torch.grads.unscale_and_check_` (wrappers call it)."""
+        return unscale_and_check_(optimizer, inv_scale, found_inf, allow_fp16)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the optimizer's gradients by the scale (once per step), e.g. before gradient clipping."""
@@ -265,7 +254,7 @@ class GradScaler(ScalerBase):
         if not found_inf:
             return optimizer.step(*args, **kwargs)
         if self._core.at_floor:  # rare path: name the offenders while their gradients still exist
-            state["offenders"] = _nonfinite_params(optimizer)
+            state["offenders"] = nonfinite_params(optimizer)
         return None
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any):
@@ -352,7 +341,7 @@ class GradScaler(ScalerBase):
                 if self._core.at_floor:
                     for s in checked:
                         if s["found_inf_host"] is None and "optimizer" in s:
-                            s["offenders"] = _nonfinite_params(s["optimizer"])
+                            s["offenders"] = nonfinite_params(s["optimizer"])
         before = self._core.scale
         decision = self._core.update(found_inf)
         if self._core.scale != before:
@@ -478,18 +467,3 @@ class GradScaler(ScalerBase):
         state["_per_optimizer_states"] = defaultdict(_fresh_state)
         state["_device_steps"] = DeviceSteps()
         return state
-
-
-def _nonfinite_params(optimizer) -> list:
-    """(parameter, fallback label) for every parameter whose gradient is non-finite: only on the floor path."""
-    found = []
-    with torch.no_grad():
-        for g, group in enumerate(optimizer.param_groups):
-            for i, p in enumerate(group["params"]):
-                grad = p.grad
-                if grad is None:
-                    continue
-                values = grad._values() if grad.is_sparse else grad
-                if not bool(torch.isfinite(values).all()):
-                    found.append((p, f"param_groups[{g}].params[{i}] {tuple(p.shape)}"))
-    return found
