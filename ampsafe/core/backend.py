@@ -51,6 +51,9 @@ class Backend(Protocol):
     def snapshot(self, model) -> Callable[[], None]:
         """Copy :meth:`state_tensors` now; the returned function puts them (and their slots) back."""
 
+    def norm_stats(self, module) -> tuple[Any, Any] | None:
+        """(mean, variance) of a normalization's running statistics, or None: the one rule of what they are."""
+
     def running_stats(self, model) -> Iterator[tuple[str, Any, Any, Any]]:
         """(path, module, mean, variance) of every normalization layer that keeps running statistics."""
 

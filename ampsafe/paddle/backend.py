@@ -81,11 +81,22 @@ class PaddleBackend:
 
         return restore
 
+    def norm_stats(self, layer):
+        """(mean, variance) a normalization keeps as running statistics, or None: the one rule (``_mean`` /
+        ``_variance`` as Paddle's BatchNorm keeps them, or ``running_mean`` / ``running_var`` as frozen BN
+        variants in ppdet do; parameters or buffers)."""
+        held = {**(getattr(layer, "_buffers", None) or {}), **(getattr(layer, "_parameters", None) or {})}
+        for names in (("_mean", "_variance"), ("running_mean", "running_var")):
+            mean, var = held.get(names[0]), held.get(names[1])
+            if mean is not None and var is not None:
+                return mean, var
+        return None
+
     def running_stats(self, model):
         for path, layer in model.named_sublayers(include_self=True):
-            mean, var = getattr(layer, "_mean", None), getattr(layer, "_variance", None)
-            if mean is not None and var is not None:
-                yield path, layer, mean, var
+            stats = self.norm_stats(layer)
+            if stats is not None:
+                yield path, layer, *stats
 
     def reset_running_stats(self, mean, var) -> None:
         mean.set_value(np.zeros(mean.shape, dtype="float32"))

@@ -93,8 +93,7 @@ def _is_norm_layer(layer) -> bool:
         return False
     if type(layer).__name__ in NORM_LAYER_TYPES:
         return True
-    stats = {**getattr(layer, "_buffers", {}), **getattr(layer, "_parameters", {})}
-    return ("_mean" in stats and "_variance" in stats) or ("running_mean" in stats and "running_var" in stats)
+    return BACKEND.norm_stats(layer) is not None
 
 
 output_tensors = _leaves = BACKEND.tensors

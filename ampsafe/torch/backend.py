@@ -60,11 +60,18 @@ class TorchBackend:
 
         return restore
 
+    def norm_stats(self, module):
+        """(mean, variance) a normalization keeps as running statistics, or None: the one rule (buffers named
+        ``running_mean`` / ``running_var``, as ``_NormBase`` and frozen variants keep them)."""
+        bufs = getattr(module, "_buffers", None) or {}
+        mean, var = bufs.get("running_mean"), bufs.get("running_var")
+        return (mean, var) if mean is not None and var is not None else None
+
     def running_stats(self, model):
         for path, m in model.named_modules():
-            mean, var = getattr(m, "running_mean", None), getattr(m, "running_var", None)
-            if mean is not None and var is not None:
-                yield path, m, mean, var
+            stats = self.norm_stats(m)
+            if stats is not None:
+                yield path, m, *stats
 
     def reset_running_stats(self, mean, var) -> None:
         with torch.no_grad():

@@ -40,8 +40,7 @@ def _is_norm_module(module) -> bool:
         return False
     if type(module).__name__ in NORM_MODULE_TYPES:
         return True
-    bufs = getattr(module, "_buffers", {})
-    return "running_mean" in bufs and "running_var" in bufs
+    return BACKEND.norm_stats(module) is not None
 
 
 output_tensors = BACKEND.tensors  # tensors inside a model output: tuples/lists/namedtuples, dicts, nested
