@@ -24,6 +24,9 @@ def machine() -> dict:
     except OSError:
         pass
     info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "gpu": None}
+    # Float32 results differ between instruction sets (oneDNN/MKL pick other kernels): record which ones ran.
+    info["isa"] = _vector_isa()
+    info["isa_env"] = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "MKL_CBWR") if k in os.environ}
     try:
         import torch
 
@@ -40,6 +43,24 @@ def machine() -> dict:
         pass
     info["date"] = _dt.date.today().isoformat()
     return info
+
+
+def _vector_isa() -> str:
+    """The widest vector extensions of this CPU: "avx512+amx", "avx512", "avx2", or "" when unknown."""
+    try:
+        flags = next(
+            (
+                line.split(":", 1)[1].split()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("flags")
+            ),
+            [],
+        )
+    except OSError:
+        return ""
+    if "avx512f" in flags:
+        return "avx512+amx" if any(f.startswith("amx") for f in flags) else "avx512"
+    return "avx2" if "avx2" in flags else ("avx" if "avx" in flags else "")
 
 
 def machine_tag(info: dict | None = None) -> str:

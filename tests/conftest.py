@@ -63,3 +63,19 @@ def worker_module(request):
             sys.path.remove(folder)
 
     return load
+
+
+def brink_seeds() -> list[int]:
+    """The seeds the brink and trajectory tests train with: ``$AMPSAFE_TEST_SEEDS`` (``make test-isa`` sets
+    "0,1,2"), else seed 0 alone."""
+    raw = os.environ.get("AMPSAFE_TEST_SEEDS", "0")
+    try:
+        return [int(s) for s in raw.split(",") if s.strip()]
+    except ValueError:
+        raise pytest.UsageError(f"AMPSAFE_TEST_SEEDS must be comma-separated integers, got {raw!r}") from None
+
+
+def pytest_generate_tests(metafunc):
+    # A test (or any fixture it uses) that asks for ``brink_seed`` runs once per seed, sharing module fixtures.
+    if "brink_seed" in metafunc.fixturenames:
+        metafunc.parametrize("brink_seed", brink_seeds(), scope="module", ids=lambda s: f"seed{s}")

@@ -1,7 +1,9 @@
 """``ampsafe demo``: the native run's scale collapses on the model's own activations; ampsafe's runs do not overflow.
 
-Shortened runs of the README's main job (12 steps instead of 40): DBNet's head conv leaves float16's range at
-step 8 of the demo recipe, so by step 12 the native scaler has skipped steps and halved its scale.
+Shortened runs of the README's main job, native against island in the same run. The step at which DBNet's head
+conv first leaves float16's range depends on the CPU's float32 kernels and on the seed (measured in
+bench/results/margins.md: step 8 on an AVX-512 Xeon, 11 on an AVX2-only AMD EPYC), so the test runs well past
+it and asserts the collapse against island, not a step number.
 """
 
 from __future__ import annotations
@@ -10,20 +12,29 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trajectory]
+
+STEPS = 24
+# Measured at 24 steps (margins.md): native overflows on 12-16 steps and ends at scale 0.5 or below (from 1024),
+# island on none, on every ISA setting and seed tried. The bounds below keep 2x that margin or more.
+MIN_NATIVE_OVERFLOWS = 5
+COLLAPSE = 2.0**5  # native ends at least this far below its starting scale, and below island's
 
 
-def test_paddle_demo_native_collapses_and_island_trains_without_overflow(tmp_path):
+def test_paddle_demo_native_collapses_and_island_trains_without_overflow(tmp_path, brink_seed):
     pytest.importorskip("paddle")
     from ampsafe.demo import main
 
-    assert main(["--modes", "native", "island", "--steps", "12", "--out", str(tmp_path)]) == 0
+    args = ["--modes", "native", "island", "--steps", str(STEPS), "--seed", str(brink_seed), "--out", str(tmp_path)]
+    assert main(args) == 0
     data = json.loads((tmp_path / "demo-paddle-O1.json").read_text())
     runs = {r["mode"]: r for r in data["runs"]}
     assert (tmp_path / "demo-paddle-O1.png").stat().st_size > 10_000
     native, island = runs["native"], runs["island"]
-    # the scale each step ran with: three overflows from step 8 halve 1024 twice before the last step runs
-    assert native["overflowing_steps"] >= 3 and native["final_scale"] <= 1024 / 4, native
-    assert island["overflowing_steps"] == 0 and island["final_scale"] == 1024.0, island
+    start = data["traces"][0]["scales"][0]
+    assert native["overflowing_steps"] >= MIN_NATIVE_OVERFLOWS, native
+    assert native["final_scale"] <= start / COLLAPSE, native
+    assert island["overflowing_steps"] == 0 and island["final_scale"] == start, island
+    assert island["final_scale"] >= COLLAPSE * native["final_scale"]
     assert island["final_loss"] < island["first_loss"], island
     assert "AMP O1 emulated in float16" in data["setup"]

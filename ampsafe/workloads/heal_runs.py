@@ -127,28 +127,58 @@ def train_grow(
     return out
 
 
-def train_frcnn_heal(steps: int, lr: float | None = None, init_scale: float = 4.0) -> dict:
-    """The frcnn brink trained on under real CPU float16 autocast with ``GradScaler(on_floor="heal")`` +
-    ``ampsafe.heal``: loss scale from ``init_scale`` with a floor of 1, so the third overflowing step (from 4) is
-    the floor hit that heals; ``lr=None``: the brink recipe's Adam lr (1e-2)."""
+def train_frcnn_heal(steps: int, lr: float | None = None, init_scale: float = 4.0, seed: int = 0) -> dict:
+    """The frcnn brink of ``seed`` trained on under real CPU float16 autocast with ``GradScaler(on_floor="heal")``
+    + ``ampsafe.heal``: loss scale from ``init_scale`` with a floor of 1, so the third overflowing step (from 4) is
+    the floor hit that heals; ``lr=None``: the brink recipe's Adam lr (1e-2).
+
+    Besides losses and skipped steps, ``forward_nonfinite[step]`` lists the leaf modules whose output was
+    non-finite in that step's own forward (heal replays not counted): a skipped step with none was a
+    backward-only overflow, which the scaler handles by backing off, not a forward one that heal must fix."""
     import torch
 
     import ampsafe
     from ampsafe.torch import GradScaler
     from ampsafe.workloads import frcnn_brink
 
-    w = frcnn_brink.brink_workload(0)
+    w = frcnn_brink.brink_workload(seed)
     scaler = GradScaler("cpu", init_scale=init_scale, min_scale=1.0, on_floor="heal", model=w.model)
     healer = ampsafe.heal(w.model, scaler=scaler, level="O1", target="cpu")
     opt, _ = frcnn_brink.recipe_optimizer(w.model, lr=lr, warmup_steps=0)
-    out = {"workload": w, "scaler": scaler, "healer": healer, "losses": [], "skipped": []}
+    out = {"workload": w, "scaler": scaler, "healer": healer, "losses": [], "skipped": [], "forward_nonfinite": []}
     out["params_before"] = [id(p) for p in w.model.parameters()]
+    in_forward, bad = [False], []
+
+    def record_nonfinite(name):
+        def hook(module, inputs, output):
+            if in_forward[0] and torch.is_tensor(output) and output.is_floating_point():
+                if not bool(torch.isfinite(output).all()):
+                    bad.append(name)
+
+        return hook
+
+    leaves = [(n, m) for n, m in w.model.named_modules() if n and next(m.children(), None) is None]
+    handles = [m.register_forward_hook(record_nonfinite(n)) for n, m in leaves]
+
+    def step_loss(step):
+        in_forward[0] = True
+        try:
+            return w.loss(w.batch(step))
+        finally:
+            in_forward[0] = False
+
     t0 = time.perf_counter()
-    torch.manual_seed(0)  # RoI sampling
-    for step in range(steps):
-        before = scaler.stats.skipped_steps
-        loss = fp16_step(lambda: w.loss(w.batch(step)), scaler, opt)  # noqa: B023 - called at once
-        out["losses"].append(loss.item())
-        out["skipped"].append(scaler.stats.skipped_steps > before)
+    torch.manual_seed(seed)  # RoI sampling
+    try:
+        for step in range(steps):
+            before = scaler.stats.skipped_steps
+            bad.clear()
+            loss = fp16_step(lambda: step_loss(step), scaler, opt)  # noqa: B023 - called at once
+            out["losses"].append(loss.item())
+            out["skipped"].append(scaler.stats.skipped_steps > before)
+            out["forward_nonfinite"].append(list(dict.fromkeys(bad)))
+    finally:
+        for handle in handles:
+            handle.remove()
     out["seconds"] = time.perf_counter() - t0
     return out

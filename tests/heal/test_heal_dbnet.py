@@ -13,6 +13,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.trajectory
+
 STEPS = 20
 RECIPE = {"steps": STEPS, "lr": 1e-2, "level": "O1", "seed": 0, "image_size": 128, "batch_size": 8}
 

@@ -17,19 +17,20 @@ pytest.importorskip("torchvision")
 import ampsafe  # noqa: E402
 from ampsafe.workloads.heal_runs import train_frcnn_heal  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trajectory]
 
 STEPS = 6
 INIT_SCALE = 4.0  # floor 1.0: overflows at 4 and 2 back off, the third is the floor hit that heals
 
 
 @pytest.fixture(scope="module")
-def healed_run():
+def healed_run(brink_seed):
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    run = train_frcnn_heal(STEPS, init_scale=INIT_SCALE)
+    run = train_frcnn_heal(STEPS, init_scale=INIT_SCALE, seed=brink_seed)
     scaler = run["scaler"]
     print(
-        f"\nfrcnn heal: losses {[round(x, 2) for x in run['losses']]}, skipped {run['skipped']}, heals {scaler.stats.heals}"
+        f"\nfrcnn heal (seed {brink_seed}): losses {[round(x, 2) for x in run['losses']]}, skipped {run['skipped']}, "
+        f"forward non-finite {run['forward_nonfinite']}, heals {scaler.stats.heals}"
     )
     return dict(run, model=run["workload"].model)
 
@@ -48,12 +49,19 @@ def test_heal_islands_the_box_head_and_nothing_in_the_backbone(healed_run):
     assert patched.get("roi_heads.box_head.fc6") == "island", patched
 
 
-def test_training_recovers_after_heal_on_frcnn_brink(healed_run):
+def test_no_forward_overflow_after_heal_on_frcnn_brink(healed_run):
+    """What heal promises: the forward pass stays in float16's range after it. A step skipped after the heal
+    with a clean forward is a backward-only overflow at the restored scale, which the scaler handles by backing
+    off (measured on an AVX2-only AMD EPYC: step 5 of 6, scale 4 -> 2; none on an AVX-512 Xeon)."""
     step = healed_run["scaler"].stats.heals[0].step
-    after = healed_run["losses"][step + 1 :]
+    before = healed_run["forward_nonfinite"][: step + 1]
+    after = healed_run["forward_nonfinite"][step + 1 :]
     assert after, "the heal came on the last step"
-    assert all(math.isfinite(x) for x in after), healed_run["losses"]
-    assert not any(healed_run["skipped"][step + 1 :]), healed_run["skipped"]
+    assert any(before), f"the brink's forward never overflowed before the heal: {before}"
+    assert not any(after), f"forward overflow after the heal: {after}"
+    assert all(math.isfinite(x) for x in healed_run["losses"][step + 1 :]), healed_run["losses"]
+    applied = [not s for s in healed_run["skipped"][step + 1 :]]
+    assert sum(applied) >= len(applied) / 2, f"training did not go on after the heal: {healed_run['skipped']}"
     assert healed_run["scaler"].get_scale() >= 1.0
 
 

@@ -11,6 +11,8 @@ import math
 import fidelity_case as fc  # tests/paddle/fidelity_case.py (pytest puts this folder on sys.path)
 import pytest
 
+pytestmark = pytest.mark.trajectory  # float16 trajectories compared step by step
+
 STEPS, LR = 40, 1e-3
 
 

@@ -12,12 +12,12 @@ import ampsafe
 from ampsafe.paddle import emulate_fp16
 from ampsafe.workloads.dbnet.brink import brink_workload
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trajectory]
 
 
 @pytest.fixture(scope="module")
-def brink():
-    workload = brink_workload(seed=0)
+def brink(brink_seed):
+    workload = brink_workload(seed=brink_seed)
     return workload, workload.batch(0), {k: v.numpy().copy() for k, v in workload.model.state_dict().items()}
 
 

@@ -9,12 +9,14 @@ import ampsafe
 
 pytest.importorskip("paddle")
 
+pytestmark = pytest.mark.trajectory
+
 
 @pytest.fixture(scope="module")
-def brink():
+def brink(brink_seed):
     from ampsafe.workloads.dbnet.brink import brink_record, brink_workload
 
-    return brink_workload(0), brink_record(0)
+    return brink_workload(brink_seed), brink_record(brink_seed)
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
@@ -36,15 +38,17 @@ def test_brink_overflow_is_named_at_the_heads_first_conv(brink, level):
 
 
 @pytest.mark.slow
-def test_monitor_warns_before_dbnet_training_leaves_float16_range():
+def test_monitor_warns_before_dbnet_training_leaves_float16_range(brink_seed):
     """The brink recipe (Adam lr 1e-2) crosses 65504 at step 10 (recorded); the margin at step 3. Monitoring
     every 5 steps warns at step 5; every 10 would see steps 0 and 10 only, i.e. after the crossing."""
     from ampsafe.workloads.dbnet import build
     from ampsafe.workloads.dbnet.brink import RECIPE, brink_record, layer_amax
 
-    record = brink_record(0)
+    record = brink_record(brink_seed)
     crossed = record["crossed_step"]
-    workload = build(0, config=RECIPE["config"], image_size=RECIPE["image_size"], batch_size=RECIPE["batch_size"])
+    workload = build(
+        brink_seed, config=RECIPE["config"], image_size=RECIPE["image_size"], batch_size=RECIPE["batch_size"]
+    )
     optimizer = workload.make_optimizer(RECIPE["lr"])
     model, true_amax = workload.model, []
     with ampsafe.watch(model, monitor_every=5) as w, layer_amax(model) as probe:
