@@ -16,9 +16,11 @@ from ampsafe.core.scale import LossScaleState, ScalePolicy
 from ampsafe.torch import GradScaler
 from ampsafe.torch.device_scale import DeviceSteps
 
-FACTORS = st.sampled_from([2.0, 1.5, 1.7, 3.0, 1.0 + 2.0**-10])
-BACKOFFS = st.sampled_from([0.5, 0.25, 0.3, 0.7, 0.999])
+# usual values, odd ones (the float64 product rounds to float32) and any others
+FACTORS = st.one_of(st.sampled_from([2.0, 1.5, 1.7, 1.0 + 2.0**-10]), st.floats(1.0, 1e3, exclude_min=True))
+BACKOFFS = st.one_of(st.sampled_from([0.5, 0.25, 0.3, 0.999]), st.floats(0.0, 1.0, exclude_min=True, exclude_max=True))
 OVERFLOW_CAST = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 3e38 * 2
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA: torch's own fused kernel there
 SCALES = st.sampled_from([2.0**-8, 0.1, 1.0, 3.0, 2.0**10, 1000.7, 2.0**16, 2.0**24, 3.0e38])
 
 
@@ -57,19 +59,20 @@ def _host_view(core: LossScaleState) -> tuple:
     return float(core.scale), core.growth_tracker, core.overflow_tracker, s.skipped_steps, s.floor_hits
 
 
+@pytest.mark.parametrize("dev", DEVICES)
 @OVERFLOW_CAST
 @settings(max_examples=200, deadline=None)
 @given(policies(), st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
-def test_device_steps_equal_the_core_after_every_step(drawn, steps):
+def test_device_steps_equal_the_core_after_every_step(dev, drawn, steps):
     """Each element: (overflow?, reconcile after it?). After every step the device's scale, growth tracker,
     overflow (hysteresis) counter, skipped steps and floor hits equal the host core's; so does the folded state."""
     host, device_core = _core(*drawn), _core(*drawn)
     device = DeviceSteps()
-    scale = torch.full((), float(device_core.scale), dtype=torch.float32)
+    scale = torch.full((), float(device_core.scale), dtype=torch.float32, device=dev)
     for i, (overflow, reconcile) in enumerate(steps):
         host.update(overflow)
         base = device_core.stats
-        device.step(device_core, scale, torch.full((), float(overflow)))
+        device.step(device_core, scale, torch.full((), float(overflow), device=dev))
         value, growth, hysteresis, skipped, floor_hits, last_clean = device.read(scale)
         seen = (value, int(growth), int(hysteresis), base.skipped_steps + int(skipped), base.floor_hits + floor_hits)
         assert seen == _host_view(host), f"step {i}"
@@ -83,18 +86,19 @@ def test_device_steps_equal_the_core_after_every_step(drawn, steps):
             assert float(scale) == float(host.scale)
 
 
+@pytest.mark.parametrize("dev", DEVICES)
 @OVERFLOW_CAST
 @settings(max_examples=200, deadline=None)
 @given(policies(), st.lists(st.booleans(), min_size=1, max_size=40))
-def test_device_steps_are_allowed_only_where_no_floor_hit_can_hide(drawn, pattern):
+def test_device_steps_are_allowed_only_where_no_floor_hit_can_hide(dev, drawn, pattern):
     """raise/heal: whenever ``allowed`` lets the device decide a step, the host core hits no floor on it."""
     host, device_core = _core(*drawn), _core(*drawn)
     device = DeviceSteps()
-    scale = torch.full((), float(device_core.scale), dtype=torch.float32)
+    scale = torch.full((), float(device_core.scale), dtype=torch.float32, device=dev)
     for overflow in pattern:
         if device.allowed(device_core):
             decision = host.update(overflow)
-            device.step(device_core, scale, torch.full((), float(overflow)))
+            device.step(device_core, scale, torch.full((), float(overflow), device=dev))
             assert not decision.floor_hit or host.policy.on_floor == "clamp" or host.policy.min_scale == 0
         else:  # the scaler's host path: catch up, then decide on the host
             device.reconcile(device_core, scale)
