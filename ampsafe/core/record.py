@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager
 from typing import Any, Protocol
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UnsupportedModelError
 from .graph import START_KINDS, Graph, OpKind, amax_value, path_flags
 
 __all__ = ["TraceHooks", "Recorder", "trace"]
@@ -78,7 +79,10 @@ class TraceHooks(Protocol):
     def check_level(self, level: str) -> str: ...
 
     def preserved(self, model) -> ContextManager:
-        """Restore modes, buffers and statistics, ``.grad`` and RNG on exit; raise if parameters were written."""
+        """Restore modes, buffers and statistics, ``.grad`` and RNG on exit, whatever happens."""
+
+    def parameters(self, model) -> list[tuple[str, Any]]:
+        """(name, parameter) of those a forward must not write (it cannot be undone without copying them)."""
 
     def recording(self, model, recorder: Recorder, want_grads: bool) -> ContextManager:
         """Grad mode, module tracking and the op interception that calls ``recorder.record``."""
@@ -246,6 +250,20 @@ class Recorder:
         self.handles.clear()
 
 
+@contextmanager
+def _parameters_unwritten(params: list, version: Callable):
+    """Raise when the traced forward wrote a parameter in place: scan is an observation and cannot undo that."""
+    try:
+        yield
+    finally:
+        written = [name for name, p, v in params if version(p) != v]
+        if written:
+            raise UnsupportedModelError(
+                f"the model's forward wrote parameters in place ({', '.join(written[:5])}); ampsafe.scan cannot "
+                "restore them. Run scan on a copy of the model (copy.deepcopy)."
+            )
+
+
 def trace(
     hooks: TraceHooks,
     model,
@@ -270,7 +288,8 @@ def trace(
     want_grads = loss_fn is not None
     recorder = Recorder(hooks, graph, level=level, want_grads=want_grads)
     recorder.leaf_ids = {id(t) for t in leaves}
-    with hooks.preserved(model):
+    params = [(name, p, hooks.version(p)) for name, p in hooks.parameters(model)]
+    with _parameters_unwritten(params, hooks.version), hooks.preserved(model):
         try:
             with hooks.recording(model, recorder, want_grads):
                 output = call(model, example_inputs)

@@ -148,6 +148,10 @@ class _Hooks:
     preserved = staticmethod(lambda model: preserved(model))
 
     @staticmethod
+    def parameters(model) -> list:
+        return [(name, p) for name, p in model.named_parameters() if not p.stop_gradient]
+
+    @staticmethod
     def version(t) -> int:
         return t.inplace_version
 
@@ -257,7 +261,6 @@ def preserved(model):
     """Restore train/eval flags, buffers and statistics (``PaddleBackend.snapshot``) and RNG states on exit."""
     modes = [(layer, layer.training) for layer in (model, *model.sublayers())]
     restore_state = BACKEND.snapshot(model)
-    params = [(name, p, p.inplace_version) for name, p in model.named_parameters() if not p.stop_gradient]
     rng = paddle.get_rng_state()
     cuda_rng = paddle.get_cuda_rng_state() if paddle.device.is_compiled_with_cuda() else None
     np_rng = np.random.get_state()
@@ -273,14 +276,6 @@ def preserved(model):
             paddle.set_cuda_rng_state(cuda_rng)
         np.random.set_state(np_rng)
         random.setstate(py_rng)
-        written = [name for name, p, version in params if p.inplace_version != version]
-        if written:
-            from ..errors import UnsupportedModelError
-
-            raise UnsupportedModelError(
-                f"the model's forward wrote parameters in place ({', '.join(written[:5])}); ampsafe.scan cannot "
-                "restore them. Run scan on a copy of the model (copy.deepcopy)."
-            )
 
 
 def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", loss_fn=None, loss_scale=None) -> Graph:

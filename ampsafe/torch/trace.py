@@ -159,6 +159,10 @@ class _Hooks:
     def preserved(model):
         return preserved(model)
 
+    @staticmethod
+    def parameters(model) -> list:
+        return list(model.named_parameters())
+
     @contextmanager
     def recording(self, model, recorder, want_grads: bool):
         with torch.set_grad_enabled(want_grads and torch.is_grad_enabled()), modstack.module_stack(model):
@@ -215,11 +219,12 @@ def preserved(model):
     """Restore train/eval flags, buffers (BatchNorm statistics), ``.grad`` and RNG state on exit.
 
     A scan is an observation: whether it succeeds or the forward raises, the model must be as it was.
-    Parameters are not copied (a forward does not write them); one written in place is named in the error.
+    Parameters are not copied (a forward does not write them); :func:`ampsafe.core.record.trace` names one
+    written in place.
     """
     modes = [(m, m.training) for m in model.modules()]
     restore_state = BACKEND.snapshot(model)
-    params = [(name, p, p._version, p.grad) for name, p in model.named_parameters()]
+    grads = [(p, p.grad) for p in model.parameters()]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     py_rng = random.getstate()
@@ -229,20 +234,12 @@ def preserved(model):
         for m, training in modes:
             m.training = training
         restore_state()  # always copied back: kernels may update stats without a version bump
-        for _, p, _, grad in params:
+        for p, grad in grads:
             p.grad = grad
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
         random.setstate(py_rng)
-        written = [name for name, p, version, _ in params if p._version != version]
-        if written:
-            from ..errors import UnsupportedModelError
-
-            raise UnsupportedModelError(
-                f"the model's forward wrote parameters in place ({', '.join(written[:5])}); ampsafe.scan cannot "
-                "restore them. Run scan on a copy of the model (copy.deepcopy)."
-            )
 
 
 def trace(
