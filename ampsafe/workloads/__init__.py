@@ -4,7 +4,9 @@
     loss = w.loss(w.batch(step))
 
 ``dbnet`` (Paddle, PaddleOCR's DBNet rebuilt here), ``ppyolo`` (Paddle, built by PaddleDetection's own
-registry from the upstream configs) and ``frcnn`` (torchvision Faster R-CNN).
+registry from the upstream configs) and ``frcnn`` (torchvision Faster R-CNN). The upstream configs they build
+from by default ship in ``data/upstream`` (see :mod:`.upstream`); ``heal_runs`` holds the self-healing runs
+(GrowNet, the frcnn brink) that the heal tests and bench share.
 """
 
 from __future__ import annotations
