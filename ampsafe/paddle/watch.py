@@ -35,8 +35,7 @@ _LOW = (paddle.float16, paddle.bfloat16)
 _FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
 
-def _finite(t) -> bool:
-    return t.size == 0 or bool(paddle.isfinite(t).all())
+_finite = BACKEND.all_finite
 
 
 def _is_float(t) -> bool:
@@ -50,9 +49,7 @@ class _Ops(TensorOps):
     key = staticmethod(id)  # Paddle has no storage pointer: parameters and inputs are matched as objects
     no_grad = staticmethod(paddle.no_grad)
 
-    @staticmethod
-    def to_numpy(t) -> np.ndarray:
-        return t.detach().astype("float32").numpy()
+    to_numpy = staticmethod(BACKEND.to_numpy)  # float32 host copy
 
     @staticmethod
     def amax(floats: list):

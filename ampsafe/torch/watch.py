@@ -79,8 +79,7 @@ def op_name(func) -> tuple[str | None, bool]:
     return _RENAME.get(base, base), inplace
 
 
-def _finite(t: torch.Tensor) -> bool:
-    return t.numel() == 0 or bool(torch.isfinite(t).all())
+_finite = BACKEND.all_finite
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -104,9 +103,7 @@ class _Ops(TensorOps):
     def is_checked(t) -> bool:
         return t.is_floating_point() and t.device.type != "meta" and not t.is_sparse
 
-    @staticmethod
-    def to_numpy(t) -> np.ndarray:
-        return t.detach().to("cpu", torch.float32).numpy()
+    to_numpy = staticmethod(BACKEND.to_numpy)  # float32 host copy
 
     @staticmethod
     def amax(floats: list):
