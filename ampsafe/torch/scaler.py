@@ -467,3 +467,10 @@ class GradScaler(ScalerBase):
         state["_per_optimizer_states"] = defaultdict(_fresh_state)
         state["_device_steps"] = DeviceSteps()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        if state.pop("_dev", None) is not None or state.pop("_lag", 0):  # pickled before ampsafe.torch.device_scale
+            raise AssertionError("this pickled GradScaler holds steps decided on the device and never reconciled")
+        state.setdefault("_device_steps", DeviceSteps())
+        super().__setstate__(state)

@@ -206,3 +206,23 @@ def test_pickling_mid_iteration_is_refused(fw):
     scaler.step(opt)
     scaler.update()
     assert pickle.loads(pickle.dumps(scaler)).stats.total_steps == 1
+
+
+def test_a_torch_scaler_pickled_before_the_device_path_module_still_loads():
+    """Older pickles hold ``_lag`` and ``_dev`` (always 0 and None: pickling reconciled first)."""
+    fw = _Torch()
+    model = fw.model()
+    scaler = fw.scaler()
+    fw.train(scaler, model, PATTERN)
+    old = copy.deepcopy(scaler.__getstate__())  # as a pickle would: nothing shared with the original
+    del old["_device_steps"]
+    old.update(_lag=0, _dev=None)
+    clone = type(scaler).__new__(type(scaler))
+    clone.__setstate__(old)
+    assert clone._lag == 0 and clone.state_dict() == scaler.state_dict()
+    model2 = fw.model(seed=5)
+    fw.copy_model(model, model2)
+    (scales2, params2), (scales, params) = (
+        fw.train(c, m, [True, True, False]) for c, m in ((clone, model2), (scaler, model))
+    )
+    assert scales2 == scales and all(np.array_equal(a, b) for a, b in zip(params2, params))
