@@ -87,6 +87,7 @@ def test_backend_is_one_instance_per_framework_and_gathers_alone_outside_a_proce
     assert set(backend.modules(model)) == {"", "0", "1", "2", "3"}
     out = (batch(), {"a": [batch(), 3]})
     assert len(backend.tensors(out)) == 2
+    assert backend.trace_hooks(model, level="O1", target="cpu").framework == backend.name
     signed = (fw.to_tensor if hasattr(fw, "to_tensor") else fw.tensor)([-3.0, 2.0])
     assert float(backend.abs_max(signed)) == 3.0
 

@@ -85,6 +85,10 @@ class Backend(Protocol):
     def trace(self, model, example_inputs, *, level, target, loss_fn=None, loss_scale=None) -> Graph:
         """One recorded forward (and backward with ``loss_fn``) as a framework-neutral graph, state restored."""
 
+    def trace_hooks(self, model, *, level: str, target: str):
+        """The tracer's hooks for one trace of ``model``: a :class:`~ampsafe.core.record.TraceHooks` (the
+        framework's op interception and tensor mechanics; the recording algorithm is core's)."""
+
     def watch(self, model, **options):
         """The framework's ``ampsafe.watch`` context object."""
 

@@ -149,6 +149,11 @@ class PaddleBackend:
 
         return trace(model, example_inputs, **options)
 
+    def trace_hooks(self, model, *, level: str, target: str):
+        from .trace import trace_hooks
+
+        return trace_hooks(model, level=level, target=target)
+
     def watch(self, model, **options):
         from .watch import Watch
 

@@ -27,7 +27,7 @@ from ..core.graph import Graph, OpKind
 from . import amp_lists, intercept
 from .backend import BACKEND
 
-__all__ = ["trace", "preserved", "modules", "op_kind", "output_tensors"]
+__all__ = ["trace", "trace_hooks", "preserved", "modules", "op_kind", "output_tensors"]
 
 _FLOATS = {paddle.float16, paddle.float32, paddle.float64, paddle.bfloat16}
 
@@ -278,6 +278,11 @@ def preserved(model):
         random.setstate(py_rng)
 
 
+def trace_hooks(model, *, level: str, target: str = "cuda") -> _Hooks:
+    """Paddle's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model`` (``target`` is unused)."""
+    return _Hooks(modules(model), level=amp_lists.check_level(level))
+
+
 def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", loss_fn=None, loss_scale=None) -> Graph:
     """Run ``model`` once on ``example_inputs`` (float32) and return its recorded graph.
 
@@ -285,7 +290,7 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
     ``loss_fn(output) * loss_scale`` is back-propagated; tensor hooks give each node's ``grad_amax`` and the
     parameters' ``.grad`` are restored afterwards.
     """
-    hooks = _Hooks(modules(model), level=amp_lists.check_level(level))
+    hooks = trace_hooks(model, level=level, target=target)
     return record.trace(
         hooks,
         model,

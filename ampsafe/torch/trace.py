@@ -31,7 +31,7 @@ from . import modstack
 from .backend import BACKEND
 from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, VIEW_OPS, canonical, runs_in_fp16
 
-__all__ = ["trace", "preserved", "modules", "output_tensors"]
+__all__ = ["trace", "trace_hooks", "preserved", "modules", "output_tensors"]
 
 
 def _is_norm_module(module) -> bool:
@@ -242,6 +242,11 @@ def preserved(model):
         random.setstate(py_rng)
 
 
+def trace_hooks(model, *, level: str, target: str) -> _Hooks:
+    """torch's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model``."""
+    return _Hooks(level=level, target=target)
+
+
 def trace(
     model,
     example_inputs,
@@ -257,7 +262,7 @@ def trace(
     gets ``grad_amax`` (the scaled gradient's abs-max). Model state is restored afterwards in any case.
     Exceptions from the model propagate unchanged (``ampsafe.scan`` wraps them).
     """
-    hooks = _Hooks(level=level, target=target)
+    hooks = trace_hooks(model, level=level, target=target)
     return record.trace(
         hooks,
         model,
