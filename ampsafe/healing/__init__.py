@@ -17,6 +17,10 @@ overflowing paths pay for float32. Why it gives up: an overflow that is not in t
 that float32 has too (a numerical error) is not a precision problem, and more islands would hide it.
 Distributed (torch.distributed / paddle.distributed initialized): verdicts are all-gathered, every rank raises
 the same error or islands the union of the paths found on any rank.
+
+Inside: :mod:`~ampsafe.healing.evidence` (what the replay measures), :mod:`~ampsafe.healing.healer` (the
+decision), :mod:`~ampsafe.healing.attach` (``heal``: to a scaler, or now). All of it goes through the model's
+:class:`~ampsafe.core.backend.Backend`.
 """
 
 from __future__ import annotations
