@@ -3,8 +3,10 @@
 Why: the torch and Paddle watchers differ in how they see an op (a ``TorchFunctionMode`` / an
 ``intercept.OpMode``) and in their backward hooks; the rest (root-forward bookkeeping, the scan of the model
 inputs, the origin report, the guard's check and replay, the headroom monitor) is one logic. It lives here,
-parameterised by a tiny per-framework :class:`TensorOps`, so a fix lands once for both frameworks. Pure Python:
-importing it imports neither torch nor paddle.
+parameterised by a tiny per-framework :class:`TensorOps`, so a fix lands once for both frameworks. The guard
+(:mod:`ampsafe.core.watch_guard`) and the headroom monitor (:mod:`ampsafe.core.watch_monitor`, which gets the
+scan function passed in) are mixins of :class:`WatchBase`. Pure Python: importing it imports neither torch nor
+paddle.
 """
 
 from __future__ import annotations

@@ -145,7 +145,10 @@ class _Hooks:
     maximum = staticmethod(paddle.maximum)
     abs_max = staticmethod(BACKEND.abs_max)
     check_level = staticmethod(amp_lists.check_level)
-    preserved = staticmethod(lambda model: preserved(model))
+
+    @staticmethod
+    def preserved(model):
+        return preserved(model)
 
     @staticmethod
     def parameters(model) -> list:
