@@ -7,9 +7,21 @@ are named by ``module:attribute`` and imported only when something builds them.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
+from importlib import metadata
 
-__all__ = ["SafeNeck", "SAFE_NECKS", "ALREADY_SAFE", "safe_neck", "safe_names", "supported", "load_class"]
+__all__ = [
+    "SafeNeck",
+    "SAFE_NECKS",
+    "ALREADY_SAFE",
+    "already_safe_reason",
+    "ppdet_version",
+    "safe_neck",
+    "safe_names",
+    "supported",
+    "load_class",
+]
 
 PADDLEOCR = "paddleocr"
 PADDLEDET = "paddledet"
@@ -46,21 +58,21 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
             "ins_bn.{i}.*, inp_bn.{i}.*, pan_head_bn.{i}.*, pan_lat_bn.{i}.* (+ incl{1..4}.*_bn with intracl)",
         ),
         SafeNeck(
-            PADDLEDET, "FPN", "AmpSafeFPN", f"{_DET}:AmpSafeFPN", "every conv becomes ConvNormLayer (.conv / .norm)"
+            PADDLEDET,
+            "FPN",
+            "AmpSafeFPN",
+            f"{_DET}:AmpSafeFPN",
+            "<conv>_norm.* after each conv: fpn_inner_res5_sum_norm, fpn_inner_res{2..4}_sum_lateral_norm, "
+            "fpn_res{2..5}_sum_norm (+ fpn_{6..}_norm with extra convs)",
         ),
     )
 }
 
-# Upstream necks that were read and have no unnormalized conv: nothing to swap (the reason is in the refusal;
-# tests/patches/test_ppdet.py checks every conv of each, built by ppdet, is a conv + norm block).
+# Upstream necks that were read (in ppdet 2.6.0's sources) and have no unnormalized conv: nothing to swap.
+# name -> what builds each conv; already_safe_reason() words the refusal. tests/patches/test_ppdet.py checks
+# that every conv of each, built by the installed ppdet, is a conv + norm block.
 ALREADY_SAFE: dict[tuple[str, str], str] = {
-    (PADDLEDET, name): (
-        f"ppdet 2.6.0's {name} builds every conv as a conv + BatchNorm (+ activation) block ({detail}), so it has "
-        "no unnormalized path and no safe variant is needed. The float16 risk in these detectors is the head's "
-        "final convs, which feed the loss unnormalized by design: protect them with ampsafe.patch(model) (FP32 "
-        "islands where a scan finds them risky) and a loss-scale floor (`ampsafe run -- python tools/train.py ...` "
-        "or ampsafe.paddle.GradScaler)"
-    )
+    (PADDLEDET, name): detail
     for name, detail in (
         ("PPYOLOFPN", "darknet ConvBNLayer; SPP, CoordConv and the detection blocks included"),
         ("PPYOLOPAN", "darknet ConvBNLayer; SPP and the CSP blocks included"),
@@ -69,6 +81,40 @@ ALREADY_SAFE: dict[tuple[str, str], str] = {
         ("CustomCSPPAN", "PP-YOLOE's ConvBNLayer / RepVGG blocks; SPP included"),
     )
 }
+_READ_IN = "2.6.0"  # the ppdet whose sources ALREADY_SAFE was read from
+
+
+def ppdet_version() -> str | None:
+    """The installed PaddleDetection's version: ``ppdet.__version__`` when ppdet is imported, else the
+    distribution's metadata (without importing ppdet, which imports paddle); None when none is installed."""
+    version = getattr(sys.modules.get("ppdet"), "__version__", None)
+    if version:
+        return str(version)
+    for dist in ("paddledet", "ppdet"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def already_safe_reason(ecosystem: str, name: str) -> str | None:
+    """Why ``name`` needs no safe variant, naming the installed ppdet; None when it is not one of those."""
+    detail = ALREADY_SAFE.get((ecosystem, name))
+    if detail is None:
+        return None
+    version = ppdet_version()
+    if version is None:
+        owner, source = "ppdet's", f"; read in ppdet {_READ_IN}'s sources, no ppdet is installed here"
+    else:
+        owner, source = f"ppdet {version}'s", ""
+    return (
+        f"{owner} {name} builds every conv as a conv + BatchNorm (+ activation) block ({detail}{source}), so it "
+        "has no unnormalized path and no safe variant is needed. The float16 risk in these detectors is the "
+        "head's final convs, which feed the loss unnormalized by design: protect them with ampsafe.patch(model) "
+        "(FP32 islands where a scan finds them risky) and a loss-scale floor (`ampsafe run -- python "
+        "tools/train.py ...` or ampsafe.paddle.GradScaler)"
+    )
 
 
 def safe_neck(ecosystem: str, upstream: str) -> SafeNeck | None:

@@ -189,7 +189,7 @@ def _plan_ppdet(cfg: Mapping, source: str) -> tuple[str, str, str, Mapping]:
     neck = str(section["neck"])
     if neck in registry.safe_names(PADDLEDET):
         raise ConfigError(f"{source} is already swapped ({arch}.neck: {neck}); nothing written")
-    reason = registry.ALREADY_SAFE.get((PADDLEDET, neck))
+    reason = registry.already_safe_reason(PADDLEDET, neck)
     if reason is not None:
         raise ConfigError(f"{source}: nothing to swap for {arch}.neck: {neck}. {reason}. Nothing written.")
     spec = registry.safe_neck(PADDLEDET, neck)

@@ -18,12 +18,13 @@ def ppdet_workspace():
     return workspace
 
 
-@pytest.fixture
-def isolated_ppdet(ppdet_workspace):
-    """ppdet's process-wide config, restored after the test (load_config merges into it)."""
+@contextlib.contextmanager
+def ppdet_isolation(workspace):
+    """Yields ``fresh()``: a context manager that empties ppdet's process-wide config of loaded settings
+    (registrations kept) for a ``load_config``; on exit the whole config is restored as it was."""
     from ppdet.core.config.schema import SchemaDict
 
-    g = ppdet_workspace.global_config
+    g = workspace.global_config
     saved = dict(g)
     contents = {k: dict(v) for k, v in saved.items() if isinstance(v, SchemaDict)}
 
@@ -44,3 +45,17 @@ def isolated_ppdet(ppdet_workspace):
         for key, items in contents.items():
             dict.clear(saved[key])
             dict.update(saved[key], items)
+
+
+@pytest.fixture
+def isolated_ppdet(ppdet_workspace):
+    """ppdet's process-wide config, restored after the test (load_config merges into it)."""
+    with ppdet_isolation(ppdet_workspace) as fresh:
+        yield fresh
+
+
+@pytest.fixture(scope="module")
+def isolated_ppdet_module(ppdet_workspace):
+    """``isolated_ppdet`` for module-scoped fixtures (models built once for a module's tests)."""
+    with ppdet_isolation(ppdet_workspace) as fresh:
+        yield fresh

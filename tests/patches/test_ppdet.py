@@ -77,7 +77,7 @@ def test_swapped_faster_rcnn_builds_through_ppdet_create_and_trains(upstream, tm
     loss = sum(f.square().mean() for f in features)
     loss.backward()
     assert bool(paddle.isfinite(loss))
-    assert model.neck.lateral_convs[0].conv.weight.grad is not None
+    assert model.neck.lateral_convs[0].weight.grad is not None  # upstream's conv, under its upstream name
 
 
 @pytest.mark.parametrize("name", ["tiny", "mbv3_small"])
@@ -114,3 +114,47 @@ def test_upstream_fpn_is_the_unnormalized_one():
 
     report = normalized_conv_report(FPN(in_channels=[64, 128, 256, 512], out_channel=32))
     assert report and not any(report.values())
+
+
+PPYOLO = "PaddleDetection/configs/ppyolo/ppyolo_mbv3_small_coco.yml"
+
+
+def _refusal(upstream, tmp_path) -> str:
+    out = tmp_path / "out.yml"
+    with pytest.raises(ampsafe.ConfigError) as info:
+        swap_neck(upstream / PPYOLO, out=out)
+    assert not out.exists()
+    return str(info.value)
+
+
+def test_ppyolofpn_refusal_names_the_installed_ppdet_version(upstream, tmp_path):
+    from importlib.metadata import version
+
+    import ppdet
+
+    assert ppdet.__version__ == version("paddledet")
+    assert f"ppdet {ppdet.__version__}'s PPYOLOFPN builds every conv as a conv + BatchNorm" in _refusal(
+        upstream, tmp_path
+    )
+
+
+def test_ppyolofpn_refusal_follows_another_installed_version(upstream, tmp_path, monkeypatch):
+    import ppdet
+
+    monkeypatch.setattr(ppdet, "__version__", "2.7.1")  # what a newer install reports
+    message = _refusal(upstream, tmp_path)
+    assert "ppdet 2.7.1's PPYOLOFPN builds every conv" in message and "2.6.0" not in message
+
+
+def test_ppyolofpn_refusal_without_ppdet_says_which_sources_were_read(upstream, tmp_path, monkeypatch):
+    import sys
+    from importlib import metadata
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.delitem(sys.modules, "ppdet")
+    monkeypatch.setattr(metadata, "version", not_installed)
+    message = _refusal(upstream, tmp_path)
+    assert "ppdet's PPYOLOFPN builds every conv" in message
+    assert "read in ppdet 2.6.0's sources, no ppdet is installed here" in message
