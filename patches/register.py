@@ -18,7 +18,13 @@ from ampsafe.errors import ConfigError
 from . import registry
 from .registry import PADDLEDET, PADDLEOCR
 
-__all__ = ["register_paddleocr", "register_paddledet", "paddleocr_classes"]
+__all__ = [
+    "register_paddleocr",
+    "register_paddledet",
+    "paddleocr_classes",
+    "registered_in_ppocr",
+    "ppocr_registration_line",
+]
 
 
 def paddleocr_classes() -> dict:
@@ -94,6 +100,28 @@ def register_paddleocr() -> dict:
     (``{"dbnet": [...], "ppocr": [...] or None}``; None: ppocr not importable)."""
     classes = paddleocr_classes()
     return {"dbnet": _register_dbnet(classes), "ppocr": _register_ppocr(classes)}
+
+
+def registered_in_ppocr() -> list[str] | None:
+    """The safe necks PaddleOCR's own ``ppocr.modeling.necks.build_neck`` builds through ampsafe, read back
+    from ppocr itself (``[]`` before :func:`register_paddleocr`); None when ``ppocr`` is not importable. Names
+    registered only in ampsafe's own DBNet builder (``ampsafe.workloads.dbnet``) are never in it."""
+    try:
+        import ppocr.modeling.necks as ppocr_necks
+    except ImportError:
+        return None
+    return sorted(getattr(ppocr_necks.build_neck, "_ampsafe_classes", None) or ())
+
+
+def ppocr_registration_line(done: dict | None = None) -> str:
+    """The line to print after :func:`register_paddleocr` (``done``: what it returned): the safe necks in
+    PaddleOCR's registry only, or plainly that ppocr is not importable; ampsafe's DBNet builder is named apart."""
+    names = registered_in_ppocr()
+    dbnet_only = sorted(set((done or {}).get("dbnet") or []) - set(names or []))
+    builder = f"; in ampsafe's own DBNet builder only: {', '.join(dbnet_only)}" if dbnet_only else ""
+    if names is None:
+        return f"safe necks registered (ppocr): none, PaddleOCR's ppocr package is not importable{builder}"
+    return f"safe necks registered (ppocr): {', '.join(names) or 'none'}{builder}"
 
 
 def register_paddledet() -> list[str]:

@@ -33,10 +33,13 @@ def test_swapped_det_mv3_db_builds_with_paddleocrs_own_build_model(ppocr, upstre
 
     from ampsafe.patches import register_paddleocr, swap_neck
     from ampsafe.patches.paddleocr_necks import AmpSafeDBFPN
+    from ampsafe.patches.register import ppocr_registration_line, registered_in_ppocr
 
     done = register_paddleocr()
     assert "AmpSafeDBFPN" in done["ppocr"]
     assert register_paddleocr()["ppocr"] == done["ppocr"]  # idempotent
+    assert registered_in_ppocr() == done["ppocr"]  # read back from ppocr's own build_neck
+    assert ppocr_registration_line(done).startswith(f"safe necks registered (ppocr): {', '.join(done['ppocr'])}")
     out = swap_neck(upstream / "PaddleOCR/configs/det/det_mv3_db.yml", out=tmp_path / "det.yml")
     arch = yaml.safe_load(out.read_text())["Architecture"]
     model = ppocr.build_model(copy.deepcopy(arch))
