@@ -95,3 +95,23 @@ def test_swapped_frcnn_loaded_from_upstream_takes_a_train_step(frcnn):
     optimizer.clear_grad()
     assert not np.array_equal(neck.fpn_res2_sum.weight.numpy(), weight)  # the upstream conv learns
     assert not np.array_equal(neck.fpn_res2_sum_norm._mean.numpy(), mean)  # the new BatchNorm tracks stats
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"has_extra_convs": True, "extra_stage": 2}, {"has_extra_convs": True, "use_c5": False}]
+)
+def test_safe_fpn_is_upstreams_forward_with_a_norm_after_each_conv(options):
+    from ppdet.modeling.necks.fpn import FPN
+
+    paddle.seed(0)
+    upstream = FPN(in_channels=[8, 16, 32, 64], out_channel=16, **options)
+    safe = AmpSafeFPN(in_channels=[8, 16, 32, 64], out_channel=16, **options)
+    missing, unexpected = safe.set_state_dict(upstream.state_dict())
+    assert unexpected == [] and missing and all("_norm." in k for k in missing)
+    upstream.eval()
+    safe.eval()  # fresh BatchNorms at eval: x / sqrt(1 + eps), so the outputs must match upstream's
+    feats = [paddle.rand([2, c, s, s]) for c, s in ((8, 32), (16, 16), (32, 8), (64, 4))]
+    expected, got = upstream(feats), safe(feats)
+    assert len(got) == len(expected) == 4 + options.get("extra_stage", 1)
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-4, atol=1e-5)
