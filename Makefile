@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The brink checkpoints the demo, tests and bench share (the library's own default is ~/.cache/ampsafe).
+export AMPSAFE_CACHE ?= $(CURDIR)/.cache/ampsafe
 
 .PHONY: venv demo test test-isa lint format bench clean
 
