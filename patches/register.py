@@ -118,7 +118,7 @@ def ppocr_registration_line(done: dict | None = None) -> str:
     PaddleOCR's registry only, or plainly that ppocr is not importable; ampsafe's DBNet builder is named apart."""
     names = registered_in_ppocr()
     dbnet_only = sorted(set((done or {}).get("dbnet") or []) - set(names or []))
-    builder = f"; in ampsafe's own DBNet builder only: {', '.join(dbnet_only)}" if dbnet_only else ""
+    builder = f"; ampsafe's own DBNet builder, not PaddleOCR's, got {', '.join(dbnet_only)}" if dbnet_only else ""
     if names is None:
         return f"safe necks registered (ppocr): none, PaddleOCR's ppocr package is not importable{builder}"
     return f"safe necks registered (ppocr): {', '.join(names) or 'none'}{builder}"

@@ -29,5 +29,5 @@ def test_dbnet_builder_names_are_named_apart_from_ppocr():
     line = ppocr_registration_line({"dbnet": ["AmpSafeDBFPN", "AmpSafeLKPAN"], "ppocr": None})
     ppocr_part, dbnet_part = line.split("; ")
     assert "AmpSafe" not in ppocr_part
-    assert dbnet_part == "in ampsafe's own DBNet builder only: AmpSafeDBFPN, AmpSafeLKPAN"
+    assert dbnet_part == "ampsafe's own DBNet builder, not PaddleOCR's, got AmpSafeDBFPN, AmpSafeLKPAN"
     assert ppocr_registration_line({"dbnet": [], "ppocr": None}).endswith("is not importable")
