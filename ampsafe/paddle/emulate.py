@@ -18,7 +18,7 @@ import paddle
 from paddle.autograd import PyLayer
 
 from .._framework import unwrap
-from ..errors import UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 from .amp_lists import black_ops, check_level, white_ops
 from .intercept import OpMode, amp_op_type, in_fp32_region, op_mode
 
@@ -94,14 +94,22 @@ class Fp16Emulator(OpMode):
     ``fp32_ops``: intercepted float ops that ran in float32 (black list, promotion, or FP32 island).
     """
 
-    def __init__(self, model, level: str = "O1", dtype: str = "float16", *, use_promote: bool = True):
+    def __init__(
+        self,
+        model,
+        level: str = "O1",
+        dtype: str = "float16",
+        *,
+        use_promote: bool = True,
+        custom_white_list=None,
+        custom_black_list=None,
+    ):
         self.level = check_level(level, dtype)
         # auto_cast(use_promote=False) (O2 only) is Paddle 2.4's O2: every op off the black list in float16
         self.promote = bool(use_promote) or self.level != "O2"
         self.dtype = dtype
         self.model = model
-        self.white = white_ops(self.level, dtype)
-        self.black = black_ops(self.level, dtype)
+        self.white, self.black = _custom_lists(self.level, dtype, custom_white_list, custom_black_list)
         self.emulated: set[str] = set()
         self.fp32_ops: set[str] = set()
         self.counts: Counter[str] = Counter()
@@ -204,6 +212,18 @@ class Fp16Emulator(OpMode):
         stack.__exit__(*exc)
 
 
+def _custom_lists(level: str, dtype: str, custom_white, custom_black) -> tuple[frozenset[str], frozenset[str]]:
+    """Paddle's lists at ``level`` with ``auto_cast``'s custom lists applied as Paddle's ``_update_list`` does:
+    a custom white op leaves the black list, a custom black op leaves the white list; both at once is an error."""
+    white, black = set(white_ops(level, dtype)), set(black_ops(level, dtype))
+    custom_white, custom_black = set(custom_white or ()), set(custom_black or ())
+    both = custom_white & custom_black
+    if both:
+        raise ConfigError(f"custom_white_list and custom_black_list both name {sorted(both)}")
+    white, black = (white | custom_white) - custom_black, (black | custom_black) - custom_white
+    return frozenset(white), frozenset(black)
+
+
 def _decorated_params(model, dtype: str) -> dict[int, paddle.Tensor]:
     """Parameters ``paddle.amp.decorate(level='O2')`` would cast to ``dtype`` (Paddle's own need_keep_fp32)."""
     from paddle.amp.auto_cast import need_keep_fp32
@@ -235,7 +255,9 @@ def _map(args, kwargs, fn):
     return tuple(one(v) for v in args), {k: one(v) for k, v in kwargs.items()}
 
 
-def emulate_fp16(model, *, level: str = "O1", use_promote: bool = True) -> Fp16Emulator:
+def emulate_fp16(
+    model, *, level: str = "O1", use_promote: bool = True, custom_white_list=None, custom_black_list=None
+) -> Fp16Emulator:
     """Context manager: run ``model`` (and everything else inside the block) as Paddle float16 AMP would on a GPU.
 
     Example::
@@ -248,6 +270,8 @@ def emulate_fp16(model, *, level: str = "O1", use_promote: bool = True) -> Fp16E
     ``level``: ``"O1"`` (``auto_cast`` lists) or ``"O2"`` (``decorate`` + ``auto_cast(level='O2')``).
     ``use_promote``: as ``paddle.amp.auto_cast``'s (O2 only): False gives Paddle 2.x's O2, where every op off
     the O2 black list runs in float16 even with float32 inputs (labels, constants).
+    ``custom_white_list`` / ``custom_black_list``: as ``paddle.amp.auto_cast``'s (Paddle op types such as
+    ``"conv2d"``, ``"elementwise_add"``, ``"exp"``): added to Paddle's white / black list at ``level``.
     An emulation: it reproduces float16 overflow and rounding, not float16 speed.
     """
     inner = unwrap(model)
@@ -256,4 +280,10 @@ def emulate_fp16(model, *, level: str = "O1", use_promote: bool = True) -> Fp16E
             f"emulate_fp16 needs a paddle.nn.Layer, got {type(model).__module__}.{type(model).__name__}; "
             "for torch models use torch.autocast"
         )
-    return Fp16Emulator(inner, level, use_promote=use_promote)
+    return Fp16Emulator(
+        inner,
+        level,
+        use_promote=use_promote,
+        custom_white_list=custom_white_list,
+        custom_black_list=custom_black_list,
+    )
