@@ -1,0 +1,404 @@
+"""Paddle float16 AMP on a CPU for a script you don't edit (``ampsafe run --emulate-fp16``).
+
+PaddlePaddle's CPU build has no AMP: ``paddle.amp.auto_cast``, ``paddle.amp.decorate`` and
+``paddle.amp.GradScaler`` turn themselves off on a CPU place. After :func:`install`, on a CPU place:
+
+* every ``paddle.amp.auto_cast(...)`` block (also ``paddle.amp.amp_guard``, ``paddle.amp.autocast``,
+  ``paddle.autocast``: they all run the module global ``paddle.amp.auto_cast.amp_guard``, which is what is
+  replaced) runs under :func:`ampsafe.paddle.emulate_fp16` at the block's ``level``, with its
+  ``custom_white_list`` / ``custom_black_list`` and ``use_promote``. ``enable=False`` and ``level="O0"``
+  blocks run in float32, also inside an emulated block (only the innermost block decides).
+  ``dtype="bfloat16"`` blocks are not emulated: they run in float32, with a warning (bfloat16 has float32's
+  exponent range, so it cannot overflow as float16 does). ``level="OD"`` is not emulated either (warning).
+  Paddle's own ``amp_guard`` still runs around the block, so ``amp_global_state().amp_dtype`` is the block's
+  dtype as on a GPU (Paddle's scaler reads it); Paddle's tracer itself stays at O0, so
+  ``paddle.amp.is_autocast_enabled()`` is False inside.
+* ``paddle.amp.decorate`` / ``amp_decorate`` return the script's models and optimizers unchanged (their
+  parameters stay float32: they are the float32 master weights) and record the models and the level. At O2
+  they mark ``excluded_layers`` exactly as Paddle's ``decorate`` does on a GPU (``_cast_to_low_precision =
+  False``; restored by :func:`uninstall`), and the emulator's O2 rounds every other parameter that Paddle
+  would cast (``need_keep_fp32``: not the norm layers) through float16 at each use: float16 weights with
+  float32 master weights, which is ``master_weight=None/True``. ``master_weight=False`` (float16 updates),
+  ``save_dtype`` and ``master_grad`` are not emulated.
+* ``paddle.amp.GradScaler`` (Paddle's own class, and ``AmpScaler``) is enabled as on a GPU: its
+  ``AmpScaler.__init__`` is wrapped so that the CPU-place check it makes while it is built sees a GPU place;
+  everything else is Paddle's code. When ``ampsafe.auto`` has put ampsafe's scaler in place of Paddle's,
+  that scaler asks :func:`active` instead.
+
+Which model an ``auto_cast`` block emulates (the O2 weights are that model's): the models given to the latest
+``decorate(models=...)``; else, resolved once at the first block and cached, the smallest layer owning every
+parameter of the live optimizers (``Backend.owner_of``; several optimizers over separate models: all of those
+models); else the live root layer with the most parameters. At O1 the model only names what is reported.
+
+On a GPU place nothing changes: the originals run. :func:`install` returns lines for the run's banner;
+:func:`uninstall` restores every patched attribute (idempotent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import sys
+import threading
+import warnings
+import weakref
+
+__all__ = ["install", "uninstall", "active", "current", "last", "summary"]
+
+_lock = threading.RLock()
+# (owner, attribute, original value, whether the owner held it in its own __dict__)
+_originals: list[tuple[object, str, object, bool]] = []
+# (weakref to a layer, its _cast_to_low_precision before decorate(excluded_layers=...) marked it)
+_layer_flags: list[tuple[weakref.ref, bool]] = []
+_state: dict = {}
+
+
+def _reset_state() -> None:
+    _state.clear()
+    _state.update(
+        installed=False,
+        models=None,  # weakrefs to the models of the latest decorate()
+        decorate_level=None,
+        owner=None,  # the cached resolution: (model, source)
+        blocks=0,
+        emulated_blocks=0,
+        not_emulated={},  # reason -> count
+        last=None,
+        warned=set(),
+    )
+
+
+_reset_state()
+
+
+class _Local(threading.local):
+    def __init__(self):
+        self.blocks: list = []  # this thread's open auto_cast blocks, innermost last (an emulator or None)
+
+
+_local = _Local()
+
+
+def active() -> bool:
+    """True while :func:`install` is in force: scripts' AMP on a CPU is emulated as float16 AMP on a GPU."""
+    return bool(_state["installed"])
+
+
+def current():
+    """The emulator of this thread's innermost open ``auto_cast`` block (an ``Fp16Emulator``), or None (none
+    open, or the innermost one runs in float32: ``enable=False``, bfloat16, ...)."""
+    return _local.blocks[-1] if _local.blocks else None
+
+
+def last():
+    """The emulator of the most recent emulated ``auto_cast`` block (its ``emulated``, ``counts``, ``report()``)."""
+    return _state["last"]
+
+
+def summary() -> dict:
+    """Blocks seen, emulated, and not emulated (by reason); the model used and how it was found."""
+    owner = _state["owner"]
+    return {
+        "active": active(),
+        "blocks": _state["blocks"],
+        "emulated_blocks": _state["emulated_blocks"],
+        "not_emulated": dict(_state["not_emulated"]),
+        "decorate_level": _state["decorate_level"],
+        "model_source": owner[1] if owner else ("decorate" if _state["models"] else None),
+    }
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _emulating_place() -> bool:
+    """Dynamic graph on a place where Paddle's AMP turns itself off (a CPU): what this module emulates."""
+    import paddle
+    from paddle.base.framework import _dygraph_tracer
+
+    if not paddle.in_dynamic_mode():
+        return False
+    tracer = _dygraph_tracer()
+    if tracer is None:
+        return False
+    place = tracer._expected_place
+    return not (place.is_gpu_place() or place.is_xpu_place() or place.is_custom_place())
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key in _state["warned"]:
+        return
+    _state["warned"].add(key)
+    warnings.warn(f"ampsafe: {message}", RuntimeWarning, stacklevel=4)
+
+
+def _not_emulated(reason: str) -> None:
+    counts = _state["not_emulated"]
+    counts[reason] = counts.get(reason, 0) + 1
+
+
+def _emulator_class():
+    from .emulate import Fp16Emulator
+
+    class BlockEmulator(Fp16Emulator):
+        """``Fp16Emulator`` of one ``auto_cast`` block: it acts only while its block is this thread's innermost,
+        so a nested block (``enable=False``, other lists) decides alone."""
+
+        def __call__(self, op, func, args, kwargs):
+            blocks = _local.blocks
+            if not blocks or blocks[-1] is not self:
+                return func(*args, **kwargs)
+            return super().__call__(op, func, args, kwargs)
+
+    BlockEmulator.__module__ = __name__
+    return BlockEmulator
+
+
+def _several(models: list):
+    """One layer over several models (the emulator walks a model's sublayers for its O2 weights)."""
+    import paddle
+
+    return models[0] if len(models) == 1 else paddle.nn.LayerList(models)
+
+
+def _resolve_model():
+    """(model, source) for an auto_cast block: decorate's models, else the owner of the optimizers' parameters
+    (cached), else the live root layer with the most parameters, else an empty layer."""
+    import paddle
+
+    from .._framework import backend_named, unwrap
+    from ..core.backend import live_roots
+
+    models = [m for m in (ref() for ref in _state["models"] or []) if m is not None]
+    if models:
+        return _several([unwrap(m) for m in models]), "decorate"
+    if _state["owner"] is not None:
+        return _state["owner"]
+    backend = backend_named("paddle")
+    roots = live_roots(backend)
+    optimizers = [o for o in gc.get_objects() if issubclass(type(o), paddle.optimizer.Optimizer)]
+    owners: dict[int, object] = {}
+    for optimizer in optimizers:
+        owner = backend.owner_of(optimizer, roots)
+        if owner is not None:
+            owners.setdefault(id(owner), owner)
+    # an owner inside another owner adds nothing: keep the outermost ones
+    inner = {id(s) for o in owners.values() for s in o.sublayers()}
+    owners = [o for key, o in owners.items() if key not in inner]
+    if owners:
+        resolved = (_several(owners), "optimizer")
+    else:
+        best = max(roots, key=lambda m: len(backend.parameters(m)), default=None)
+        resolved = (best, "largest live layer") if best is not None else (paddle.nn.Layer(), "none")
+    _state["owner"] = resolved
+    return resolved
+
+
+# --------------------------------------------------------------------------------------------- the patches
+
+
+def _amp_guard(original):
+    BlockEmulator = _emulator_class()
+
+    @contextlib.contextmanager
+    def amp_guard(
+        enable=True,
+        custom_white_list=None,
+        custom_black_list=None,
+        level="O1",
+        dtype="float16",
+        use_promote=True,
+    ):
+        if not _emulating_place():
+            with original(enable, custom_white_list, custom_black_list, level, dtype, use_promote):
+                yield
+            return
+        with contextlib.ExitStack() as stack:
+            with warnings.catch_warnings():  # the "amp_guard can only be enabled on CUDAPlace" note: emulated here
+                warnings.filterwarnings("ignore", message="amp_guard can only be enabled on")
+                stack.enter_context(original(enable, custom_white_list, custom_black_list, level, dtype, use_promote))
+            _state["blocks"] += 1
+            norm_level = str(level).upper()
+            norm_dtype = getattr(dtype, "name", dtype).lower()
+            emulator = None
+            if not enable or norm_level == "O0":
+                _not_emulated("disabled")
+            elif norm_dtype == "bfloat16":
+                _not_emulated("bfloat16")
+                _warn_once(
+                    "bfloat16",
+                    "paddle.amp.auto_cast(dtype='bfloat16') is not emulated on this CPU: the block runs in float32 "
+                    "(bfloat16 has float32's exponent range, so it cannot overflow as float16 does)",
+                )
+            elif norm_level == "OD":
+                _not_emulated("OD")
+                _warn_once("OD", "paddle.amp.auto_cast(level='OD') is not emulated: the block runs in float32")
+            else:
+                model, _source = _resolve_model()
+                emulator = BlockEmulator(
+                    model,
+                    norm_level,
+                    use_promote=use_promote,
+                    custom_white_list=custom_white_list,
+                    custom_black_list=custom_black_list,
+                )
+                _state["emulated_blocks"] += 1
+                _state["last"] = emulator
+            blocks = _local.blocks
+            blocks.append(emulator)
+            depth = len(blocks)
+            try:
+                if emulator is not None:
+                    from .intercept import op_mode
+
+                    stack.enter_context(op_mode(emulator))
+                yield
+            finally:
+                del blocks[depth - 1 :]
+
+    return functools.wraps(original)(amp_guard)
+
+
+def _amp_decorate(original):
+    @functools.wraps(original)
+    def amp_decorate(
+        models,
+        optimizers=None,
+        level="O1",
+        dtype="float16",
+        master_weight=None,
+        save_dtype=None,
+        master_grad=False,
+        excluded_layers=None,
+    ):
+        result = original(models, optimizers, level, dtype, master_weight, save_dtype, master_grad, excluded_layers)
+        if _emulating_place():
+            _record_decorate(models, level, dtype, master_weight, excluded_layers)
+        return result
+
+    return amp_decorate
+
+
+def _record_decorate(models, level, dtype, master_weight, excluded_layers) -> None:
+    import paddle
+    from paddle.amp.auto_cast import set_excluded_layers
+
+    listed = list(models) if isinstance(models, (list, tuple)) else [models]
+    _state["models"] = [weakref.ref(m) for m in listed]
+    _state["decorate_level"] = level
+    _state["owner"] = None
+    if level != "O2":
+        return
+    if dtype == "bfloat16":
+        _warn_once("bfloat16-decorate", "paddle.amp.decorate(dtype='bfloat16') is not emulated (weights stay float32)")
+    if master_weight is False:
+        _warn_once(
+            "master_weight",
+            "paddle.amp.decorate(master_weight=False) is emulated with float32 master weights (updates not rounded)",
+        )
+    excluded = excluded_layers if isinstance(excluded_layers, list) else [excluded_layers]
+    touched = [*listed, *(e for e in excluded if isinstance(e, paddle.nn.Layer))]
+    for root in touched:
+        for layer in root.sublayers(include_self=True):
+            _layer_flags.append((weakref.ref(layer), layer._cast_to_low_precision))
+    set_excluded_layers(listed, excluded_layers)  # what decorate does on a GPU before casting
+
+
+class _GpuPlace:
+    """The place AmpScaler's constructor sees: its CPU check is the only thing it asks."""
+
+    def __init__(self, place):
+        self._place = place
+
+    def is_gpu_place(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._place, name)
+
+
+class _TracerOnGpu:
+    def __init__(self, tracer):
+        self._tracer = tracer
+        self._expected_place = _GpuPlace(tracer._expected_place)
+
+    def __getattr__(self, name):
+        return getattr(self._tracer, name)
+
+
+def _scaler_init(original, grad_scaler_module):
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        if not _emulating_place():
+            return original(self, *args, **kwargs)
+        with _lock:
+            real = grad_scaler_module._dygraph_tracer
+            grad_scaler_module._dygraph_tracer = lambda: _TracerOnGpu(real())
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                grad_scaler_module._dygraph_tracer = real
+
+    return __init__
+
+
+def _patch(owner, attr: str, value) -> None:
+    own = attr in vars(owner)
+    _originals.append((owner, attr, getattr(owner, attr), own))
+    setattr(owner, attr, value)
+
+
+# --------------------------------------------------------------------------------------------- public
+
+
+def install() -> list[str]:
+    """Emulate Paddle float16 AMP on a CPU for the script's ``auto_cast`` / ``decorate`` / ``GradScaler``.
+
+    Returns the lines for the run's banner (empty when already installed: a second call changes nothing)."""
+    with _lock:
+        if _state["installed"]:
+            return []
+        import paddle
+        import paddle.amp.auto_cast  # noqa: F401 (the submodule; ``paddle.amp.auto_cast`` is the function)
+        import paddle.amp.grad_scaler as grad_scaler
+
+        auto_cast = sys.modules["paddle.amp.auto_cast"]
+        lines = []
+        guard = _amp_guard(auto_cast.amp_guard)
+        _patch(auto_cast, "amp_guard", guard)
+        if getattr(paddle.amp, "amp_guard", None) is not None:
+            _patch(paddle.amp, "amp_guard", guard)
+        lines.append(
+            "paddle.amp.auto_cast / amp_guard / autocast blocks -> ampsafe.paddle.emulate_fp16 at the block's level "
+            "and custom lists (float16 storage emulated on this CPU; bfloat16 and enable=False blocks run in float32)"
+        )
+        decorate = _amp_decorate(auto_cast.amp_decorate)
+        _patch(auto_cast, "amp_decorate", decorate)
+        if getattr(paddle.amp, "amp_decorate", None) is not None:
+            _patch(paddle.amp, "amp_decorate", decorate)
+        lines.append(
+            "paddle.amp.decorate -> records the models and level; O2: float16 weights (except norm layers and "
+            "excluded_layers) emulated over float32 master weights"
+        )
+        _patch(grad_scaler.AmpScaler, "__init__", _scaler_init(grad_scaler.AmpScaler.__init__, grad_scaler))
+        lines.append("paddle.amp.GradScaler -> enabled on this CPU as on a GPU (it scales the loss)")
+        _state["installed"] = True
+        return lines
+
+
+def uninstall() -> None:
+    """Restore every patched attribute and the layers decorate marked; forget the recorded models (idempotent)."""
+    with _lock:
+        while _originals:
+            owner, attr, value, own = _originals.pop()
+            if own:
+                setattr(owner, attr, value)
+            else:
+                delattr(owner, attr)
+        while _layer_flags:
+            ref, flag = _layer_flags.pop()
+            layer = ref()
+            if layer is not None:
+                layer._cast_to_low_precision = flag
+        _reset_state()
