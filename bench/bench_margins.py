@@ -36,6 +36,11 @@ ISA = {
 }
 CASES = ("reference", "dbnet_brink", "frcnn_brink", "demo", "monitor", "frcnn_heal")
 SEEDLESS = ("reference",)
+# The horizons of the tests these cases stand for (tests/test_demo.py, tests/sentinel/test_dbnet_monitor_n10.py,
+# tests/heal/test_heal_frcnn.py): the demo's recipe (ampsafe.demo) over 24 steps, 40 monitor steps, 6 heal steps.
+DEMO_RECIPE = {"steps": 24, "lr": 1e-2, "level": "O1", "image_size": 128, "batch_size": 8}
+MONITOR_STEPS = 40
+FRCNN_HEAL = {"steps": 6, "init_scale": 4.0}
 
 
 def case_reference(seed: int) -> dict:
@@ -90,11 +95,10 @@ def _brink_summary(rec: dict, horizon: int) -> dict:
 
 def case_demo(seed: int) -> dict:
     from ampsafe.demo import run_paddle
-    from tests.test_demo import RECIPE  # the test's own recipe and horizon
 
     out = {}
     for mode in ("native", "island"):
-        t = run_paddle(mode, seed=seed, **RECIPE)
+        t = run_paddle(mode, seed=seed, **DEMO_RECIPE)
         out[mode] = {
             "overflowing": [i for i, o in enumerate(t.overflowed) if o],
             "final_scale": t.scales[-1],
@@ -105,18 +109,17 @@ def case_demo(seed: int) -> dict:
 
 
 def case_monitor(seed: int) -> dict:
-    from tests.sentinel.test_dbnet_monitor_n10 import fp32_peaks
+    from ampsafe.workloads.dbnet.brink import FP16_MAX, train_monitor_recipe
 
-    peaks = fp32_peaks(seed)
-    crossed = next((i for i, p in enumerate(peaks) if p > 65504), None)
-    return {"crossed_step": crossed, "horizon": len(peaks), "peak": max(peaks), "peaks": [round(p) for p in peaks]}
+    peaks = [max(a.values()) for a in train_monitor_recipe(seed, MONITOR_STEPS, stop_after=5)]
+    crossed = next((i for i, p in enumerate(peaks) if p > FP16_MAX), None)
+    return {"crossed_step": crossed, "horizon": MONITOR_STEPS, "peak": max(peaks), "peaks": [round(p) for p in peaks]}
 
 
 def case_frcnn_heal(seed: int) -> dict:
     from ampsafe.workloads.heal_runs import train_frcnn_heal
-    from tests.heal.test_heal_frcnn import INIT_SCALE, STEPS
 
-    run = train_frcnn_heal(STEPS, init_scale=INIT_SCALE, seed=seed)
+    run = train_frcnn_heal(**FRCNN_HEAL, seed=seed)
     heals = run["scaler"].stats.heals
     step = heals[0].step if heals else None
     return {

@@ -33,6 +33,8 @@ __all__ = [
     "brink_model",
     "brink_workload",
     "brink_record",
+    "MONITOR_RECIPE",
+    "train_monitor_recipe",
     "layer_amax",
     "cache_path",
 ]
@@ -47,6 +49,49 @@ RECIPE = {
     "extra_steps": 2,
     "version": 3,
 }
+
+
+# The headroom monitor's recipe: Adam's lr ramped linearly from 0 to 2e-2 over the 30 steps of interest, so the
+# activations cross 65504 late enough for a monitor that looks every 10 steps, then climb well past it. Recipes
+# at a constant lr plateau just below 65504 (96 px, lr 8e-3, 40 steps: seed 0 crosses at step 17, seeds 1 and 2
+# peak at 60416 and 65247 and never cross; 128 px, lr 1e-2 after a 15-step warmup: seeds 0 and 1 hover at
+# 46-65k for 5-10 steps before crossing at 27 and 30), so they cross on one CPU and not on the next.
+# Measured (AVX2-only AMD EPYC; bench/results/margins.md adds other ISA settings): seeds 0/1/2 cross at steps
+# 25/25/28 and reach 1.4-1.7x 65504 within 4 steps; the abs-max is 29-49k at step 20 (the monitor's warning,
+# 5 steps before the crossing) and 4.0-4.1k at step 10; the horizon of 40 steps leaves 12 steps to spare.
+MONITOR_RECIPE = {"config": "det_mv3_db", "image_size": 128, "batch_size": 8, "lr": 2e-2, "warmup_steps": 30}
+
+
+def train_monitor_recipe(seed: int, steps: int, *, watch=None, stop_after: int | None = None) -> list[dict]:
+    """FP32 training on :data:`MONITOR_RECIPE`; returns, per step, the float32 abs-max of every sublayer.
+
+    ``watch(model)`` gives a context manager held around the loop (the test's ``ampsafe.watch``). Training stops
+    ``stop_after`` steps after the first step whose forward leaves float16's range (None: run all ``steps``).
+    """
+    import contextlib
+
+    import paddle
+
+    from . import build
+
+    r = MONITOR_RECIPE
+    workload = build(seed, config=r["config"], image_size=r["image_size"], batch_size=r["batch_size"])
+    schedule = paddle.optimizer.lr.LinearWarmup(r["lr"], r["warmup_steps"], 0.0, r["lr"])
+    optimizer = workload.make_optimizer(schedule)
+    model, per_step, crossed = workload.model, [], None
+    with watch(model) if watch else contextlib.nullcontext(), layer_amax(model) as probe:
+        for step in range(steps):
+            probe.reset()
+            workload.loss(workload.batch(step)).backward()
+            optimizer.step()
+            optimizer.clear_grad()
+            schedule.step()
+            per_step.append(dict(probe.amax))
+            if crossed is None and max(probe.amax.values()) > FP16_MAX:
+                crossed = step
+            if crossed is not None and stop_after is not None and step >= crossed + stop_after:
+                break
+    return per_step
 
 
 class layer_amax(AmaxRecorder):
