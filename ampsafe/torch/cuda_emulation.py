@@ -8,9 +8,14 @@ machine nothing is patched):
   CPU autocast: ``autocast.__init__`` (the one class behind all three) maps device ``"cuda"`` to ``"cpu"``.
   The dtype is the script's, else ``torch.get_autocast_dtype("cuda")`` (float16 by default; CPU autocast's own
   default would be bfloat16); ``enabled=False`` and ``cache_enabled`` are honoured, as are nested blocks.
-  The op lists are CPU autocast's, which torch keeps close to CUDA's for float16 but not equal: measured on
-  torch 2.14, ``mv``/``addmv`` stay float32 and ``exp``/``softmax`` follow their float16 input on the CPU,
-  where CUDA casts them to float32.
+* CPU autocast's op lists are not CUDA's: on the CPU ``exp``, ``log``, ``pow``, ``softmax``, ``log_softmax``,
+  ``layer_norm``, ``group_norm``, ``sum``, ``cumsum``, ``interpolate``, ... follow their float16 input, where
+  CUDA computes them in float32, and ``mv``, ``addmv``, ``addr`` and the RNN cells stay float32, where CUDA
+  runs them in float16 (measured on torch 2.14; the lists are :mod:`ampsafe.torch.ops`'). So while an
+  emulated block is entered, a ``TorchFunctionMode`` applies the difference: for those ops it casts the
+  low-precision inputs to float32 (or the float32 inputs to the block's dtype), and CPU autocast does the
+  rest. It acts only while CPU autocast is enabled (so a nested ``enabled=False`` block is plain float32) and
+  leaves in-place variants alone.
 * ``torch.amp.GradScaler("cuda")`` and ``torch.cuda.amp.GradScaler()`` are ``"cpu"`` scalers, which scale:
   ``GradScaler.__init__`` maps the device the same way. When ``ampsafe.auto`` has put ampsafe's scaler in
   place of torch's, it calls :func:`map_device` on the device it passes.
@@ -49,18 +54,98 @@ def map_device(device):
     return device
 
 
+# python-level names of ops whose canonical name (ampsafe.torch.ops) differs, or that compose listed ones
+_ALIASES = {
+    "pow": ("__rpow__",),
+    "interpolate": ("upsample", "upsample_nearest", "upsample_bilinear"),
+    "linalg_vector_norm": ("linalg_norm",),
+    "log_softmax": ("cross_entropy",),  # log_softmax + nll_loss: both float32 on CUDA
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _list_difference() -> tuple[frozenset[str], frozenset[str]]:
+    """(ops CUDA computes in float32 and CPU autocast does not, ops CUDA lowers and CPU autocast does not)."""
+    from .ops import autocast_fp16_ops, autocast_fp32_ops
+
+    def named(ops):
+        return frozenset(ops) | {alias for op in ops for alias in _ALIASES.get(op, ())}
+
+    to_fp32 = autocast_fp32_ops("cuda") - autocast_fp32_ops("cpu")
+    to_low = autocast_fp16_ops("cuda", "O1") - autocast_fp16_ops("cpu", "O1")
+    return named(to_fp32), named(to_low)
+
+
+def _cuda_lists_mode():
+    """A TorchFunctionMode that makes CPU autocast follow CUDA autocast's lists (see the module docstring)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    to_fp32, to_low = _list_difference()
+    low = (torch.float16, torch.bfloat16)
+
+    def cast(value, want, source):
+        if isinstance(value, torch.Tensor):
+            return value.to(want) if value.dtype in source else value
+        if isinstance(value, (list, tuple)):
+            return type(value)(cast(v, want, source) for v in value)
+        return value
+
+    class CudaAutocastLists(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            if (name in to_fp32 or name in to_low) and torch.is_autocast_enabled("cpu"):
+                if name in to_fp32:
+                    want, source = torch.float32, low
+                else:
+                    want, source = torch.get_autocast_dtype("cpu"), (torch.float32,)
+                args = cast(args, want, source)
+                kwargs = {k: cast(v, want, source) for k, v in kwargs.items()}
+            return func(*args, **kwargs)
+
+    return CudaAutocastLists()
+
+
 def _autocast_init(original):
     @functools.wraps(original)
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-        if map_device(device_type) != device_type:
+        emulated = map_device(device_type) != device_type
+        if emulated:
             import torch
 
             if dtype is None:
                 dtype = torch.get_autocast_dtype("cuda")
             device_type = "cpu"
-        return original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        self._ampsafe_modes = [] if emulated else None
 
     return __init__
+
+
+def _autocast_enter(original):
+    @functools.wraps(original)
+    def __enter__(self):
+        result = original(self)
+        modes = getattr(self, "_ampsafe_modes", None)
+        if modes is not None and self._enabled:
+            mode = _cuda_lists_mode()
+            mode.__enter__()
+            modes.append(mode)
+        return result
+
+    return __enter__
+
+
+def _autocast_exit(original):
+    @functools.wraps(original)
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        modes = getattr(self, "_ampsafe_modes", None)
+        if modes:
+            modes.pop().__exit__(exc_type, exc_val, exc_tb)
+        return original(self, exc_type, exc_val, exc_tb)
+
+    return __exit__
 
 
 def _scaler_init(original):
@@ -91,12 +176,15 @@ def install() -> list[str]:
 
         if torch.cuda.is_available():
             return ["torch: CUDA is available, so torch.autocast('cuda') and GradScaler('cuda') are left as they are"]
-        _patch(autocast_mode.autocast, "__init__", _autocast_init(autocast_mode.autocast.__init__))
+        autocast = autocast_mode.autocast
+        _patch(autocast, "__init__", _autocast_init(autocast.__init__))
+        _patch(autocast, "__enter__", _autocast_enter(autocast.__enter__))
+        _patch(autocast, "__exit__", _autocast_exit(autocast.__exit__))
         _patch(grad_scaler.GradScaler, "__init__", _scaler_init(grad_scaler.GradScaler.__init__))
         _state["installed"] = True
         return [
             "torch.autocast('cuda') / torch.amp.autocast('cuda') / torch.cuda.amp.autocast -> CPU autocast in "
-            "float16 (the script's dtype if it gives one; CPU autocast's op lists)",
+            "float16 (the script's dtype if it gives one), with CUDA autocast's op lists",
             "torch.amp.GradScaler('cuda') / torch.cuda.amp.GradScaler -> GradScaler('cpu'): it scales the loss",
         ]
 

@@ -111,6 +111,18 @@ def test_O1_program_loop_is_emulated_and_paddles_scaler_scales(emulated, capsys)
     assert "Found inf or nan" in capsys.readouterr().out  # Paddle's own scaler said so
 
 
+def test_every_auto_cast_spelling_is_emulated(emulated):
+    conv = _net().conv
+    conv.weight.set_value(paddle.full([2, 1, 1, 1], 1.0e5))
+    x = paddle.ones([1, 1, 2, 2])
+    assert bool(paddle.isfinite(conv(x)).all())
+    blocks = (paddle.amp.auto_cast(), paddle.amp.amp_guard(), paddle.amp.autocast("gpu"), paddle.autocast("gpu"))
+    for block in blocks:
+        with block:
+            assert bool(paddle.isinf(conv(x)).all()), block
+    assert amp_emulation.summary()["emulated_blocks"] == len(blocks)
+
+
 def test_custom_black_list_op_is_not_emulated(emulated):
     model = _net()
     model.conv.weight.set_value(paddle.full([2, 1, 1, 1], 1.0e5))

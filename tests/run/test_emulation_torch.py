@@ -21,6 +21,8 @@ def _originals():
 
     return (
         vars(autocast_mode.autocast)["__init__"],
+        vars(autocast_mode.autocast)["__enter__"],
+        vars(autocast_mode.autocast)["__exit__"],
         vars(grad_scaler.GradScaler)["__init__"],
         torch.autocast,
         torch.amp.autocast,
@@ -76,6 +78,28 @@ def test_every_cuda_autocast_spelling_runs_a_linear_in_float16_on_the_cpu(emulat
     assert linear(x).dtype == torch.float32 and x.device.type == "cpu"
 
 
+def test_emulated_blocks_follow_cuda_autocasts_lists_not_the_cpus(emulated):
+    linear = torch.nn.Linear(4, 64)
+    with torch.no_grad():
+        linear.weight.fill_(500.0)
+        linear.bias.zero_()
+    x = torch.ones(2, 4)
+    with torch.cuda.amp.autocast():
+        h = linear(x)  # float16, 2000 each
+        assert h.dtype == torch.float16
+        total = h.sum()  # CUDA sums in float32: 256000, where a float16 sum (CPU autocast's) is inf
+        assert total.dtype == torch.float32 and float(total.detach()) == 256000.0
+        assert torch.exp(h / 1000).dtype == torch.float32
+        assert torch.nn.functional.softmax(h, dim=-1).dtype == torch.float32
+        assert torch.mv(torch.ones(3, 4), torch.ones(4)).dtype == torch.float16  # CUDA lowers mv; the CPU does not
+        assert (h + 1).dtype == torch.float16  # everything else as CPU autocast does it
+        with torch.cuda.amp.autocast(enabled=False):
+            assert h.sum().dtype == torch.float16  # no autocast, no casts
+    assert h.sum().dtype == torch.float16 and bool(torch.isinf(h.sum()))  # outside: the mode is gone
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert linear(x).sum().dtype == torch.float16  # the script's own CPU autocast is left alone
+
+
 def test_cuda_grad_scaler_scales_and_skips_the_step_whose_float16_forward_overflows(emulated):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
@@ -120,7 +144,7 @@ def test_map_device_maps_cuda_to_cpu_only_while_installed():
 def test_uninstall_restores_the_original_attributes_and_torchs_cpu_behaviour():
     originals = _originals()
     cuda_emulation.install()
-    assert _originals()[:2] != originals[:2]
+    assert all(now is not before for now, before in zip(_originals()[:4], originals[:4]))
     cuda_emulation.uninstall()
     cuda_emulation.uninstall()  # idempotent
     assert all(now is before for now, before in zip(_originals(), originals))
