@@ -1,0 +1,62 @@
+"""Keep the inputs of a model's latest forward, so the last batch can be replayed: :class:`InputCapture`.
+
+Why: a scaler at its floor (or ``ampsafe run``'s FP32 guard) has to replay the batch that overflowed, to
+measure where it overflowed and to heal it, in a script nobody edited. The capture is one forward pre-hook
+that keeps a reference to the arguments (no copies: the tensors are the caller's, alive until the step ends
+anyway) and forgets them on :meth:`InputCapture.drop`, which the scalers call after each ``update()``.
+Framework-neutral: the hook comes from the :class:`~ampsafe.core.backend.Backend`.
+
+    capture = InputCapture(backend, model)
+    loss = loss_fn(model(images), labels)   # capture.latest == ((images,), {})
+    ...
+    capture.drop()                          # after the optimizer step: capture.latest is None
+    capture.remove()                        # detach the hook
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["InputCapture"]
+
+
+class InputCapture:
+    """The ``(args, kwargs)`` of ``model``'s latest forward, by reference.
+
+    ``latest`` is None before the first forward and after :meth:`drop`; each forward replaces it. The
+    tuple and dict are the ones the framework passed to the hook (the tensors are never copied). Paddle's
+    pre-hooks see no keyword arguments, so there ``kwargs`` is always ``{}``.
+    """
+
+    def __init__(self, backend, model) -> None:
+        self.backend = backend
+        self.model = model
+        self._latest: tuple[tuple, dict] | None = None
+        self._handle = backend.forward_pre_hook(model, self._record)
+
+    def _record(self, args: tuple, kwargs: dict) -> None:
+        self._latest = (args if isinstance(args, tuple) else tuple(args), kwargs if kwargs else {})
+
+    @property
+    def latest(self) -> tuple[tuple, dict[str, Any]] | None:
+        """``(args, kwargs)`` of the latest forward since the last :meth:`drop`, or None."""
+        return self._latest
+
+    def drop(self) -> None:
+        """Forget the captured inputs (the scalers call this after each ``update()``)."""
+        self._latest = None
+
+    def remove(self) -> None:
+        """Detach the hook and forget the inputs; ``latest`` stays None from now on."""
+        self._latest = None
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    @property
+    def attached(self) -> bool:
+        return self._handle is not None
+
+    def __repr__(self) -> str:
+        state = "empty" if self._latest is None else f"{len(self._latest[0])} args, {len(self._latest[1])} kwargs"
+        return f"InputCapture({type(self.model).__name__}, {state}{'' if self.attached else ', removed'})"
