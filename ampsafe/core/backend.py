@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from .graph import Graph
 
-__all__ = ["Backend", "owner_of", "live_roots"]
+__all__ = ["Backend", "AdapterModules", "owner_of", "live_roots"]
 
 
 class Backend(Protocol):
@@ -95,6 +95,30 @@ class Backend(Protocol):
     @property
     def patcher(self):
         """The policies' adapter (``ctx.adapter``: ``modules``, ``save_buffers``, ``is_conv``, ...)."""
+
+
+class AdapterModules:
+    """The Backend methods that hand over to the rest of the adapter package (its ``trace``, ``watch`` and
+    ``patch`` modules), imported on first use so that resolving a backend stays cheap. Subclasses live in
+    ``ampsafe.<name>.backend``; the package is the one beside them."""
+
+    def _adapter_module(self, name: str):
+        import importlib
+
+        return importlib.import_module(f"{type(self).__module__.rpartition('.')[0]}.{name}")
+
+    def trace(self, model, example_inputs, **options) -> Graph:
+        return self._adapter_module("trace").trace(model, example_inputs, **options)
+
+    def trace_hooks(self, model, *, level: str, target: str):
+        return self._adapter_module("trace").trace_hooks(model, level=level, target=target)
+
+    def watch(self, model, **options):
+        return self._adapter_module("watch").Watch(model, **options)
+
+    @property
+    def patcher(self):
+        return self._adapter_module("patch").ADAPTER
 
 
 def owner_of(backend: Backend, optimizer, candidates: Iterable | None = None):

@@ -24,7 +24,7 @@ def is_statistic(param) -> bool:
     return param.stop_gradient or not getattr(param, "trainable", True)
 
 
-class PaddleBackend:
+class PaddleBackend(core.AdapterModules):
     """``paddle.nn.Layer`` models."""
 
     name = "paddle"
@@ -143,27 +143,6 @@ class PaddleBackend:
     # -- hooks
     def forward_pre_hook(self, model, fn):
         return model.register_forward_pre_hook(lambda layer, args: fn(args, {}))
-
-    def trace(self, model, example_inputs, **options):
-        from .trace import trace
-
-        return trace(model, example_inputs, **options)
-
-    def trace_hooks(self, model, *, level: str, target: str):
-        from .trace import trace_hooks
-
-        return trace_hooks(model, level=level, target=target)
-
-    def watch(self, model, **options):
-        from .watch import Watch
-
-        return Watch(model, **options)
-
-    @property
-    def patcher(self):
-        from .patch import ADAPTER
-
-        return ADAPTER
 
 
 BACKEND = PaddleBackend()

@@ -13,7 +13,7 @@ from ..core import backend as core
 __all__ = ["TorchBackend", "BACKEND"]
 
 
-class TorchBackend:
+class TorchBackend(core.AdapterModules):
     """``torch.nn.Module`` models. Normalization statistics are buffers (``running_mean``/``running_var``)."""
 
     name = "torch"
@@ -121,27 +121,6 @@ class TorchBackend:
     # -- hooks
     def forward_pre_hook(self, model, fn):
         return model.register_forward_pre_hook(lambda m, args, kwargs: fn(args, kwargs), with_kwargs=True)
-
-    def trace(self, model, example_inputs, **options):
-        from .trace import trace
-
-        return trace(model, example_inputs, **options)
-
-    def trace_hooks(self, model, *, level: str, target: str):
-        from .trace import trace_hooks
-
-        return trace_hooks(model, level=level, target=target)
-
-    def watch(self, model, **options):
-        from .watch import Watch
-
-        return Watch(model, **options)
-
-    @property
-    def patcher(self):
-        from .patch import ADAPTER
-
-        return ADAPTER
 
 
 BACKEND = TorchBackend()
