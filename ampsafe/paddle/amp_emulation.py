@@ -29,6 +29,9 @@ Which model an ``auto_cast`` block emulates (the O2 weights are that model's): t
 ``decorate(models=...)``; else, resolved once at the first block and cached, the smallest layer owning every
 parameter of the live optimizers (``Backend.owner_of``; several optimizers over separate models: all of those
 models); else the live root layer with the most parameters. At O1 the model only names what is reported.
+The block's level decides, as the emulator defines its levels (O2 = decorate + ``auto_cast(level='O2')``): an
+O2 block without ``decorate(level='O2')`` gets float16 weights anyway, and an O1 block after it float32
+weights; each says so once in a warning (on a GPU the weights are what decorate made them).
 
 On a GPU place nothing changes: the originals run. :func:`install` returns lines for the run's banner;
 :func:`uninstall` restores every patched attribute (idempotent).
@@ -126,11 +129,13 @@ def _emulating_place() -> bool:
     return not (place.is_gpu_place() or place.is_xpu_place() or place.is_custom_place())
 
 
-def _warn_once(key: str, message: str) -> None:
+def _warn_once(key: str, message: str, stacklevel: int = 4) -> None:
+    """A RuntimeWarning once per process (per install); ``stacklevel`` 4 is the script's ``with`` line when
+    called from the amp_guard generator."""
     if key in _state["warned"]:
         return
     _state["warned"].add(key)
-    warnings.warn(f"ampsafe: {message}", RuntimeWarning, stacklevel=4)
+    warnings.warn(f"ampsafe: {message}", RuntimeWarning, stacklevel=stacklevel)
 
 
 def _not_emulated(reason: str) -> None:
@@ -236,6 +241,7 @@ def _amp_guard(original):
                 _warn_once("OD", "paddle.amp.auto_cast(level='OD') is not emulated: the block runs in float32")
             else:
                 model, _source = _resolve_model()
+                _check_levels(norm_level)
                 emulator = BlockEmulator(
                     model,
                     norm_level,
@@ -258,6 +264,25 @@ def _amp_guard(original):
                 del blocks[depth - 1 :]
 
     return functools.wraps(original)(amp_guard)
+
+
+def _check_levels(block_level: str) -> None:
+    """Say once where a block's level and decorate's differ: the emulator's O2 is decorate + auto_cast O2."""
+    decorated = _state["decorate_level"] == "O2"
+    if block_level == "O2" and not decorated:
+        _warn_once(
+            "O2-undecorated",
+            "auto_cast(level='O2') without paddle.amp.decorate(level='O2') is emulated as if the model were "
+            "decorated (float16 weights); on a GPU its weights would stay float32",
+            stacklevel=5,
+        )
+    elif block_level == "O1" and decorated:
+        _warn_once(
+            "O1-decorated",
+            "auto_cast(level='O1') after paddle.amp.decorate(level='O2') is emulated at O1 with float32 weights; "
+            "on a GPU the decorated weights are float16",
+            stacklevel=5,
+        )
 
 
 def _amp_decorate(original):

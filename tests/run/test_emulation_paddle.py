@@ -4,6 +4,7 @@ loss outside it, ``scaler.scale(loss)``, ``backward``, ``scaler.minimize(optimiz
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -159,8 +160,9 @@ def test_O2_decorate_returns_the_script_objects_and_blocks_emulate_O2(emulated):
         o2 = model(x)
         emulator = amp_emulation.current()
     assert "exp" in emulator.emulated and bool(paddle.isinf(o2).any())  # gray at O2: float16
-    with paddle.amp.auto_cast(level="O1"):
-        assert bool(paddle.isfinite(model(x)).all())  # black at O1
+    with pytest.warns(RuntimeWarning, match=r"level='O1'\) after paddle.amp.decorate\(level='O2'\)"):
+        with paddle.amp.auto_cast(level="O1"):
+            assert bool(paddle.isfinite(model(x)).all())  # black at O1
 
 
 def test_disabled_and_bfloat16_blocks_run_in_float32(emulated):
@@ -195,3 +197,16 @@ def test_uninstall_restores_the_original_attributes_and_paddles_cpu_behaviour():
     model.conv.weight.set_value(paddle.full([2, 1, 1, 1], 1.0e5))
     with paddle.amp.auto_cast():
         assert bool(paddle.isfinite(model.conv(paddle.ones([1, 1, 2, 2]))).all())
+
+
+def test_O2_block_without_decorate_uses_the_optimizers_model_and_says_so(emulated):
+    gc.collect()  # earlier tests' optimizers: the block resolves the model from the live ones
+    model = _net()
+    optimizer = paddle.optimizer.SGD(parameters=model.head.parameters())  # an optimizer over the head alone
+    with pytest.warns(RuntimeWarning, match=r"without paddle.amp.decorate\(level='O2'\)"):
+        with paddle.amp.auto_cast(level="O2"):
+            emulator = amp_emulation.current()
+    assert emulator.level == "O2" and emulator.model is model.head  # Backend.owner_of: the smallest owner
+    assert emulator.is_fp16(model.head.weight) and not emulator.is_fp16(model.conv.weight)
+    assert amp_emulation.summary()["model_source"] == "optimizer"
+    del optimizer
