@@ -76,8 +76,9 @@ def _list_difference() -> tuple[frozenset[str], frozenset[str]]:
     return named(to_fp32), named(to_low)
 
 
-def _cuda_lists_mode():
-    """A TorchFunctionMode that makes CPU autocast follow CUDA autocast's lists (see the module docstring)."""
+@functools.lru_cache(maxsize=1)
+def _cuda_lists_class():
+    """A TorchFunctionMode class that makes CPU autocast follow CUDA autocast's lists (see the module docstring)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -104,7 +105,8 @@ def _cuda_lists_mode():
                 kwargs = {k: cast(v, want, source) for k, v in kwargs.items()}
             return func(*args, **kwargs)
 
-    return CudaAutocastLists()
+    CudaAutocastLists.__module__ = __name__
+    return CudaAutocastLists
 
 
 def _autocast_init(original):
@@ -129,7 +131,7 @@ def _autocast_enter(original):
         result = original(self)
         modes = getattr(self, "_ampsafe_modes", None)
         if modes is not None and self._enabled:
-            mode = _cuda_lists_mode()
+            mode = _cuda_lists_class()()
             mode.__enter__()
             modes.append(mode)
         return result
