@@ -11,10 +11,14 @@ Framework-neutral: the hook comes from the :class:`~ampsafe.core.backend.Backend
     ...
     capture.drop()                          # after the optimizer step: capture.latest is None
     capture.remove()                        # detach the hook
+
+``state``: an optional ``fn() -> object`` called at each captured forward (the scalers record the framework's
+autocast / float16-emulation state there, so a replay runs the forward as the step did); read it as ``.state``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["InputCapture"]
@@ -28,27 +32,36 @@ class InputCapture:
     pre-hooks see no keyword arguments, so there ``kwargs`` is always ``{}``.
     """
 
-    def __init__(self, backend, model) -> None:
+    def __init__(self, backend, model, state: Callable[[], Any] | None = None) -> None:
         self.backend = backend
         self.model = model
+        self._state_fn = state
         self._latest: tuple[tuple, dict] | None = None
+        self._state: Any = None
         self._handle = backend.forward_pre_hook(model, self._record)
 
     def _record(self, args: tuple, kwargs: dict) -> None:
         self._latest = (args if isinstance(args, tuple) else tuple(args), kwargs if kwargs else {})
+        if self._state_fn is not None:
+            self._state = self._state_fn()
 
     @property
     def latest(self) -> tuple[tuple, dict[str, Any]] | None:
         """``(args, kwargs)`` of the latest forward since the last :meth:`drop`, or None."""
         return self._latest
 
+    @property
+    def state(self) -> Any:
+        """What ``state()`` returned at the latest forward (None without ``state`` or after :meth:`drop`)."""
+        return self._state
+
     def drop(self) -> None:
         """Forget the captured inputs (the scalers call this after each ``update()``)."""
-        self._latest = None
+        self._latest = self._state = None
 
     def remove(self) -> None:
         """Detach the hook and forget the inputs; ``latest`` stays None from now on."""
-        self._latest = None
+        self._latest = self._state = None
         if self._handle is not None:
             self._handle.remove()
             self._handle = None

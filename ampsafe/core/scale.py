@@ -144,6 +144,8 @@ class FloorInfo:
     scale_before_collapse: float  # the scale of the last clean step
     scale_history: tuple
     scale_independent: Optional[bool]  # True: the loss itself was non-finite; None: unknown
+    verdict: Optional[str] = None  # what the replay of the last batch measured (a sentence), None: not replayed
+    where: Optional[str] = None  # "forward" | "backward" | "data" | "loss" | "none" | "not replayed" | None
 
 
 @dataclass
@@ -326,8 +328,12 @@ class LossScaleState:
             self.stats.load_dict(sd["stats"])
 
 
-def floor_message(info: FloorInfo, min_scale: float, hysteresis: int) -> str:
-    """The sentence a :class:`LossScaleFloorError` carries: where, how the scale fell, and what to do."""
+def floor_message(info: FloorInfo, min_scale: float, hysteresis: int, on_floor: str = "raise", why: str = "") -> str:
+    """The sentence a :class:`LossScaleFloorError` carries: where (as measured), how the scale fell, what to do.
+
+    ``info.verdict`` is what the replay of the last batch measured (``ampsafe.healing.verdict``); without one
+    the pass is said to be unknown, never inferred from the loss. ``why``: why ``on_floor='heal'`` did not heal.
+    """
     named = (
         ", ".join(f"{name} (module {mod!r})" for name, mod in zip(info.offenders[:8], info.modules[:8]))
         or "none on this process (they were on another rank, or in no gradient the optimizers hold)"
@@ -335,29 +341,40 @@ def floor_message(info: FloorInfo, min_scale: float, hysteresis: int) -> str:
     if len(info.offenders) > 8:
         named += f" and {len(info.offenders) - 8} more"
     history = ", ".join(f"{s:g}" for s in info.scale_history[-12:])
-    if info.scale_independent:
-        where = (
-            "The loss passed to scale() was itself non-finite: the overflow is in the forward pass, and no loss "
-            "scale can fix this; see ampsafe.scan / ampsafe.patch (FP32 islands for the risky paths)."
-        )
-    elif info.scale_independent is False:
-        where = (
-            "The loss was finite, so the overflow is in the backward pass even at the smallest allowed scale; "
-            "see ampsafe.scan(loss_fn=...) / ampsafe.patch, or lower min_scale."
-        )
+    if info.verdict:
+        where = f"Replayed under ampsafe.watch, the last batch overflows in {info.verdict}."
+        if info.where == "not replayed":
+            where = f"The last batch was {info.verdict}."
     else:
-        where = "The loss was not seen by scale(), so whether the forward pass overflows is unknown."
+        where = "Which pass overflowed was not measured (no replay of the last batch)."
     return (
         f"loss scale reached its floor min_scale={min_scale:g} at step {info.step} and gradients still overflow "
         f"(hysteresis={hysteresis}). Non-finite gradients: {named}. Recent scales: [{history}]. {where} "
-        f"Use on_floor='clamp' to keep skipping such steps, or on_floor='heal' to island the offending paths."
+        + _advice(info.where, on_floor, why)
     )
 
 
-def floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str = "") -> LossScaleFloorError:
+def _advice(where: Optional[str], on_floor: str, why: str) -> str:
+    """What to do, fitted to the measured pass and to the options already set."""
+    if on_floor == "heal":
+        return f"on_floor='heal' could not heal it: {why}" if why else "on_floor='heal' could not heal it."
+    fix = {
+        "forward": "No loss scale fixes a forward overflow: keep that path in float32 (ampsafe.patch(model, "
+        "inputs, paths=[...]) or policy='island'), or on_floor='heal' to island it and go on.",
+        "loss": "Compute the loss in float32 (outside autocast), or guard the op that overflows in it.",
+        "data": "Fix or drop that sample (ampsafe.check_targets / ampsafe.core.targets.checked); no loss scale "
+        "or FP32 island fixes bad data.",
+        "backward": "A smaller scale is not allowed: lower min_scale, keep the named layers in float32 "
+        "(ampsafe.scan(model, inputs, loss_fn=...) finds the gradient paths), or on_floor='clamp' to keep "
+        "skipping such steps.",
+    }.get(where or "")
+    return fix or "Use on_floor='clamp' to keep skipping such steps, or on_floor='heal' to island the offending paths."
+
+
+def floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str = "", why: str = "") -> LossScaleFloorError:
     """The :class:`LossScaleFloorError` for a floor hit (``.modules`` and ``.info`` let ``ampsafe.heal`` act)."""
     err = LossScaleFloorError(
-        prefix + floor_message(info, policy.min_scale, policy.hysteresis),
+        prefix + floor_message(info, policy.min_scale, policy.hysteresis, policy.on_floor, why),
         offenders=info.offenders,
         scale_history=info.scale_history,
         scale_independent=info.scale_independent,
@@ -411,7 +428,7 @@ class ScalerBase:
         """What a heal hook is told: ``offenders`` are (parameter, fallback label) pairs whose gradients were
         non-finite, ``losses`` the losses ``scale()`` saw this step (to tell a non-finite loss apart)."""
         names = self._param_names() if offenders else {}
-        labelled = [names.get(id(p), label) for p, label in offenders]
+        labelled = [names.get(id(p), label) for p, label in self._order_offenders(offenders)]
         independent = None
         if losses:
             independent = not all(self._all_finite(loss) for loss in losses)
@@ -436,19 +453,36 @@ class ScalerBase:
         return record
 
     def _on_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
-        info = self.floor_info(decision.step, offenders, losses)
+        info = self._measured(self.floor_info(decision.step, offenders, losses))
         policy = self._core.policy
         if decision.on_floor == "heal":
-            if self.heal_hook is None:
-                raise floor_error(
-                    info,
-                    policy,
-                    "on_floor='heal' needs ampsafe.heal support: set scaler.heal_hook = fn(scaler, info) "
-                    "returning the healed module paths (ampsafe.heal installs one). ",
-                )
-            self.apply_heal(decision.step, self.heal_hook(self, info), info)
+            hook = self.heal_hook if self.heal_hook is not None else self._builtin_heal_hook()
+            if hook is None:
+                raise floor_error(info, policy, why=self._no_heal_reason())
+            try:
+                plan = hook(self, info)
+            except LossScaleFloorError as exc:
+                why = str(exc).removeprefix("not healed: ")
+                raise floor_error(info, policy, why=why) from exc
+            self.apply_heal(decision.step, plan, info)
             return
-        raise floor_error(info, policy, "")
+        raise floor_error(info, policy)
+
+    # -- what adapters with a model refine (``ampsafe.healing.scaler.HealingScaler``) -----------------------------------
+    def _measured(self, info: FloorInfo) -> FloorInfo:
+        """``info`` with the measured verdict of the floor (here: none, nothing to replay)."""
+        return info
+
+    def _builtin_heal_hook(self) -> Optional[Callable]:
+        """The heal hook ``on_floor='heal'`` uses when none is set (here: none)."""
+        return None
+
+    def _no_heal_reason(self) -> str:
+        return "no heal hook is set (ampsafe.heal(model, scaler=scaler) sets one)"
+
+    def _order_offenders(self, offenders: list) -> list:
+        """(parameter, label) pairs in the order the error names them."""
+        return list(offenders)
 
     # -- pickling: the state travels, the hooks stay ----------------------------------------------------------------
     def __getstate__(self) -> dict:

@@ -12,6 +12,7 @@ import math
 from typing import Any, Callable, Optional
 
 from .._framework import backend_of, unwrap
+from ..core.capture import InputCapture
 from ..core.report import RiskPath
 from ..core.scale import HealPlan
 from ..errors import ConfigError, LossScaleFloorError
@@ -29,6 +30,8 @@ class Healer:
     replayed batch (1 bit: above 32752), so it does not overflow again on the next, slightly larger batch.
     ``max_heals``: give up with :class:`LossScaleFloorError` after that many heals. ``loss_fn(output)``:
     optional; lets the float32 check look at the loss and the search find paths whose *gradients* overflow.
+    ``capture``: an :class:`~ampsafe.core.capture.InputCapture` of ``model`` to replay from (a scaler lends
+    its own); without it the healer captures the inputs itself.
 
     Every check is collective: each rank replays its own last batch, the verdicts are all-gathered, and every
     rank raises the same error or patches the same union of paths, so the replicas stay identical.
@@ -43,6 +46,7 @@ class Healer:
         margin_bits: float = 1.0,
         max_heals: int = 3,
         loss_fn: Optional[Callable] = None,
+        capture: Optional[InputCapture] = None,
     ):
         if not isinstance(max_heals, int) or max_heals < 0:
             raise ConfigError(f"max_heals must be an int >= 0, got {max_heals!r}")
@@ -54,20 +58,30 @@ class Healer:
         self.level, self.target, self.margin_bits = level, target, margin_bits
         self.max_heals, self.loss_fn = max_heals, loss_fn
         self.heals: list[dict] = []
-        self.last_inputs: Any = None
-        self._handle = self._remember_inputs()
+        self._given: Any = None  # inputs set by hand (``heal(model, batch_fn)``), else the capture's
+        self._own_capture = capture is None
+        self.capture = InputCapture(self.backend, self.model) if capture is None else capture
 
-    def _remember_inputs(self):
-        def keep(args, kwargs):
-            self.last_inputs = dict(kwargs) if kwargs and not args else tuple(args)
+    @property
+    def last_inputs(self) -> Any:
+        """The batch a heal replays: set by hand, or the inputs of the model's latest forward (a tuple of
+        arguments, or a dict for a forward called with keyword arguments only)."""
+        if self._given is not None:
+            return self._given
+        latest = self.capture.latest
+        if latest is None:
+            return None
+        args, kwargs = latest
+        return dict(kwargs) if kwargs and not args else tuple(args)
 
-        return self.backend.forward_pre_hook(self.model, keep)
+    @last_inputs.setter
+    def last_inputs(self, inputs: Any) -> None:
+        self._given = inputs
 
     def detach(self) -> None:
-        """Stop remembering inputs (the hook is removed)."""
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        """Stop remembering inputs (the hook is removed; a capture the scaler lent stays with the scaler)."""
+        if self._own_capture:
+            self.capture.remove()
 
     def find(self, inputs, loss_scale: Optional[float] = None) -> list[RiskPath]:
         """The unprotected paths that overflow (or come within ``margin_bits`` of it) on ``inputs``.

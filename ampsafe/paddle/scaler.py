@@ -21,6 +21,7 @@ hysteresis.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict, deque
 from enum import Enum
 from typing import Any, Callable, Optional
@@ -32,11 +33,11 @@ from ..core.scale import (
     FloorInfo,
     LossScaleState,
     ScalePolicy,
-    ScalerBase,
     ScalerStats,
     StepDecision,
     names_from_live_modules,
 )
+from ..healing.scaler import HealingScaler
 from .grads import nonfinite_params, unscale_and_check_
 
 __all__ = ["GradScaler", "OptimizerState"]
@@ -52,7 +53,7 @@ def _fresh_state() -> dict[str, Any]:
     return {"state": OptimizerState.INIT}
 
 
-class GradScaler(ScalerBase):
+class GradScaler(HealingScaler):
     """Drop-in for :class:`paddle.amp.GradScaler` (same arguments and methods).
 
     Extra keyword-only arguments: ``min_loss_scaling`` / ``max_loss_scaling`` (floor, cap), ``on_floor``
@@ -60,6 +61,13 @@ class GradScaler(ScalerBase):
     group when ``paddle.distributed`` is initialized), ``fp32_guard`` (no scaling, skip non-finite steps),
     ``callback`` (``fn(StepDecision)`` per update), ``model`` (names parameters in errors; found via the garbage
     collector when omitted). ``min_loss_scaling=0, max_loss_scaling=inf`` reproduce Paddle's scaler.
+
+    ``on_floor="heal"`` needs no ``ampsafe.heal`` call: at its first ``step`` / ``minimize`` the scaler resolves
+    its model (``model=``, else the smallest layer whose parameters cover the optimizer's) and keeps the inputs
+    of its latest forward; at the floor it replays that batch under the sentinel (in the step's ``auto_cast`` or
+    ``emulate_fp16``), names the pass that overflowed, and heals or raises with what it measured.
+    ``patience=N`` heals after N overflowing steps in a row when the replayed forward overflows.
+    ``disabled_reason``: why scaling is off (``"disabled by the script (enable=False)"``, ...), None when on.
 
     Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
     and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
@@ -83,9 +91,15 @@ class GradScaler(ScalerBase):
         fp32_guard: bool = False,
         callback: Optional[Callable[[StepDecision], Any]] = None,
         model=None,
+        patience: Optional[int] = None,
     ) -> None:
         self._guard = bool(fp32_guard)
         self._enable = bool(enable) or self._guard
+        self.disabled_reason: Optional[str] = None
+        if self._guard:
+            self.disabled_reason = "loss scaling off (fp32_guard=True): non-finite steps are still skipped"
+        elif not enable:
+            self.disabled_reason = "disabled by the script (enable=False)"
         self._use_dynamic_loss_scaling = bool(use_dynamic_loss_scaling) and self._enable and not self._guard
         init = 1.0 if self._guard else init_loss_scaling
         self._core = LossScaleState(
@@ -114,6 +128,7 @@ class GradScaler(ScalerBase):
         self._losses: deque = deque(maxlen=16)
         self._offenders: list = []
         self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
+        self._init_healing(patience)
 
     def _scale_tensor(self):
         return paddle.to_tensor(np.array([self._core.scale], dtype=np.float32))
@@ -133,6 +148,7 @@ class GradScaler(ScalerBase):
 
             self._enable = self._use_dynamic_loss_scaling = False
             self._init_loss_scaling = 1.0
+            self.disabled_reason = "disabled (bfloat16 auto_cast: dynamic loss scaling is not used for bfloat16)"
             warnings.warn("dynamic loss scaling is not recommended for bfloat16, so GradScaler is disabled.")
         if not self._enable or not var._is_initialized():
             return var
@@ -165,6 +181,7 @@ class GradScaler(ScalerBase):
 
     # -- step / update / minimize -----------------------------------------------------------------------------------
     def _optimizer_step(self, optimizer, run: Callable):
+        self._resolve(optimizer)
         state = self._optimizer_states[id(optimizer)]
         if state["state"] is OptimizerState.INIT:
             self.unscale_(optimizer)
@@ -210,6 +227,12 @@ class GradScaler(ScalerBase):
         self._advance()
 
     def _advance(self) -> None:
+        try:
+            self._on_decision(self._decide())
+        finally:
+            self._end_step()
+
+    def _decide(self) -> Optional[StepDecision]:
         found = self._cache_found_inf
         self._optimizer_states = defaultdict(_fresh_state)
         self._cache_found_inf = None
@@ -217,13 +240,42 @@ class GradScaler(ScalerBase):
         losses = list(self._losses)
         self._losses.clear()
         if found is None:  # nothing was stepped since the last update: nothing to decide (Paddle: a no-op)
-            return
+            return None
         before = self._core.scale
         decision = self._core.update(found)
         if self._core.scale != before:
             self._scale = self._scale_tensor()
         if decision.floor_hit and decision.on_floor != "clamp":
             self._on_floor(decision, offenders, losses)
+        return decision
+
+    # -- the framework side of the floor's replay and heal (HealingScaler) ----------------------------------------
+    def _backend(self):
+        from .backend import BACKEND
+
+        return BACKEND
+
+    def _amp_state_fn(self):
+        return _amp_state
+
+    def _replay_context(self, state) -> contextlib.ExitStack:
+        """The precision the captured forward ran in (no grad): its float16 emulation, or Paddle's auto_cast."""
+        from .intercept import active_modes
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(paddle.no_grad())
+        emulator, level, dtype = state or (None, "O0", "float32")
+        if emulator is not None:
+            if emulator not in active_modes():
+                stack.enter_context(emulator)
+        elif level in ("O1", "O2"):
+            stack.enter_context(paddle.amp.auto_cast(enable=True, level=level, dtype=dtype))
+        return stack
+
+    def _heal_options(self, state) -> dict:
+        emulator, level, _ = state or (None, "O0", "float32")
+        level = emulator.level if emulator is not None else level
+        return {"level": level if level in ("O1", "O2") else "O1"}
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
     def _param_names(self) -> dict[int, str]:
@@ -368,6 +420,19 @@ class GradScaler(ScalerBase):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self._scale = self._scale_tensor()
+
+
+def _amp_state() -> tuple:
+    """(the innermost float16 emulator, Paddle's AMP level, its dtype) now: recorded at each captured forward."""
+    from .emulate import Fp16Emulator
+    from .intercept import active_modes
+
+    emulator = next((m for m in reversed(active_modes()) if isinstance(m, Fp16Emulator)), None)
+    level = "O0"
+    tracer = paddle.framework._dygraph_tracer()
+    if tracer is not None:
+        level = str(getattr(tracer, "_amp_level", "O0")).rpartition(".")[2]
+    return emulator, level, _amp_dtype()
 
 
 def _amp_dtype() -> str:

@@ -29,6 +29,7 @@ callbacks or the heal hook: re-attach those after loading (``state_dict()`` is t
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 from collections import abc, defaultdict, deque
@@ -41,11 +42,11 @@ from ..core.scale import (
     FloorInfo,
     LossScaleState,
     ScalePolicy,
-    ScalerBase,
     ScalerStats,
     StepDecision,
     names_from_live_modules,
 )
+from ..healing.scaler import HealingScaler
 from .device_scale import DeviceSteps
 from .grads import nonfinite_params, unscale_and_check_
 
@@ -60,12 +61,20 @@ class OptState(Enum):
     STEPPED = 2
 
 
+def _autocast_state() -> tuple:
+    """(device, enabled, dtype) of CPU and CUDA autocast now: recorded at each captured forward."""
+    return (
+        ("cpu", torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
+        ("cuda", torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")),
+    )
+
+
 def _fresh_state() -> dict[str, Any]:
     # found_inf_host: the step's verdict once synced (None until then); offenders: names, only at the floor
     return {"stage": OptState.READY, "found_inf_per_device": {}, "found_inf_host": None, "reduced": False}
 
 
-class GradScaler(ScalerBase):
+class GradScaler(HealingScaler):
     """Drop-in for :class:`torch.amp.GradScaler` (same arguments, methods and per-optimizer protocol).
 
     Extra keyword-only arguments: ``min_scale`` / ``max_scale`` (floor and cap), ``hysteresis`` (consecutive
@@ -77,6 +86,13 @@ class GradScaler(ScalerBase):
     whose found_inf never reaches the host, are decided on the device without a sync, as torch's are; the host
     syncs only when the unknown steps could have reached the floor (``on_floor`` raise/heal); default: when the
     scale lives on an accelerator). ``min_scale=0, max_scale=inf, hysteresis=1`` reproduce torch exactly.
+
+    ``on_floor="heal"`` needs no ``ampsafe.heal`` call: at its first ``step`` the scaler resolves its model
+    (``model=``, else the smallest module whose parameters cover the optimizer's) and keeps the inputs of its
+    latest forward; at the floor it replays that batch under the sentinel, names the pass that overflowed, and
+    heals (islands what overflows, restores the scale) or raises with what it measured. ``patience=N`` heals
+    after N overflowing steps in a row when the replayed forward overflows, without waiting for the floor.
+    ``disabled_reason``: why scaling is off (``"disabled (CUDA not available)"``, ...), None when it is on.
 
     Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
     and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
@@ -101,12 +117,19 @@ class GradScaler(ScalerBase):
         callback: Optional[Callable[[StepDecision], Any]] = None,
         model: Optional[torch.nn.Module] = None,
         device_decisions: Optional[bool] = None,
+        patience: Optional[int] = None,
     ) -> None:
         self._device = device
         self._enabled = bool(enabled) and not fp32_guard
+        self.disabled_reason: Optional[str] = None
+        if not enabled:
+            self.disabled_reason = "disabled by the script (enabled=False)"
+        elif fp32_guard:
+            self.disabled_reason = "loss scaling off (fp32_guard=True): non-finite steps are still skipped"
         if self._enabled and device == "cuda" and not torch.cuda.is_available():
             warnings.warn("ampsafe GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             self._enabled = False
+            self.disabled_reason = "disabled (CUDA not available)"
         self._guard = bool(fp32_guard)
         self._active = self._enabled or self._guard
         policy = ScalePolicy(
@@ -132,6 +155,7 @@ class GradScaler(ScalerBase):
         self._device_decisions = device_decisions
         self._device_steps = DeviceSteps()  # steps of self-unscaling optimizers decided on the device
         self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
+        self._init_healing(patience)
 
     # -- public extras -----------------------------------------------------------------------------------------------
     @property
@@ -263,6 +287,7 @@ class GradScaler(ScalerBase):
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._resolve(optimizer)
         self._ensure_scale_for(optimizer, "step")
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
@@ -310,6 +335,12 @@ class GradScaler(ScalerBase):
         """Advance the scale state machine (or set ``new_scale``); at the floor apply ``on_floor``."""
         if not self._active:
             return
+        try:
+            self._on_decision(self._update(new_scale))
+        finally:
+            self._end_step()
+
+    def _update(self, new_scale) -> Optional[StepDecision]:
         scale = self._check_scale("update")
         states = list(self._per_optimizer_states.values())
         self._per_optimizer_states = defaultdict(_fresh_state)
@@ -317,7 +348,7 @@ class GradScaler(ScalerBase):
             self._losses.clear()
             self._reconcile()
             self._set_scale(new_scale, scale)
-            return
+            return None
         checked = [s for s in states if s["found_inf_per_device"]]
         if not checked:
             raise AssertionError("No inf checks were recorded prior to update.")
@@ -335,7 +366,7 @@ class GradScaler(ScalerBase):
             if len(pending) == len(checked) and self._decide_on_device() and self._device_steps.allowed(self._core):
                 self._device_steps.step(self._core, scale, total)  # no host sync, like torch's _amp_update_scale_
                 self._losses.clear()
-                return
+                return None
             if bool(self._reconcile(total)):
                 found_inf = True
                 if self._core.at_floor:
@@ -351,6 +382,7 @@ class GradScaler(ScalerBase):
         if decision.floor_hit and decision.on_floor != "clamp":
             offenders = [name for s in checked for name in s.get("offenders", ())]
             self._on_floor(decision, offenders, losses)
+        return decision
 
     # -- device-side steps (self-unscaling optimizers: torch's needs no host sync there, so neither do we) --------
     @property
@@ -383,6 +415,28 @@ class GradScaler(ScalerBase):
             value = float(new_scale.item())
         self._core.set_scale(value)
         scale.fill_(float(self._core.scale))
+
+    # -- the framework side of the floor's replay and heal (HealingScaler) ----------------------------------------
+    def _backend(self):
+        from .backend import BACKEND
+
+        return BACKEND
+
+    def _amp_state_fn(self):
+        return _autocast_state
+
+    def _replay_context(self, state) -> contextlib.ExitStack:
+        """The autocast the captured forward ran under (no grad): the replay sees the step's float16 ops."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        for device, enabled, dtype in state or ():
+            if enabled:
+                stack.enter_context(torch.autocast(device, dtype=dtype))
+        return stack
+
+    def _heal_options(self, state) -> dict:
+        on_cpu = any(device == "cpu" and enabled for device, enabled, _ in state or ())
+        return {"target": "cpu" if on_cpu else "cuda"}
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
     def _param_names(self) -> dict[int, str]:

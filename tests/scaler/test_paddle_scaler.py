@@ -242,7 +242,7 @@ def test_heal_hook_gets_offenders_and_the_scale_restarts_before_the_collapse():
     _train(scaler, [False] * 2 + [True] * 6 + [False])  # 32 -> 1 in 5 overflows, the 6th is at the floor
     assert len(calls) == 1 and calls[0].offenders == ("2.weight",) and calls[0].scale_before_collapse == 32.0
     assert scaler.stats.heals[0].paths == ("2",) and scaler.get_loss_scaling() == 32.0
-    with pytest.raises(ampsafe.LossScaleFloorError, match="needs ampsafe.heal support"):
+    with pytest.raises(ampsafe.LossScaleFloorError, match="on_floor='heal' could not heal it"):
         _train(GradScaler(init_loss_scaling=2.0, on_floor="heal"), [True] * 4)
 
 

@@ -112,7 +112,7 @@ def test_clamp_keeps_skipping_at_the_floor_and_never_applies_nonfinite_update():
 
 
 def test_heal_without_hook_raises_saying_heal_support_is_needed_and_hook_is_called():
-    with pytest.raises(ampsafe.LossScaleFloorError, match="needs ampsafe.heal support"):
+    with pytest.raises(ampsafe.LossScaleFloorError, match="on_floor='heal' could not heal it"):
         _train(GradScaler("cpu", init_scale=2.0, on_floor="heal"), [True] * 5)
     calls = []
     scaler = GradScaler("cpu", init_scale=64.0, on_floor="heal")

@@ -1,0 +1,195 @@
+"""What makes a bare ampsafe GradScaler heal and explain its floor with no edit to the script.
+
+    scaler = ampsafe.torch.GradScaler("cuda", on_floor="heal")       # no ampsafe.heal call, no model=
+    scaler = ampsafe.paddle.GradScaler(on_floor="heal", patience=2)  # heal after 2 overflows in a row
+
+At its first ``step`` / ``minimize`` the scaler resolves its model (``model=`` if given, else the smallest
+module whose parameters cover the optimizer's: :meth:`Backend.owner_of`) and keeps the inputs of that model's
+latest forward (:class:`~ampsafe.core.capture.InputCapture`, by reference, dropped after every ``update()``).
+At the floor it replays that batch once under the sentinel (:func:`ampsafe.healing.verdict.measure`) and says
+which pass overflowed; with ``on_floor="heal"`` it then heals through a :class:`~ampsafe.healing.Healer` (the
+one ``ampsafe.heal`` attaches: replay, island what overflows, restore the scale; collective under
+torch.distributed / paddle.distributed). Both adapters subclass :class:`HealingScaler`; they supply the
+framework's precision state (``_amp_state``, ``_replay_context``) and call ``_resolve`` / ``_end_step``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, Callable, Optional
+
+from .._framework import unwrap
+from ..core.capture import InputCapture
+from ..core.scale import FloorInfo, ScalerBase, StepDecision
+from ..errors import ConfigError
+from .healer import Healer
+from .verdict import Verdict, measure
+
+__all__ = ["HealingScaler", "check_patience"]
+
+log = logging.getLogger("ampsafe.heal")
+
+
+def check_patience(patience, on_floor: str) -> Optional[int]:
+    """``patience`` validated: an int >= 1 (overflowing steps in a row before a heal) or None."""
+    if patience is None:
+        return None
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        raise ConfigError(f"patience must be an int >= 1 (overflowing steps in a row) or None, got {patience!r}")
+    if on_floor != "heal":
+        raise ConfigError(f"patience={patience} heals before the floor: it needs on_floor='heal' (got {on_floor!r})")
+    return patience
+
+
+class HealingScaler(ScalerBase):
+    """Model resolution, input capture, the measured floor verdict, built-in healing and ``patience``.
+
+    Adapters call ``_init_healing(patience)`` in ``__init__``, ``_resolve(optimizer)`` when a step starts and
+    ``_end_step()`` after each update, and implement ``_backend()``, ``_amp_state_fn()`` (a plain function,
+    called at each captured forward: the precision the step ran in), ``_replay_context(state)`` and
+    ``_heal_options(state)`` (Healer keyword arguments: ``level``, ``target``).
+    """
+
+    disabled_reason: Optional[str] = None
+    _patience: Optional[int] = None
+    _resolved: Any = None
+    _resolve_done: bool = False
+    _unresolved_why: str = ""
+    _capture: Optional[InputCapture] = None
+    _healer: Optional[Healer] = None
+    _streak: int = 0
+    _in_range: bool = False
+
+    def _init_healing(self, patience) -> None:
+        self._patience = check_patience(patience, self._core.policy.on_floor)
+        self._resolved, self._resolve_done, self._unresolved_why = None, False, ""
+        self._capture = self._healer = None
+        self._streak, self._in_range = 0, False
+
+    # -- the model and its inputs --------------------------------------------------------------------------------
+    @property
+    def model(self):
+        """The model this scaler replays and heals: ``model=``, or the one resolved at the first step (None
+        before it, or when no module holds every parameter of the optimizer)."""
+        return self._resolved
+
+    @property
+    def capture(self) -> Optional[InputCapture]:
+        """The :class:`InputCapture` of :attr:`model` (None before the first step)."""
+        return self._capture
+
+    def _resolve(self, optimizer) -> None:
+        """Once, at the first step: the model (``model=`` or ``Backend.owner_of``) and its input capture."""
+        if self._resolve_done:
+            return
+        self._resolve_done = True
+        backend = self._backend()
+        if self._model is not None:
+            model = unwrap(self._model)
+        else:
+            try:
+                model = backend.owner_of(optimizer)
+            except Exception as exc:  # noqa: BLE001 - an exotic optimizer: the floor says so, training goes on
+                model, self._unresolved_why = None, f"resolving the model failed ({type(exc).__name__}: {exc})"
+        if model is None:
+            self._unresolved_why = self._unresolved_why or (
+                "no live module holds every parameter of the optimizer, so no model was resolved (pass model=)"
+            )
+            return
+        self._resolved = model
+        self._capture = InputCapture(backend, model, state=self._amp_state_fn())
+
+    def _end_step(self) -> None:
+        """After ``update()``: the step's inputs are no longer the latest (the capture forgets them)."""
+        if self._capture is not None:
+            self._capture.drop()
+
+    # -- the floor -----------------------------------------------------------------------------------------------
+    def _order_offenders(self, offenders: list) -> list:
+        """From the loss backwards: the resolved model's parameters in reverse order, the others after them."""
+        if self._resolved is None or len(offenders) < 2:
+            return list(offenders)
+        index = {id(p): i for i, p in enumerate(self._backend().parameters(self._resolved))}
+        return sorted(offenders, key=lambda pair: -index.get(id(pair[0]), -1))
+
+    def measure_floor(self, info: FloorInfo) -> Verdict:
+        """Replay the last batch once under the sentinel: what overflowed (see :mod:`ampsafe.healing.verdict`)."""
+        if self._resolved is None:
+            why = self._unresolved_why or "the scaler took no step yet, so it has no model"
+            return Verdict("not replayed", f"not replayed: {why}")
+        loss_finite = None if info.scale_independent is None else not info.scale_independent
+        try:
+            return measure(
+                self._backend(),
+                self._resolved,
+                self._capture.latest,
+                replay_context=lambda: self._replay_context(self._capture.state),
+                offenders=info.offenders,
+                loss_finite=loss_finite,
+            )
+        except Exception as exc:  # noqa: BLE001 - the replay is evidence: its failure is reported, not raised
+            return Verdict(
+                "not replayed", f"not replayed: the replay of the last batch raised {type(exc).__name__}: {exc}"
+            )
+
+    def _measured(self, info: FloorInfo) -> FloorInfo:
+        verdict = self.measure_floor(info)
+        return replace(info, verdict=verdict.text, where=verdict.where)
+
+    def _builtin_heal_hook(self) -> Optional[Callable]:
+        """The Healer of the resolved model, sharing the scaler's capture (built at the first heal)."""
+        if self._resolved is None:
+            return None
+        if self._healer is None:
+            self._healer = Healer(self._resolved, capture=self._capture, **self._heal_options(self._capture.state))
+        return self._healer
+
+    def _no_heal_reason(self) -> str:
+        return self._unresolved_why or "the scaler took no step yet, so it has no model to heal"
+
+    # -- patience: heal a streak of forward overflows before the floor -------------------------------------------------
+    def _on_decision(self, decision: Optional[StepDecision]) -> None:
+        """After the floor handling of one update: count overflows in a row and heal after ``patience``."""
+        if self._patience is None or decision is None:
+            return
+        heals = self._core.stats.heals
+        if not decision.found_inf or (heals and heals[-1].step == decision.step):
+            self._streak, self._in_range = 0, False  # a clean step, or healed at the floor just now
+            return
+        self._streak += 1
+        if self._streak < self._patience or self._in_range:
+            return
+        self._streak = 0
+        healer = self.heal_hook if isinstance(self.heal_hook, Healer) else None
+        if healer is None and self.heal_hook is None:
+            healer = self._builtin_heal_hook()
+        if healer is None or healer.last_inputs is None:
+            log.info("ampsafe heal at step %s: no batch to replay; the scaler backs off", decision.step)
+            self._in_range = True
+            return
+        info = self.floor_info(decision.step)
+        plan = healer(self, info, off_floor=True)
+        if plan is None:
+            self._in_range = True
+        else:
+            self.apply_heal(decision.step, plan, info)
+
+    # -- pickling ------------------------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.update(_resolved=None, _resolve_done=False, _capture=None, _healer=None, _streak=0, _in_range=False)
+        return state
+
+    # -- adapters ------------------------------------------------------------------------------------------------------
+    def _backend(self):  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _amp_state_fn(self) -> Optional[Callable[[], Any]]:
+        return None
+
+    def _replay_context(self, state):  # pragma: no cover - adapters
+        raise NotImplementedError
+
+    def _heal_options(self, state) -> dict:
+        return {}
