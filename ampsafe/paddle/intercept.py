@@ -5,7 +5,8 @@ C function ``paddle._C_ops.exp`` (bound by identity in several modules), and lay
 ``F.conv._conv_nd`` / names imported at module load. Paddle's own AMP decides float16 vs float32 per
 ``_C_ops`` kernel call, so that is the level intercepted here: every binding of the listed ``_C_ops``
 functions (in ``paddle._C_ops``, in any ``paddle.*`` module that imported one by name, and in the
-``paddle.Tensor`` class) plus the arithmetic dunders of ``paddle.Tensor``. One op here is one op Paddle AMP sees
+``paddle.Tensor`` class), the activations layers built with ``act=`` reach through ``paddle._legacy_C_ops``
+(``LEGACY_ACTIVATIONS``), plus the arithmetic dunders of ``paddle.Tensor``. One op here is one op Paddle AMP sees
 (``F.conv2d`` with a bias is ``conv2d`` then ``add``, exactly as on a GPU).
 
 Wrappers are installed when the outermost :func:`op_mode` is entered and removed in ``finally`` when it
@@ -29,6 +30,7 @@ __all__ = [
     "amp_op_type",
     "canonical_op",
     "KERNEL_OPS",
+    "LEGACY_ACTIVATIONS",
     "module_stack",
     "current_module",
     "fp32_region",
@@ -64,6 +66,28 @@ KERNEL_OPS.update(
         "depthwise_conv2d_bias": "depthwise_conv2d",
     }
 )
+
+# Activations that Paddle reaches through ``paddle._legacy_C_ops`` (legacy name -> canonical op): every layer
+# built with ``act=`` (``nn.BatchNorm(..., act="relu")``, as PaddleOCR's DBHead and many PaddleOCR / PaddleDetection
+# layers are) ends in ``base.dygraph_utils._append_activation_in_dygraph``, which looks the op up on
+# ``_legacy_C_ops`` by name at call time. On a GPU they pass through Paddle's AMP like any other op (the imperative
+# tracer casts their inputs); not intercepted, their outputs would be fresh float32 tensors to every mode here (the
+# float16 emulator would then promote everything downstream to float32).
+LEGACY_ACTIVATIONS: dict[str, str] = {
+    "relu": "relu",
+    "relu6": "relu6",
+    "leaky_relu": "leaky_relu",
+    "sigmoid": "sigmoid",
+    "hard_sigmoid": "hardsigmoid",
+    "hard_swish": "hardswish",
+    "swish": "swish",
+    "silu": "silu",
+    "gelu": "gelu",
+    "tanh": "tanh",
+    "mish": "mish",
+    "softplus": "softplus",
+    "elu": "elu",
+}
 
 # canonical name -> the op type Paddle's AMP lists use (the fluid name: TransToFluidOpName in Paddle's C++).
 _AMP_TYPE = {
@@ -207,6 +231,11 @@ def _bindings() -> list[tuple[object, str, object, str]]:
             op = by_id.get(id(value))
             if op is not None:
                 found.append((module, attr, value, op))
+    legacy = getattr(paddle, "_legacy_C_ops", None)
+    for kernel, op in LEGACY_ACTIVATIONS.items():
+        fn = getattr(legacy, kernel, None)
+        if fn is not None and not getattr(fn, "_ampsafe_intercept", False):
+            found.append((legacy, kernel, fn, op))
     tensor_dict = vars(paddle.Tensor)
     for attr, value in list(tensor_dict.items()):
         op = by_id.get(id(value))
