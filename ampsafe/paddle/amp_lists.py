@@ -6,16 +6,22 @@ What Paddle 3.3.1 does (read in site-packages; the C++ half is ``GetAmpDestDtype
   matmul/matmul_v2, linear_v2, mul, einsum, max_pool2d_with_index, ... (not depthwise_conv2d, not
   conv2d_transpose). ``black_list()[dtype]["O1"]`` is ``FP16_BLACK_LIST | EXTRA_BLACK_LIST`` (exp, log, pow,
   square, reduce_sum/mean, softmax, layer_norm, group_norm, losses, ... and every ``*_interp_v2``);
-  ``black_list()[dtype]["O2"]`` is only ``EXTRA_BLACK_LIST`` (interpolation, lookup_table, scatter).
+  ``black_list()[dtype]["O2"]`` is only ``EXTRA_BLACK_LIST`` (interpolation, lookup_table, scatter): exp,
+  reciprocal, rsqrt, pow, softmax, ... are black at O1 only.
 - Per op, at O1 and at O2 (``use_promote=True`` is the default): white -> float16; black -> float32; any
   other ("gray") op -> float16 only if none of its floating inputs is float32 (``batch_norm``/``layer_norm``
-  look at ``X`` only), else float32. Older Paddle (2.4, the seed's) had no promotion at O2: every op not on
-  the O2 black list ran in float16.
+  look at ``X`` only), else float32. Paddle 2.4 (the seed's 2.4.2; ``python/paddle/fluid/dygraph/amp/
+  auto_cast.py``) had no promotion at O2 (``use_promote`` came in 2.5): every op not on its O2 list
+  ``PURE_FP16_BLACK_LIST`` (lookup_table(_v2), scatter(_grad), the five ``*_interp_v2``: 3.3.1's O2 list, a
+  grad op aside) ran in float16, which is ``auto_cast(level="O2", use_promote=False)`` here.
 - ``decorate(level="O2")`` casts every parameter to float16 except where ``need_keep_fp32`` says keep:
   layers with ``_cast_to_low_precision=False`` (``excluded_layers``), BatchNorm*/SyncBatchNorm, and for
   float16 LayerNorm and InstanceNorm*. At O1 parameters stay float32, so e.g. a conv bias add promotes the
   conv output back to float32, while bias-free conv -> BN -> relu chains stay float16.
-- So at O2 ``exp`` is gray: with a float16 input (as in DBHead's step function) it runs in float16.
+- So at O2 ``exp`` is gray: with a float16 input (as in DBHead's step function) it runs in float16, under 2.4
+  and 3.3.1 alike. Layers built with ``act=`` (``nn.BatchNorm(act="relu")``, PaddleOCR's DBHead) run their
+  activation through ``paddle._legacy_C_ops``; ``intercept`` covers those too, else their output would look
+  float32 and promote the rest of the head.
 """
 
 from __future__ import annotations

@@ -268,8 +268,10 @@ def emulate_fp16(
         emu.emulated   # {'conv2d', 'batch_norm', 'relu', 'exp', ...}
 
     ``level``: ``"O1"`` (``auto_cast`` lists) or ``"O2"`` (``decorate`` + ``auto_cast(level='O2')``).
-    ``use_promote``: as ``paddle.amp.auto_cast``'s (O2 only): False gives Paddle 2.x's O2, where every op off
-    the O2 black list runs in float16 even with float32 inputs (labels, constants).
+    ``use_promote``: as ``paddle.amp.auto_cast``'s (O2 only): False gives Paddle 2.4's O2 (the seed's 2.4.2),
+    where every op off the O2 black list runs in float16 even with float32 inputs (labels, constants); 2.4's O2
+    list (``PURE_FP16_BLACK_LIST``: interpolation, lookup_table, scatter) is the same ops as 3.3.1's. At both,
+    ``exp``/``reciprocal``/``sigmoid`` are off the O2 list: with float16 inputs they run in float16.
     ``custom_white_list`` / ``custom_black_list``: as ``paddle.amp.auto_cast``'s (Paddle op types such as
     ``"conv2d"``, ``"elementwise_add"``, ``"exp"``): added to Paddle's white / black list at ``level``.
     An emulation: it reproduces float16 overflow and rounding, not float16 speed.
