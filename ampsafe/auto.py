@@ -3,7 +3,11 @@
 * ``torch.amp.GradScaler`` (also ``torch.amp.grad_scaler.GradScaler``, ``torch.cuda.amp.GradScaler``,
   ``torch.cpu.amp.GradScaler``) and ``paddle.amp.GradScaler`` resolve to ampsafe's scalers, called with the
   script's own arguments plus ampsafe's floor (``min_scale`` / ``min_loss_scaling`` and ``on_floor``);
-* the AMP-safe necks are registered in PaddleOCR / PaddleDetection / the dbnet builder, so swapped configs build.
+* the AMP-safe necks are registered in PaddleOCR / PaddleDetection / the dbnet builder, so swapped configs build;
+* every optimizer step no enabled ampsafe scaler guards is guarded (:mod:`ampsafe.run_guard`: a non-finite loss
+  or gradient skips the step), and detection targets are checked before the model sees them
+  (:mod:`ampsafe.run_targets`: torchvision's ``GeneralizedRCNN``, ppdet's target-building batch transforms);
+* with ``emulate_fp16``, ``ampsafe.torch.cuda_emulation`` / ``ampsafe.paddle.amp_emulation`` are installed.
 
 Nothing is imported eagerly: each patch is applied right after the framework's own import finishes (a
 post-import hook), so a torch script never pays for paddle. ``summary()`` reports every scaler created.
@@ -26,7 +30,16 @@ __all__ = ["install", "uninstall", "summary", "format_summary", "installed", "EN
 from .launcher import ENV_OPTIONS, ENV_REPORT, format_summary, validate_options
 
 _lock = threading.RLock()
-_state: dict[str, Any] = {"options": None, "originals": [], "scalers": [], "changes": [], "watches": []}
+_state: dict[str, Any] = {
+    "options": None,
+    "originals": [],
+    "scalers": [],
+    "changes": [],
+    "watches": [],
+    "guards": [],
+    "emulators": [],
+}
+STEP_RECORDS = 100_000  # per scaler: the (step, scale, overflow) records kept for the report's plot
 
 
 # --------------------------------------------------------------------------------------------- post-import hook
@@ -94,22 +107,50 @@ def _set(owner, attr: str, value, label: str) -> None:
 
 
 def _track(scaler, framework: str, user_kwargs: dict) -> None:
+    entry = {"scaler": scaler, "framework": framework, "kwargs": user_kwargs, "steps": []}
     with _lock:
-        _state["scalers"].append({"scaler": scaler, "framework": framework, "kwargs": user_kwargs})
+        _state["scalers"].append(entry)
+    if hasattr(scaler, "add_step_callback"):
+        records = entry["steps"]
+
+        def record(decision) -> None:  # the report's per-step plot: step, scale, overflow, floor hit
+            if len(records) < STEP_RECORDS:
+                records.append((decision.step, float(decision.scale), bool(decision.found_inf), decision.floor_hit))
+
+        scaler.add_step_callback(record)
     if _state["options"].get("watch"):
         _arm_watch(scaler)
 
 
-def _with_floor(base: type, framework: str, extra: dict) -> type:
-    """``base`` with ``ampsafe run``'s floor as default keyword arguments (the script's own arguments win)."""
+def _with_floor(base: type, framework: str, extra: dict, map_device: Callable | None = None) -> type:
+    """``base`` with ``ampsafe run``'s floor as default keyword arguments (the script's own arguments win); its
+    ``step`` / ``minimize`` tell the FP32 guard that the optimizer steps inside are the scaler's."""
+    from .run_guard import through_scaler
 
     class GradScaler(base):
         def __init__(self, *args, **kwargs):
             user = dict(kwargs)
             for key, value in extra.items():
                 kwargs.setdefault(key, value)
+            if map_device is not None:  # --emulate-fp16: a "cuda" scaler scales on the CPU
+                if args:
+                    args = (map_device(args[0]), *args[1:])
+                elif "device" in kwargs:
+                    kwargs["device"] = map_device(kwargs["device"])
+                else:
+                    kwargs["device"] = map_device("cuda")
             super().__init__(*args, **kwargs)
             _track(self, framework, user)
+
+        def step(self, optimizer, *args, **kwargs):
+            with through_scaler(self):
+                return super().step(optimizer, *args, **kwargs)
+
+        if hasattr(base, "minimize"):
+
+            def minimize(self, optimizer, *args, **kwargs):
+                with through_scaler(self):
+                    return super().minimize(optimizer, *args, **kwargs)
 
     GradScaler.__doc__ = (
         f"ampsafe.{framework}.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."
@@ -140,16 +181,58 @@ def _on_device(base: type, device: str) -> type:
     return DeviceGradScaler
 
 
-def _torch_scalers(options: dict):
+def _torch_scalers(options: dict, map_device: Callable | None = None):
     from ampsafe.torch.scaler import GradScaler as Base
 
-    scaler = _with_floor(Base, "torch", {"min_scale": options["min_scale"], "on_floor": options["on_floor"]})
+    extra = {"min_scale": options["min_scale"], "on_floor": options["on_floor"]}
+    scaler = _with_floor(Base, "torch", extra, map_device)
     return scaler, _on_device(scaler, "cuda"), _on_device(scaler, "cpu")
+
+
+def _emulate(module_name: str) -> Callable | None:
+    """--emulate-fp16: install the framework's emulator (another module of this project), print its lines;
+    its ``map_device`` when it has one."""
+    if not _state["options"].get("emulate_fp16"):
+        return None
+    try:
+        import importlib
+
+        emulator = importlib.import_module(module_name)
+    except ImportError as exc:
+        _say(f"--emulate-fp16: {module_name} is not available ({exc}); float16 is not emulated")
+        return None
+    for line in emulator.install() or []:
+        _say(line)
+    _state["emulators"].append(emulator)
+    return getattr(emulator, "map_device", None)
+
+
+def _guard(framework: str, install_fn: Callable, module) -> None:
+    """The FP32 guard of one framework's optimizers (:mod:`ampsafe.run_guard`)."""
+    from ._framework import backend_named
+    from .run_guard import StepGuard
+
+    options = _state["options"]
+    guard = StepGuard(
+        backend_named(framework), None, None, max_skips=options["max_skips"], watch=options["watch"], say=_say
+    )
+    line = install_fn(module, guard, _set_attr)
+    _state["guards"].append(guard)
+    _state["changes"].append(line)
+    _say(line)
+
+
+def _set_attr(owner, attr: str, value) -> None:
+    """Patch one attribute, restored by :func:`uninstall` (the caller reports the change in its own words)."""
+    if hasattr(owner, attr):
+        _state["originals"].append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, value)
 
 
 def _patch_torch(torch) -> None:
     options = _state["options"]
-    scaler, cuda_scaler, cpu_scaler = _torch_scalers(options)
+    map_device = _emulate("ampsafe.torch.cuda_emulation")
+    scaler, cuda_scaler, cpu_scaler = _torch_scalers(options, map_device)
     floor = f"min_scale={options['min_scale']}, on_floor={options['on_floor']!r}"
     import torch.amp.grad_scaler  # noqa: F401 (make sure the submodules exist before patching them)
 
@@ -168,10 +251,17 @@ def _patch_torch(torch) -> None:
     except ImportError:
         pass
     _say(f"torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
+    from .run_guard import install_torch
+
+    _guard("torch", install_torch, torch)
 
 
 def _patch_paddle(paddle) -> None:
     options = _state["options"]
+    _emulate("ampsafe.paddle.amp_emulation")
+    from .run_guard import install_paddle
+
+    _guard("paddle", install_paddle, paddle)
     try:
         from ampsafe.paddle.scaler import GradScaler as Base
     except ImportError as exc:  # the Paddle scaler is another module of this project
@@ -202,10 +292,32 @@ def _register_ocr(_module) -> None:
         done = register_paddleocr()
     finally:
         _state["registering_ocr"] = False
-    names = sorted(set(done.get("dbnet") or []) | set(done.get("ppocr") or []))
-    if names:
-        _state["changes"].append(f"safe necks registered: {', '.join(names)}")
-        _say(f"safe necks registered ({'ppocr' if done.get('ppocr') else 'dbnet builder'}): {', '.join(names)}")
+    from ampsafe.patches.register import ppocr_registration_line
+
+    if done.get("ppocr"):
+        _state["changes"].append(f"safe necks registered in PaddleOCR's ppocr: {', '.join(sorted(done['ppocr']))}")
+    if done.get("dbnet"):
+        _state["changes"].append(
+            f"safe necks registered in ampsafe's DBNet builder (not PaddleOCR's): {', '.join(sorted(done['dbnet']))}"
+        )
+    if done.get("dbnet") or done.get("ppocr"):
+        _say(ppocr_registration_line(done))
+
+
+def _targets_torchvision(module) -> None:
+    from .run_targets import patch_torchvision
+
+    line = patch_torchvision(module, _state["options"]["on_bad_target"], _set_attr)
+    _state["changes"].append(line)
+    _say(line)
+
+
+def _targets_ppdet(module) -> None:
+    from .run_targets import patch_ppdet
+
+    line = patch_ppdet(module, _state["options"]["on_bad_target"], _set_attr)
+    _state["changes"].append(line)
+    _say(line)
 
 
 def _register_det(_module) -> None:
@@ -228,6 +340,10 @@ def _arm_watch(scaler) -> None:
                 import ampsafe
 
                 ctx = ampsafe.watch(model)
+                # entered after this step's forward: its next forward is the scaler's next step, and the
+                # watcher numbers passes as the scaler numbers steps (stats.total_steps, from 0)
+                if hasattr(ctx, "_forward_count"):
+                    ctx._forward_count = scaler.stats.total_steps + 1
                 ctx.__enter__()
                 _state["watches"].append(ctx)
                 _say(f"watching {type(model).__name__} for NaN/Inf")
@@ -254,14 +370,40 @@ def _find_model(scaler):
 # --------------------------------------------------------------------------------------------- public
 
 
-def install(*, on_floor: str = "raise", min_scale: float = 1.0, watch: bool = False, quiet: bool = False) -> dict:
-    """Put ampsafe in place (idempotent: a second call only changes nothing). Returns the options in force."""
+def install(
+    *,
+    on_floor: str = "heal",
+    min_scale: float = 1.0,
+    watch: bool = False,
+    quiet: bool = False,
+    max_skips: int = 10,
+    on_bad_target: str = "raise",
+    report: str | None = None,
+    emulate_fp16: bool = False,
+) -> dict:
+    """Put ampsafe in place (idempotent: a second call only changes nothing). Returns the options in force.
+
+    The options of ``ampsafe run`` (``on_floor`` heal|raise|clamp, ``min_scale``, ``watch``, ``max_skips``,
+    ``on_bad_target`` raise|drop, ``emulate_fp16``); ``report`` is written by ``ampsafe run``'s parent
+    process (in a notebook: ``ampsafe.run_report.write_reports([summary()], dir)``).
+    """
     with _lock:
         if _state["options"] is not None:
             return dict(_state["options"])
-        _state["options"] = validate_options(on_floor, min_scale, watch, quiet)
+        _state["options"] = validate_options(
+            on_floor,
+            min_scale,
+            watch,
+            quiet,
+            max_skips=max_skips,
+            on_bad_target=on_bad_target,
+            report=report,
+            emulate_fp16=emulate_fp16,
+        )
         _when_imported("torch", _patch_torch)
         _when_imported("paddle", _patch_paddle)
+        _when_imported("torchvision.models.detection.generalized_rcnn", _targets_torchvision)
+        _when_imported("ppdet.data.transform.batch_operators", _targets_ppdet)
         _when_imported("ppdet", _register_det)
         _when_imported("ppocr.modeling.necks", _register_ocr)
         _when_imported("ampsafe.workloads.dbnet.builder", _register_ocr)
@@ -280,11 +422,26 @@ def uninstall() -> None:
         for ctx in _state["watches"]:
             ctx.__exit__(None, None, None)
         _state["watches"].clear()
+        for guard in _state["guards"]:
+            guard.enabled = False  # the optimizer classes it wrapped pass straight through from now on
+        for emulator in reversed(_state["emulators"]):
+            emulator.uninstall()
+        _state["emulators"].clear()
         _state["options"] = None
 
 
 def installed() -> bool:
     return _state["options"] is not None
+
+
+def _disabled_reason(scaler) -> str | None:
+    """Why the scaler does nothing (the scaler's own ``disabled_reason``), or None when it scales or guards."""
+    from .run_guard import scaler_guards
+
+    reason = getattr(scaler, "disabled_reason", None)
+    if reason is None and not scaler_guards(scaler):
+        reason = "disabled (the scaler reports itself disabled)"
+    return reason
 
 
 def summary() -> dict:
@@ -302,19 +459,37 @@ def summary() -> dict:
                 except Exception:
                     scale = None
                 break
-        stats["heals"] = len(stats.get("heals", []))
+        heal_records = [
+            {"step": h.get("step"), "paths": list(h.get("paths", ()))} if isinstance(h, dict) else h
+            for h in stats.get("heals", [])
+        ]
+        stats["heals"] = len(heal_records)
         stats["scale_history"] = list(stats.get("scale_history", []))[-5:]
         base = next(c for c in type(scaler).__mro__ if c.__module__ != __name__)  # ampsafe's class, not the shim
+        model = getattr(scaler, "_model", None)
         rows.append(
             {
                 "class": f"{base.__module__}.{base.__name__}",
                 "framework": entry["framework"],
                 "script_kwargs": {k: repr(v) for k, v in entry["kwargs"].items()},
                 "scale": scale,
+                "disabled_reason": _disabled_reason(scaler),
+                "model": type(model).__name__ if model is not None else None,
+                "heal_records": heal_records,
+                "steps": list(entry["steps"]),
                 **stats,
             }
         )
-    return {"pid": os.getpid(), "options": _state["options"], "changes": list(_state["changes"]), "scalers": rows}
+    from .run_targets import stats as target_stats
+
+    return {
+        "pid": os.getpid(),
+        "options": _state["options"],
+        "changes": list(_state["changes"]),
+        "scalers": rows,
+        "guards": [g.to_dict() for g in _state["guards"]],
+        "targets": target_stats(),
+    }
 
 
 def _write_report() -> None:
@@ -333,7 +508,8 @@ def _from_env() -> dict:
     if not raw:
         return {}
     data = json.loads(raw)
-    return {k: data[k] for k in ("on_floor", "min_scale", "watch", "quiet") if k in data}
+    keys = ("on_floor", "min_scale", "watch", "quiet", "max_skips", "on_bad_target", "report", "emulate_fp16")
+    return {k: data[k] for k in keys if k in data}
 
 
 install(**_from_env())

@@ -1,6 +1,11 @@
-"""``ampsafe run [--on-floor raise|clamp|heal] [--min-scale S] [--watch] -- python train.py ...``
+"""``ampsafe run [--on-floor heal|raise|clamp] [--min-scale S] [--watch] [--max-skips K] [--on-bad-target raise|drop]
+[--report DIR] [--emulate-fp16] -- python train.py ...``
 
-Runs an unmodified training command with ampsafe in place. The command runs as a child process (so
+Runs an unmodified training command with ampsafe in place: the frameworks' GradScalers resolve to ampsafe's
+(healing at the floor by default: the user ran ampsafe to keep the run alive), every optimizer step that no
+ampsafe scaler guards is guarded (a non-finite loss or gradient skips the step; :mod:`ampsafe.run_guard`),
+detection targets are checked before the model sees them (:mod:`ampsafe.run_targets`), and at the end a report
+says what to change so that the next run needs no healing (:mod:`ampsafe.run_report`). The command runs as a child process (so
 ``torchrun`` / ``paddle.distributed.launch`` workers, ``-m`` modules and plain scripts all work) whose
 ``PYTHONPATH`` starts with a folder holding a ``sitecustomize.py`` that imports :mod:`ampsafe.auto` (and then
 any ``sitecustomize`` the environment already had). Each Python process of the command writes a report at
@@ -8,7 +13,8 @@ exit; this prints what will change at start and a summary of every scaler at the
 command's exit code.
 
 Options, by precedence: the command line, then an ``ampsafe:`` section of the config the command passes with
-``-c`` / ``--config`` (``on_floor``, ``min_scale``, ``watch``), then the defaults (raise at a floor of 1.0).
+``-c`` / ``--config`` (the keys of :data:`DEFAULTS`), then the defaults: heal at a floor of 1.0, stop after more
+than 10 skipped steps in a row, raise on a bad target, report into ``./ampsafe-run/``.
 """
 
 from __future__ import annotations
@@ -27,9 +33,21 @@ __all__ = ["main", "options_from_config", "validate_options", "format_summary", 
 # read by ampsafe.auto in the child (this module must not import ampsafe.auto: importing it installs)
 ENV_OPTIONS = "AMPSAFE_RUN_OPTIONS"  # JSON options
 ENV_REPORT = "AMPSAFE_RUN_REPORT"  # a directory: each process of the command writes <pid>.json there at exit
-ON_FLOOR = ("raise", "clamp", "heal")
+ON_FLOOR = ("heal", "raise", "clamp")
+ON_BAD_TARGET = ("raise", "drop")
+DEFAULT_REPORT_DIR = "ampsafe-run"
 
-DEFAULTS = {"on_floor": "raise", "min_scale": 1.0, "watch": False}
+# max_skips: an FP32 run (no ampsafe scaler) stops after more than this many non-finite steps in a row: a
+# handful is a bad batch, ten in a row is a diverged run whose every later step would be skipped too
+DEFAULTS = {
+    "on_floor": "heal",
+    "min_scale": 1.0,
+    "watch": False,
+    "max_skips": 10,
+    "on_bad_target": "raise",
+    "report": DEFAULT_REPORT_DIR,
+    "emulate_fp16": False,  # --emulate-fp16: ampsafe.torch.cuda_emulation / ampsafe.paddle.amp_emulation
+}
 
 SITECUSTOMIZE = '''\
 """Written by `ampsafe run`: put ampsafe in place in every Python process of the command."""
@@ -52,7 +70,18 @@ finally:
 '''
 
 
-def validate_options(on_floor: str = "raise", min_scale: float = 1.0, watch: bool = False, quiet: bool = False) -> dict:
+def validate_options(
+    on_floor: str = "heal",
+    min_scale: float = 1.0,
+    watch: bool = False,
+    quiet: bool = False,
+    *,
+    max_skips: int = 10,
+    on_bad_target: str = "raise",
+    report: str | None = DEFAULT_REPORT_DIR,
+    emulate_fp16: bool = False,
+) -> dict:
+    """The options in force, checked; :class:`ConfigError` names the bad one."""
     if on_floor not in ON_FLOOR:
         raise ConfigError(f"on_floor must be one of {', '.join(ON_FLOOR)}, got {on_floor!r}")
     try:
@@ -61,21 +90,59 @@ def validate_options(on_floor: str = "raise", min_scale: float = 1.0, watch: boo
         raise ConfigError(f"min_scale must be a number, got {min_scale!r}") from exc
     if not min_scale >= 0:  # 0: no floor (the frameworks' own behaviour)
         raise ConfigError(f"min_scale must be >= 0, got {min_scale}")
-    return {"on_floor": on_floor, "min_scale": min_scale, "watch": bool(watch), "quiet": bool(quiet)}
+    if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
+        raise ConfigError(f"max_skips must be an int >= 0, got {max_skips!r}")
+    if on_bad_target not in ON_BAD_TARGET:
+        raise ConfigError(f"on_bad_target must be one of {', '.join(ON_BAD_TARGET)}, got {on_bad_target!r}")
+    return {
+        "on_floor": on_floor,
+        "min_scale": min_scale,
+        "watch": bool(watch),
+        "quiet": bool(quiet),
+        "max_skips": max_skips,
+        "on_bad_target": on_bad_target,
+        "report": None if report in (None, "") else str(report),
+        "emulate_fp16": bool(emulate_fp16),  # the emulators' install() is called by ampsafe.auto
+    }
+
+
+def _disabled_text(reason: str) -> str:
+    return reason if reason.startswith("disabled") else f"disabled ({reason})"
 
 
 def format_summary(reports: list[dict]) -> str:
-    """One line per scaler: the class used and its skipped steps / floor hits / heals."""
+    """One line per scaler (its steps / skipped / floor hits / heals, or why it was disabled), one per FP32
+    guard that saw steps, and the bad detection targets."""
     lines = []
     scalers = [(r["pid"], s) for r in reports for s in r["scalers"]]
-    if not scalers:
-        return "ampsafe run summary: the script created no GradScaler (nothing to report)"
-    lines.append(f"ampsafe run summary: {len(scalers)} GradScaler(s)")
+    guards = [(r["pid"], g) for r in reports for g in r.get("guards", []) if g.get("total_steps")]
+    targets = [(r["pid"], t) for r in reports for t in r.get("targets", []) if t.get("bad_boxes")]
+    if scalers:
+        lines.append(f"ampsafe run summary: {len(scalers)} GradScaler(s)")
+    elif guards:
+        lines.append("ampsafe run summary: the script created no GradScaler; its optimizer steps were guarded")
+    else:
+        lines.append("ampsafe run summary: no GradScaler and no optimizer step (nothing was guarded)")
     for pid, s in scalers:
+        head = f"  [{s['framework']}, pid {pid}] {s['class']}: "
+        if s.get("disabled_reason"):
+            guarded = " (its optimizer steps went through the FP32 guard)" if guards else ""
+            lines.append(head + _disabled_text(s["disabled_reason"]) + guarded)
+            continue
         lines.append(
-            f"  [{s['framework']}, pid {pid}] {s['class']}: {s.get('total_steps', 0)} steps, "
-            f"{s.get('skipped_steps', 0)} skipped, {s.get('floor_hits', 0)} floor hits, {s.get('heals', 0)} heals, "
-            f"final scale {s['scale']}"
+            head + f"{s.get('total_steps', 0)} steps, {s.get('skipped_steps', 0)} skipped, "
+            f"{s.get('floor_hits', 0)} floor hits, {s.get('heals', 0)} heals, final scale {s['scale']}"
+        )
+    for pid, g in guards:
+        last = f" (steps {', '.join(map(str, g['skipped_at'][:8]))})" if g.get("skipped_at") else ""
+        lines.append(
+            f"  [{g['framework']}, pid {pid}] FP32 guard on {g.get('model') or 'the optimizer'}: "
+            f"{g['total_steps']} optimizer steps, {g['skipped_steps']} skipped (non-finite loss or gradients){last}"
+        )
+    for pid, t in targets:
+        lines.append(
+            f"  [{t['where']}, pid {pid}] {t['bad_boxes']} bad box(es) in {t['calls']} batch(es) checked "
+            f"({t['policy']}): {t['first']}"
         )
     return "\n".join(lines)
 
@@ -105,6 +172,7 @@ def options_from_config(path: Path) -> dict:
         return {}
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: the `ampsafe:` section must be a mapping (on_floor, min_scale, watch)")
+    section = {k.replace("-", "_"): v for k, v in section.items()}
     unknown = set(section) - set(DEFAULTS)
     if unknown:
         raise ConfigError(f"{path}: unknown keys in `ampsafe:` {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
@@ -117,9 +185,45 @@ def _parser() -> argparse.ArgumentParser:
         description="Run an unmodified training command with ampsafe's GradScalers and safe necks in place.",
         epilog="example: ampsafe run --on-floor clamp -- python tools/train.py -c configs/det/det_mv3_db.yml",
     )
-    parser.add_argument("--on-floor", choices=ON_FLOOR, default=None, help="what a scaler does at its floor")
+    parser.add_argument(
+        "--on-floor", choices=ON_FLOOR, default=None, help="what a scaler does at its floor (default heal)"
+    )
     parser.add_argument("--min-scale", type=float, default=None, help="the loss-scale floor (default 1.0)")
-    parser.add_argument("--watch", action="store_true", default=None, help="NaN/Inf sentinel on the trained model")
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        default=None,
+        help="NaN/Inf sentinel on the trained model; without a scaler, the first non-finite step stops the run "
+        "with NonFiniteError (op, module, pass, sample, kind)",
+    )
+    parser.add_argument(
+        "--max-skips",
+        type=int,
+        default=None,
+        help="FP32 guard: stop after more than K non-finite (skipped) optimizer steps in a row (default 10; "
+        "raise it to ride out a bad stretch of data)",
+    )
+    parser.add_argument(
+        "--on-bad-target",
+        choices=ON_BAD_TARGET,
+        default=None,
+        help="a degenerate / non-finite / out-of-image detection box: raise before the forward (default), or "
+        "drop the box and its label and go on",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        default=None,
+        help=f"where report.md, report.json and scale.png go (default ./{DEFAULT_REPORT_DIR}/)",
+    )
+    # --emulate-fp16: the emulators are another module's (ampsafe.torch.cuda_emulation, ampsafe.paddle.amp_emulation)
+    parser.add_argument(
+        "--emulate-fp16",
+        action="store_true",
+        default=None,
+        help="on a CPU, torch autocast('cuda') / torch.cuda.amp and Paddle auto_cast / decorate / GradScaler "
+        "behave as float16 AMP on a GPU",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-patch lines from the child")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. python train.py ...")
     return parser
@@ -130,10 +234,22 @@ def _resolve(args, command: list[str]) -> tuple[dict, str]:
     from_config = options_from_config(config) if config is not None and config.is_file() else {}
     options = dict(DEFAULTS)
     options.update(from_config)
-    cli = {"on_floor": args.on_floor, "min_scale": args.min_scale, "watch": args.watch}
+    cli = {
+        "on_floor": args.on_floor,
+        "min_scale": args.min_scale,
+        "watch": args.watch,
+        "max_skips": args.max_skips,
+        "on_bad_target": args.on_bad_target,
+        "report": args.report,
+        "emulate_fp16": args.emulate_fp16,
+    }
     options.update({k: v for k, v in cli.items() if v is not None})
     source = f" (ampsafe: section of {config})" if from_config else ""
-    return validate_options(options["on_floor"], options["min_scale"], options["watch"], args.quiet), source
+    keys = ("max_skips", "on_bad_target", "report", "emulate_fp16")
+    resolved = validate_options(
+        options["on_floor"], options["min_scale"], options["watch"], args.quiet, **{k: options[k] for k in keys}
+    )
+    return resolved, source
 
 
 def _child_env(options: dict, site_dir: str, report_dir: str) -> dict:
@@ -154,6 +270,21 @@ def _reports(report_dir: str) -> list[dict]:
     return out
 
 
+def _write_run_report(reports: list[dict], options: dict, command: list[str]) -> None:
+    """``--report DIR``: report.md / report.json / scale.png per process, and where they are."""
+    if not options.get("report"):
+        return
+    from .run_report import write_reports
+
+    try:
+        written = write_reports(reports, Path(options["report"]), config=_config_path(command), command=command)
+    except OSError as exc:
+        print(f"ampsafe run: could not write the report into {options['report']}: {exc}", flush=True)
+        return
+    for path, headline in written:
+        print(f"ampsafe run: report {path}: {headline}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = list(args.command)
@@ -165,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ampsafe run: torch.amp / torch.cuda.amp GradScaler and paddle.amp.GradScaler -> ampsafe's scalers with "
         f"the script's arguments plus min_scale={options['min_scale']}, on_floor={options['on_floor']!r}"
-        f"{', watch' if options['watch'] else ''}{source}; safe necks registered for PaddleOCR / ppdet / dbnet",
+        f"{', watch' if options['watch'] else ''}{source}; other optimizer steps guarded (max_skips="
+        f"{options['max_skips']}); detection targets checked (on_bad_target={options['on_bad_target']!r})"
+        f"{'; float16 emulated on the CPU' if options['emulate_fp16'] else ''}; safe necks registered for "
+        "PaddleOCR / ppdet / dbnet",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="ampsafe-run-") as tmp:
@@ -190,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print(format_summary(reports), flush=True)
+        _write_run_report(reports, options, command)
     if returncode:
         print(f"ampsafe run: the command exited with status {returncode}", flush=True)
     return returncode

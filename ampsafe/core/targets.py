@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import BadTargetError, ConfigError
 
-__all__ = ["check_targets", "find_bad_boxes", "checked", "BadBox", "CheckedCollate", "CheckedDataset"]
+__all__ = ["check_targets", "find_bad_boxes", "checked", "enforce", "BadBox", "CheckedCollate", "CheckedDataset"]
 
 log = logging.getLogger("ampsafe.targets")
 
@@ -309,13 +309,32 @@ def _locate_targets(obj, depth: int = 0):
     return None
 
 
+def enforce(targets, policy: str = "raise", *, sample_offset: int = 0, **check_kwargs) -> list[BadBox]:
+    """Check ``targets`` (what :func:`check_targets` takes) and apply ``policy`` in place; returns the bad boxes.
+
+    ``"raise"``: :class:`ampsafe.BadTargetError` on the first one. ``"drop"``: each bad box and every per-box
+    field of its target (labels, areas, ...) is removed, with a warning naming ``sample + sample_offset``; in a
+    padded ppdet batch dict the bad rows become padding. Nothing bad: nothing changes, ``[]``.
+    """
+    if policy not in ("raise", "drop"):
+        raise ConfigError(f"policy must be 'raise' or 'drop', got {policy!r}")
+    problems = find_bad_boxes(targets, **check_kwargs)
+    if problems:
+        _apply_to(targets, problems, policy, sample_offset, check_kwargs)
+    return problems
+
+
 def _apply(obj, policy: str, sample_offset: int, check_kwargs: dict):
     targets = _locate_targets(obj)
     if targets is None:
         return obj
     problems = find_bad_boxes(targets, **check_kwargs)
-    if not problems:
-        return obj
+    if problems:
+        _apply_to(targets, problems, policy, sample_offset, check_kwargs)
+    return obj
+
+
+def _apply_to(targets, problems: list[BadBox], policy: str, sample_offset: int, check_kwargs: dict) -> None:
     if policy == "raise":
         check_targets(targets, **check_kwargs)
     items, batched = _as_target_list(targets)
@@ -325,14 +344,13 @@ def _apply(obj, policy: str, sample_offset: int, check_kwargs: dict):
     for p in problems:
         msg = f"ampsafe: dropped bad box (sample {p.sample + sample_offset}): {p.describe()}"
         log.warning(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
     if batched:
         for s, bad in by_sample.items():
             _zero_rows(targets, s, {b for b in bad if b is not None})
     else:
         for s, bad in by_sample.items():
             _drop_rows(items[s], {b for b in bad if b is not None}, batched)
-    return obj
 
 
 class CheckedCollate:

@@ -21,7 +21,7 @@ def test_torch_script_gets_ampsafes_scaler_and_summary():
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "script: scaler is ampsafe.auto.GradScaler" in out
-    assert "changed torch.amp.GradScaler -> ampsafe.torch.GradScaler (min_scale=1.0, on_floor='raise')" in out
+    assert "changed torch.amp.GradScaler -> ampsafe.torch.GradScaler (min_scale=1.0, on_floor='heal')" in out
     assert "[torch, pid" in out and "ampsafe.torch.scaler.GradScaler: 6 steps, 0 skipped, 0 floor hits, 0 heals" in out
     assert "[ampsafe] watching Sequential for NaN/Inf" in proc.stderr  # --watch found the trained model
 
@@ -43,7 +43,7 @@ def test_floor_option_reaches_the_scaler_clamp_finishes_raise_stops():
     clamp = ampsafe_run("--on-floor", "clamp", *poisoned)
     assert clamp.returncode == 0, clamp.stderr
     assert "6 steps, 6 skipped, 3 floor hits" in clamp.stdout  # 8 -> 4 -> 2 -> 1, then three steps at the floor
-    raised = ampsafe_run(*poisoned)
+    raised = ampsafe_run("--on-floor", "raise", *poisoned)  # heal is ampsafe run's default
     assert raised.returncode == 1
     assert "LossScaleFloorError" in raised.stderr
     assert "floor hits" in raised.stdout and "the command exited with status 1" in raised.stdout
@@ -87,7 +87,7 @@ def test_import_ampsafe_auto_patches_in_process_and_uninstalls():
         "import torch, ampsafe.auto as auto\n"
         "from ampsafe.torch.scaler import GradScaler as Safe\n"
         "s = torch.amp.GradScaler('cpu', min_scale=2.0)\n"
-        "assert isinstance(s, Safe) and s.policy.min_scale == 2.0 and s.policy.on_floor == 'raise'\n"
+        "assert isinstance(s, Safe) and s.policy.min_scale == 2.0 and s.policy.on_floor == 'heal'\n"
         "assert auto.summary()['scalers'][0]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"
         "c = torch.cuda.amp.GradScaler(init_scale=4.0, enabled=False)\n"
         "assert isinstance(c, Safe) and auto.summary()['scalers'][1]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"

@@ -1,0 +1,93 @@
+"""``ampsafe run`` guards FP32 scripts: a non-finite step is skipped and counted; ``--watch`` names its origin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def ampsafe_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ampsafe.cli", "run", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_nan_batch_is_skipped_and_parameters_stay_finite(tmp_path):
+    proc = ampsafe_run(
+        "--report", str(tmp_path / "rep"), "--", sys.executable, str(SCRIPTS / "train_fp32_nan.py"), "--nan-step", "3"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "script: done, parameters finite: True, optimizer state finite: True" in proc.stdout
+    assert "the script created no GradScaler; its optimizer steps were guarded" in proc.stdout
+    assert (
+        "FP32 guard on Sequential: 6 optimizer steps, 1 skipped (non-finite loss or gradients) (steps 3)" in proc.stdout
+    )
+    assert "step 3: non-finite loss or gradients, step skipped (parameters untouched)" in proc.stderr
+    assert "nothing to report" not in proc.stdout
+
+
+def test_watch_stops_at_the_nan_step_naming_sample_and_kind_input():
+    proc = ampsafe_run(
+        "--watch", "--", sys.executable, str(SCRIPTS / "train_fp32_nan.py"), "--nan-step", "3", "--nan-sample", "5"
+    )
+    assert proc.returncode == 1
+    assert "NonFiniteError" in proc.stderr
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("ampsafe.errors.NonFiniteError"))
+    assert "kind='input'" in error and "in sample 5" in error and "at step 3" in error
+    assert "forward pass" in error and "0:linear" in error  # the op and module that read the NaN input
+    assert "script: done" not in proc.stdout
+
+
+def test_more_than_max_skips_in_a_row_stop_the_run_with_advice():
+    proc = ampsafe_run("--max-skips", "0", "--", sys.executable, str(SCRIPTS / "train_fp32_nan.py"), "--nan-step", "1")
+    assert proc.returncode == 1
+    assert "SkippedStepsError" in proc.stderr and "--max-skips K" in proc.stderr and "--watch" in proc.stderr
+
+
+@pytest.mark.parametrize("optimizer", ["adam"])
+def test_skipped_step_leaves_adam_state_untouched(optimizer):
+    proc = ampsafe_run(
+        "--", sys.executable, str(SCRIPTS / "train_fp32_nan.py"), "--nan-step", "0", "--optimizer", optimizer
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "parameters finite: True, optimizer state finite: True" in proc.stdout
+    assert "6 optimizer steps, 1 skipped" in proc.stdout and "(steps 0)" in proc.stdout
+
+
+def test_scaler_steps_are_not_guarded_twice():
+    proc = ampsafe_run(
+        "--on-floor",
+        "clamp",
+        "--",
+        sys.executable,
+        str(SCRIPTS / "train_torch.py"),
+        "--poison",
+        "--init-scale",
+        "8",
+        "--steps",
+        "6",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "6 steps, 6 skipped, 3 floor hits" in proc.stdout  # the scaler's own counts, unchanged
+    assert "FP32 guard" not in proc.stdout  # none of its optimizer steps went through the guard
+
+
+def test_disabled_cuda_scaler_on_cpu_says_so_and_the_guard_takes_over():
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_cuda_scaler.py"), "--nan-step", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ampsafe.torch.scaler.GradScaler: disabled (CUDA not available)" in proc.stdout
+    assert "0 steps, 0 skipped" not in proc.stdout
+    assert "FP32 guard on Sequential: 4 optimizer steps, 1 skipped" in proc.stdout
+    assert "parameters finite: True" in proc.stdout
+
+
+def test_script_disabled_scaler_is_reported_as_disabled_by_the_script():
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_torch.py"), "--cuda-namespace", "--steps", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if "ampsafe.torch.scaler.GradScaler:" in line)
+    assert "disabled" in line and "0 steps, 0 skipped" not in line
