@@ -85,3 +85,39 @@ def paddle_worker(out: str) -> None:
     }
     with open(os.path.join(out, f"{rank}.pkl"), "wb") as fh:
         pickle.dump(record, fh)
+
+
+def torch_bare_worker(rank: int, world: int, port: int, out: str) -> None:
+    """As :func:`torch_worker`, with a bare ``GradScaler(on_floor="heal")``: no ``ampsafe.heal``, no ``model=``."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ampsafe
+    from ampsafe.torch import GradScaler
+    from ampsafe.workloads.heal_runs import fp16_step, grow_batch, grow_loss, grow_net
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = DDP(grow_net(0, channels=8, neck_convs=2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = GradScaler("cpu", init_scale=4.0, min_scale=1.0, on_floor="heal")
+    for step in range(6):
+        x, y = grow_batch(step, seed=rank, image_size=16, batch_size=4)
+        if rank == 1 and step < HOT_STEPS:
+            x = x * 1e5
+        fp16_step(lambda: grow_loss(model(x), y), scaler, opt)  # noqa: B023 - called at once
+    torch.save(
+        {
+            "params": [p.detach().clone() for p in model.parameters()],
+            "patched": ampsafe.patching.patched_modules(model),
+            "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
+            "found": [h["paths"] for h in scaler._healer.heals] if scaler._healer is not None else [],
+            "resolved_is_inner": scaler.model is model.module,
+            "scale": scaler.get_scale(),
+        },
+        os.path.join(out, f"{rank}.pt"),
+    )
+    dist.barrier()
+    dist.destroy_process_group()
