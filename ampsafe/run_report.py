@@ -75,7 +75,7 @@ def permanent_fix(report: dict, *, config: Path | None = None, command: list[str
     healed = _healed_paths(report)
     all_paths = [p for paths in healed.values() for p in paths]
     if all_paths:
-        fix["patch"] = f'ampsafe.patch(model, policy="island", paths={all_paths!r})'
+        fix["patch"] = f'ampsafe.patch(model, policy="island", paths={json.dumps(all_paths)})'
     if healed.get("paddle"):
         layers = ", ".join(_attr_path(p) for p in healed["paddle"])
         fix["paddle_o2"] = (
@@ -140,7 +140,7 @@ def to_markdown(report: dict, fix: dict, *, command: list[str] | None = None, pl
     scalers = report.get("scalers", [])
     lines += [_scaler_line(s) for s in scalers] or ["- the script created no GradScaler"]
     for g in report.get("guards", []):
-        if g.get("total_steps") or g.get("scaler_steps"):
+        if g.get("total_steps"):
             lines.append(
                 f"- FP32 guard ({g['framework']}{', model ' + g['model'] if g.get('model') else ''}): "
                 f"{g['total_steps']} optimizer steps outside a scaler, {g['skipped_steps']} skipped "

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
+# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
+_SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
 
 
 def ampsafe_run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "ampsafe.cli", "run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=_SCRATCH)
 
 
 def test_torch_script_gets_ampsafes_scaler_and_summary():

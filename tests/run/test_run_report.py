@@ -1,0 +1,75 @@
+"""``ampsafe run`` heals an unmodified float16 script by default and writes the report that makes the fix permanent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent / "scripts"
+# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
+_SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
+
+
+def ampsafe_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ampsafe.cli", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=_SCRATCH,
+    )
+
+
+def test_forward_overflow_heals_once_by_default_and_the_report_gives_the_patch_line(tmp_path):
+    report = tmp_path / "report"
+    proc = ampsafe_run("--report", str(report), "--", sys.executable, str(SCRIPTS / "train_fp16_overflow.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 heals" in proc.stdout and "script: done" in proc.stdout
+    assert f"report {report / 'report.md'}" in proc.stdout  # the summary points at the report
+    data = json.loads((report / "report.json").read_text())
+    (scaler,) = data["scalers"]
+    (heal,) = scaler["heal_records"]
+    assert "embed" in heal["paths"]  # the unnormalized Linear
+    overflowing = [step for step, _scale, found_inf, _floor in scaler["steps"] if found_inf]
+    assert overflowing and max(overflowing) <= heal["step"]  # no overflow after the heal
+    patch = 'ampsafe.patch(model, policy="island", paths=' + json.dumps(heal["paths"]) + ")"
+    assert data["fix"]["patch"] == patch
+    markdown = (report / "report.md").read_text()
+    assert patch in markdown and "![loss scale](scale.png)" in markdown
+    assert (report / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_forward_overflow_with_on_floor_raise_names_the_forward_and_the_linear(tmp_path):
+    proc = ampsafe_run(
+        "--on-floor", "raise", "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "train_fp16_overflow.py")
+    )
+    assert proc.returncode != 0
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("ampsafe.errors.LossScaleFloorError"))
+    assert "forward" in error and "embed:linear" in error
+
+
+def test_report_gives_the_swap_neck_command_for_the_configs_neck(upstream, tmp_path):
+    config = upstream / "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml"
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "build_ppdet.py"), "-c", str(config)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    markdown = (tmp_path / "report.md").read_text()
+    out = config.with_name("faster_rcnn_r50_fpn_1x_coco_ampsafe.yml")
+    assert f"ampsafe swap-neck {config} -o {out}" in markdown
+    assert f"-c {out}" in markdown  # the same command, run on the swapped config
+    assert not out.exists()  # the report suggests the command; it writes no config
+    assert json.loads((tmp_path / "report.json").read_text())["fix"]["swap_neck"]["applicable"] is True
+
+
+def test_report_of_a_clean_fp32_run_says_nothing_to_change(tmp_path):
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "train_fp32_nan.py"), "--nan-step", "-1"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing to change" in proc.stdout
+    assert "Nothing to change" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "scale.png").is_file()
