@@ -18,7 +18,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .._framework import call
 from ..core.graph import FP16_MAX
 from .evidence import nonfinite_sample
 
@@ -67,8 +66,14 @@ def _post_hook(module, fn):
     return register(lambda _m, _inputs, output: fn(output))
 
 
-def _float32_amax(backend, model, path: str, inputs) -> Optional[float]:
-    """max |output| of the module at ``path`` when ``inputs`` run in float32 (state put back), or None."""
+def _run(model, latest) -> Any:
+    """The captured forward again: ``model(*args, **kwargs)``."""
+    args, kwargs = latest
+    return model(*args, **kwargs)
+
+
+def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
+    """max |output| of the module at ``path`` when the captured forward runs in float32 (state put back)."""
     module = backend.modules(model).get(path)
     if module is None:
         return None
@@ -84,7 +89,7 @@ def _float32_amax(backend, model, path: str, inputs) -> Optional[float]:
     restore = backend.snapshot(model)
     try:
         with backend.float32():
-            call(model, inputs)
+            _run(model, latest)
     except Exception:  # noqa: BLE001 - the magnitude is extra evidence, the verdict stands without it
         return None
     finally:
@@ -93,13 +98,13 @@ def _float32_amax(backend, model, path: str, inputs) -> Optional[float]:
     return max(seen) if seen else None
 
 
-def _forward_event(backend, model, inputs, replay_context: Callable[[], Any]):
+def _forward_event(backend, model, latest, replay_context: Callable[[], Any]):
     """The first forward NonFiniteError the sentinel records on one replay (state put back), or None."""
     restore = backend.snapshot(model)
     try:
         with _quiet("ampsafe.watch"), replay_context():
             with backend.watch(model, on_nonfinite="record", backward=False) as watch:
-                call(model, inputs)
+                _run(model, latest)
     finally:
         restore()
     return next((e for e in watch.events if getattr(e, "phase", "") == "forward"), None)
@@ -136,18 +141,17 @@ def measure(
             "which pass overflowed was not measured (a custom loop whose forward does not call that module; "
             "pass model= to the scaler to name the module the loop runs)",
         )
-    inputs = replay_inputs(latest)
-    bad = nonfinite_sample(inputs, backend)
+    bad = nonfinite_sample(latest, backend)
     if bad is not None:
         return Verdict(
             "data",
             f"the data: input {bad[0]} of the last batch is non-finite at sample {bad[1]} (before the model ran)",
             sample=bad[1],
         )
-    event = _forward_event(backend, model, inputs, replay_context or nullcontext)
+    event = _forward_event(backend, model, latest, replay_context or nullcontext)
     if event is not None:
         where = event.module or "<root>"
-        amax = _float32_amax(backend, model, event.module, inputs)
+        amax = _float32_amax(backend, model, event.module, latest)
         magnitude = (
             f"; in float32 its output reaches |x| = {amax:.4g} (float16's max is {FP16_MAX:g})"
             if amax is not None and np.isfinite(amax)
