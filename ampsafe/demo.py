@@ -120,13 +120,24 @@ def run_paddle(
             ampsafe.heal(
                 model, scaler=scaler, level=level, **({"patience": 2} if heal_options is None else heal_options)
             )
+    # O2 runs PaddleOCR's loop (tools/program.py): auto_cast (here the emulator) around the model forward only,
+    # the loss and the scaler outside it, the weights float16 as decorate(level="O2") casts them.
+    forward_only = level == "O2" and mode != "fp32" and hasattr(w, "loss_fn")
+    emulator = None if mode == "fp32" else emulate_fp16(model, level=level)
+    if forward_only:
+        trace.notes.append("O2: emulated around the forward only, loss outside (PaddleOCR's program.py)")
     t0 = time.perf_counter()
-    with contextlib.nullcontext() if mode == "fp32" else emulate_fp16(model, level=level):
+    with contextlib.nullcontext() if emulator is None or forward_only else emulator:
         for step in range(steps):
             batch = w.batch(step)
             scale = scaler.get_loss_scaling()
             skipped_before = scaler.stats.skipped_steps
-            loss = w.loss(batch)
+            if forward_only:
+                with emulator:
+                    preds = model(batch[0])
+                loss = w.loss_fn(preds, batch)["loss"]
+            else:
+                loss = w.loss(batch)
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
