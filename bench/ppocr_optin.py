@@ -1,0 +1,454 @@
+"""Opt-in: PaddleOCR's own ``tools/train.py -c configs/det/det_mv3_db.yml`` under emulated float16 AMP.
+
+Needs a PaddleOCR source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``, unmodified) and its runtime packages
+(scikit-image, imgaug, lmdb, rapidfuzz, pyclipper, shapely). Three runs per AMP level, ~30 steps each, Adam at
+lr 0.01 from random init, 160 px crops, batch 4, on a synthetic text-detection set written to a temporary folder
+in PaddleOCR's det label format:
+
+* ``native``: Paddle's own GradScaler; only :func:`ampsafe.paddle.amp_emulation.install` is in place, so
+  ``auto_cast`` / ``decorate`` / ``GradScaler`` behave on this CPU as float16 AMP on a GPU;
+* ``ampsafe run --emulate-fp16`` with its default options (``--on-floor heal``);
+* the config from ``ampsafe swap-neck configs/det/det_mv3_db.yml -o safe.yml`` under the same ``ampsafe run``.
+
+PaddleOCR's log prints the loss but not the loss scale, so a ``sitecustomize`` on the child's ``PYTHONPATH``
+(written by :func:`write_shim`; ``ampsafe run`` chains to it) wraps the scaler that ``tools.program.train``
+receives and writes one JSON line per optimizer step: loss, scale before and after, overflow, heals. The same
+file sets ``numpy.sctypes`` just before ``imgaug`` imports (imgaug 0.4.0 reads it at import and NumPy 2
+removed it); nothing of PaddleOCR is edited.
+
+``python -m bench.ppocr_optin [--levels O1 O2] [--steps 30]`` writes bench/results/ppocr_optin.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = "configs/det/det_mv3_db.yml"
+RUNS = ("native", "ampsafe", "swapped")
+RUN_LABELS = {
+    "native": "native (Paddle's GradScaler, float16 emulated)",
+    "ampsafe": "`ampsafe run --emulate-fp16`",
+    "swapped": "`swap-neck` config + `ampsafe run --emulate-fp16`",
+}
+STEPLOG_ENV = "AMPSAFE_PPOCR_STEPLOG"
+
+SHIM = r'''"""Test shim for PaddleOCR under NumPy 2 (written by bench/ppocr_optin.py; not part of PaddleOCR).
+
+1. imgaug 0.4.0 reads ``numpy.sctypes`` at import; NumPy 2 removed it: set it just before imgaug imports.
+2. With $AMPSAFE_PPOCR_STEPLOG set, wrap the scaler that ``tools.program.train`` receives and append one JSON
+   line per optimizer step (loss, scale before/after, overflow, heals) to that file.
+"""
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+
+def _numpy_sctypes():
+    import numpy as np
+
+    if "sctypes" not in vars(np):
+        np.sctypes = {
+            "int": [np.int8, np.int16, np.int32, np.int64],
+            "uint": [np.uint8, np.uint16, np.uint32, np.uint64],
+            "float": [np.float16, np.float32, np.float64, np.longdouble],
+            "complex": [np.complex64, np.complex128, np.clongdouble],
+            "others": [bool, object, bytes, str, np.void],
+        }
+
+
+def _float(value):
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _scale_of(scaler):
+    get = getattr(scaler, "get_loss_scaling", None)
+    return _float(get()) if callable(get) else _float(getattr(scaler, "_scale", None))
+
+
+def _instrument(scaler, path):
+    state = {"step": 0, "loss": None}
+    original_scale, original_minimize = scaler.scale, scaler.minimize
+
+    def scale(var, *args, **kwargs):
+        state["loss"] = _float(var)
+        return original_scale(var, *args, **kwargs)
+
+    def minimize(optimizer, *args, **kwargs):
+        before = _scale_of(scaler)
+        stats_fn = getattr(scaler, "stats", None)
+        had = stats_fn().overflow_steps if callable(stats_fn) else None
+        out = original_minimize(optimizer, *args, **kwargs)
+        found = getattr(scaler, "_found_inf", None)
+        record = {
+            "step": state["step"],
+            "loss": state["loss"],
+            "scale_before": before,
+            "scale": _scale_of(scaler),
+            "found_inf": None if found is None else bool(_float(found)),
+            "class": type(scaler).__module__ + "." + type(scaler).__name__,
+        }
+        if callable(stats_fn):
+            stats = stats_fn()
+            record.update(
+                overflow=stats.overflow_steps > had,
+                overflow_steps=stats.overflow_steps,
+                skipped_steps=stats.skipped_steps,
+                floor_hits=stats.floor_hits,
+                heals=len(stats.heals),
+                healed=[list(h.paths) for h in stats.heals],
+            )
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        state["step"] += 1
+        state["loss"] = None
+        return out
+
+    scaler.scale, scaler.minimize = scale, minimize
+
+
+def _wrap_train(module):
+    path = os.environ.get("AMPSAFE_PPOCR_STEPLOG")
+    if not path:
+        return
+    original = module.train
+
+    def train(*args, **kwargs):
+        scaler = args[14] if len(args) > 14 else kwargs.get("scaler")
+        if scaler is not None:
+            _instrument(scaler, path)
+        return original(*args, **kwargs)
+
+    module.train = train
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    """Run a callback before (imgaug) or after (tools.program) a module executes."""
+
+    def __init__(self):
+        self.before = {"imgaug": _numpy_sctypes}
+        self.after = {"tools.program": _wrap_train}
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.before and name not in self.after:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        before, after = self.before.pop(name, None), self.after.pop(name, None)
+        exec_module = spec.loader.exec_module
+
+        def run(module):
+            if before is not None:
+                before()
+            exec_module(module)
+            if after is not None:
+                after(module)
+
+        spec.loader.exec_module = run
+        return spec
+
+
+sys.meta_path.insert(0, _Hook())
+'''
+
+
+def write_shim(folder: Path) -> Path:
+    """A folder holding the test ``sitecustomize.py`` (numpy.sctypes for imgaug; the per-step scaler log)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SHIM, encoding="utf-8")
+    return folder
+
+
+def write_dataset(root: Path, count: int = 120, size: int = 160, seed: int = 0) -> Path:
+    """``count`` synthetic text images (ampsafe.workloads.dbnet.data) and PaddleOCR's det label file; returns it."""
+    import cv2
+
+    from ampsafe.workloads.dbnet.data import TRAIN_STREAM, sample_rng, synth_text_image
+
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        image, polys = synth_text_image(sample_rng(seed, TRAIN_STREAM, i), size)
+        name = f"images/synth_{i:04d}.png"
+        cv2.imwrite(str(root / name), image)
+        label = [
+            {"transcription": f"w{i}_{k}", "points": [[int(round(x)), int(round(y))] for x, y in poly]}
+            for k, poly in enumerate(polys)
+        ]
+        lines.append(f"{name}\t{json.dumps(label)}")
+    label_file = root / "train.txt"
+    label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return label_file
+
+
+def train_transforms(src: Path, size: int = 160) -> list:
+    """det_mv3_db.yml's own Train transforms with EastRandomCropData at ``size`` px (as read from the config)."""
+    import yaml
+
+    config = yaml.safe_load((Path(src) / CONFIG).read_text(encoding="utf-8"))
+    transforms = config["Train"]["dataset"]["transforms"]
+    for op in transforms:
+        if "EastRandomCropData" in op:
+            op["EastRandomCropData"]["size"] = [size, size]
+    return transforms
+
+
+def overrides(
+    src: Path,
+    data: Path,
+    out: Path,
+    level: str,
+    *,
+    lr: float = 0.01,
+    size: int = 160,
+    batch: int = 4,
+    epochs: int = 1,
+    scale: float = 1024.0,
+) -> list[str]:
+    """The ``-o`` options of every run (PaddleOCR's ``key=value`` with YAML values)."""
+    import yaml
+
+    flow = yaml.safe_dump(train_transforms(src, size), default_flow_style=True, width=1 << 20).strip()
+    labels = f"['{data / 'train.txt'}']"
+    return [
+        "Global.use_gpu=False",
+        "Global.use_amp=True",
+        f"Global.amp_level={level}",
+        f"Global.scale_loss={scale}",
+        "Global.use_dynamic_loss_scaling=True",
+        "Global.pretrained_model=",
+        f"Global.epoch_num={epochs}",
+        "Global.print_batch_step=1",
+        "Global.log_smooth_window=1",
+        "Global.save_epoch_step=100000",
+        "Global.eval_batch_step=[100000,100000]",
+        f"Global.save_model_dir={out / 'model'}",
+        f"Optimizer.lr.learning_rate={lr}",
+        f"Train.dataset.data_dir={data}",
+        f"Train.dataset.label_file_list={labels}",
+        f"Train.dataset.transforms={flow}",
+        f"Train.loader.batch_size_per_card={batch}",
+        "Train.loader.num_workers=0",
+        "Train.loader.use_shared_memory=False",
+        f"Eval.dataset.data_dir={data}",
+        f"Eval.dataset.label_file_list={labels}",
+        "Eval.loader.num_workers=0",
+        "Eval.loader.use_shared_memory=False",
+    ]
+
+
+NATIVE = (
+    "from ampsafe.paddle import amp_emulation; amp_emulation.install(); import runpy, sys; "
+    "sys.argv = ['tools/train.py'] + sys.argv[1:]; runpy.run_path('tools/train.py', run_name='__main__')"
+)
+
+
+def command(run: str, config: str, opts: list[str], report: Path | None = None) -> list[str]:
+    """The command line of one run (cwd: the PaddleOCR checkout)."""
+    train = ["-c", config, "-o", *opts]
+    if run == "native":
+        return [sys.executable, "-c", NATIVE, *train]
+    extra = ["--report", str(report)] if report is not None else []
+    return [
+        sys.executable,
+        "-m",
+        "ampsafe.cli",
+        "run",
+        "--emulate-fp16",
+        *extra,
+        "--",
+        sys.executable,
+        "tools/train.py",
+        *train,
+    ]
+
+
+def swap_config(src: Path, out: Path) -> Path:
+    """``ampsafe swap-neck configs/det/det_mv3_db.yml -o OUT`` (the CLI, as a user runs it)."""
+    subprocess.run(
+        [sys.executable, "-m", "ampsafe.cli", "swap-neck", str(Path(src) / CONFIG), "-o", str(out)],
+        check=True,
+        cwd=src,
+        capture_output=True,
+        text=True,
+    )
+    return out
+
+
+_LOG_LOSS = re.compile(r"global_step: (\d+), .*?\bloss: ([-+0-9.eEnaif]+)")
+
+
+def parse_log(text: str) -> dict[int, float]:
+    """PaddleOCR's printed loss per global step (1-based), with log_smooth_window=1 the step's own loss."""
+    return {int(m.group(1)): float(m.group(2)) for m in _LOG_LOSS.finditer(text)}
+
+
+def summarize(steps: list[dict]) -> dict:
+    """overflowing steps, first overflow (0-based optimizer step), final scale, final loss, heals."""
+
+    def overflowed(s):
+        return bool(s["overflow"]) if "overflow" in s else bool(s.get("found_inf"))
+
+    over = [s["step"] for s in steps if overflowed(s)]
+    finite = [
+        s["loss"]
+        for s in steps
+        if s.get("loss") is not None and s["loss"] == s["loss"] and abs(s["loss"]) != float("inf")
+    ]
+    return {
+        "steps": len(steps),
+        "overflowing_steps": len(over),
+        "overflow_at": over,
+        "first_overflow": over[0] if over else None,
+        "final_scale": steps[-1]["scale"] if steps else None,
+        "min_scale": min((s["scale"] for s in steps), default=None),
+        "first_loss": steps[0]["loss"] if steps else None,
+        "final_loss": steps[-1]["loss"] if steps else None,
+        "final_finite_loss": finite[-1] if finite else None,
+        "heals": steps[-1].get("heals", 0) if steps else 0,
+        "healed": steps[-1].get("healed", []) if steps else [],
+        "floor_hits": steps[-1].get("floor_hits", 0) if steps else 0,
+        "scaler_class": steps[-1].get("class") if steps else None,
+    }
+
+
+def run_one(
+    src: Path, work: Path, run: str, level: str, *, data: Path | None = None, timeout: float = 1800, **recipe
+) -> dict:
+    """Train once; returns the summary plus per-step records, the command and the log tail."""
+    src, work = Path(src), Path(work)
+    out = work / f"{run}-{level}"
+    out.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        data = work / "data"
+        if not (data / "train.txt").is_file():
+            write_dataset(data)
+    shim = write_shim(work / "shim")
+    config = CONFIG if run != "swapped" else str(swap_config(src, work / "det_mv3_db_safe.yml"))
+    steplog = out / "steps.jsonl"
+    steplog.unlink(missing_ok=True)
+    cmd = command(
+        run, config, overrides(src, data, out, level, **recipe), report=None if run == "native" else out / "report"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env[STEPLOG_ENV] = str(steplog)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
+    seconds = time.time() - start
+    log = proc.stdout + proc.stderr
+    (out / "log.txt").write_text(log, encoding="utf-8")
+    steps = [json.loads(line) for line in steplog.read_text().splitlines()] if steplog.is_file() else []
+    printed = parse_log(log)
+    for s in steps:
+        s["log_loss"] = printed.get(s["step"] + 1)
+    result = {
+        "run": run,
+        "level": level,
+        "returncode": proc.returncode,
+        "seconds": round(seconds, 1),
+        "command": cmd,
+        **summarize(steps),
+        "per_step": steps,
+        "log_tail": log[-4000:],
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
+def _fmt(x, digits=3):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def to_markdown(results: list[dict], machine: dict | None = None) -> str:
+    lines = [
+        "# PaddleOCR det_mv3_db under emulated float16 AMP (opt-in run)",
+        "",
+        "PaddleOCR's own `tools/train.py -c configs/det/det_mv3_db.yml` (unmodified), random init, Adam lr 0.01, "
+        "160 px crops, batch 4, Paddle GradScaler from 1024 with dynamic scaling, on 120 synthetic text images; "
+        "steps are 0-based optimizer steps. Made by `python -m bench.ppocr_optin` (`PADDLEOCR_SRC` set).",
+        "",
+        "| level | run | steps | overflowing steps | first overflow | final scale | first loss | final loss | heals |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['level']} | {RUN_LABELS[r['run']]} | {r['steps']} | {r['overflowing_steps']} | "
+            f"{_fmt(r['first_overflow'])} | {_fmt(r['final_scale'])} | {_fmt(r['first_loss'])} | "
+            f"{_fmt(r['final_loss'])} | {r['heals']} |"
+        )
+    healed = [r for r in results if r["healed"]]
+    if healed:
+        lines += ["", "Healed:"]
+        for r in healed:
+            lines.append(f"- {r['level']} {r['run']}: " + "; ".join(", ".join(p) for p in r["healed"]))
+    if machine:
+        lines += [
+            "",
+            f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
+            f"python {machine.get('python')}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ppocr_optin", description=__doc__.split("\n")[0])
+    parser.add_argument("--src", default=os.environ.get("PADDLEOCR_SRC"), help="PaddleOCR checkout")
+    parser.add_argument("--levels", nargs="+", default=["O1", "O2"])
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    parser.add_argument("--work", default=None, help="keep logs and per-step records here (default: a temp dir)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ppocr_optin"), help="OUT.md / OUT.json")
+    args = parser.parse_args(argv)
+    if not args.src:
+        parser.error("set PADDLEOCR_SRC or pass --src")
+    from bench.common import machine
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="ppocr-optin-"))
+    results = []
+    for level in args.levels:
+        for run in args.runs:
+            r = run_one(Path(args.src), work, run, level)
+            print(
+                f"{level} {run}: rc {r['returncode']}, {r['steps']} steps, {r['overflowing_steps']} overflowing "
+                f"(first {r['first_overflow']}), final scale {r['final_scale']}, final loss {r['final_loss']}, "
+                f"heals {r['heals']} ({r['seconds']} s)",
+                flush=True,
+            )
+            results.append(r)
+    info = machine()
+    out = Path(args.out)
+    slim = [{k: v for k, v in r.items() if k != "log_tail"} for r in results]
+    for r in slim:
+        r["command"] = [str(c) for c in r["command"]]
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": slim}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(to_markdown(results, info))
+    print(to_markdown(results, info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
