@@ -3,9 +3,9 @@
 An FP32 script (no GradScaler, or one disabled on a CPU) that meets one NaN batch ends with NaN parameters:
 the optimizer writes the NaN gradient into every weight. Here each optimizer's ``step`` (torch) or
 ``step`` / ``minimize`` (Paddle) is wrapped, class by class, at its first construction; before the real step
-the loss of the latest ``backward()`` and every gradient are checked with the framework's fused kernel and one
-host sync (what the scalers do), and a non-finite step is skipped: parameters and optimizer state untouched,
-the step counted. Steps done inside an enabled ampsafe scaler's ``step`` / ``minimize`` are the scaler's:
+the loss of the latest ``backward()`` and every gradient are checked by fused kernels with one host sync
+(torch: ``_foreach_norm`` per device and dtype, read-only; Paddle: its ``check_finite_and_unscale`` kernel, as
+its scaler), and a non-finite step is skipped: parameters and optimizer state untouched, the step counted. Steps done inside an enabled ampsafe scaler's ``step`` / ``minimize`` are the scaler's:
 they pass through (:func:`through_scaler`), so no step is skipped or counted twice.
 
 * ``max_skips``: more than that many skipped steps in a row stop the run (:class:`SkippedStepsError`), since
@@ -271,18 +271,32 @@ def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: 
 def install_torch(torch, guard: StepGuard, set_attr: Callable) -> str:
     """Guard every ``torch.optim.Optimizer`` subclass's ``step`` (wrapped at its first construction; torch's own
     step wrapper, the profiler and the step hooks, sits inside), and note each ``Tensor.backward``'s loss."""
-    from .torch.grads import nonfinite_params, unscale_and_check_
+    from .torch.grads import nonfinite_params
 
     def finite(optimizer, loss) -> bool:
-        device = next((p.grad.device for g in optimizer.param_groups for p in g["params"] if p.grad is not None), None)
-        if device is None:
-            return loss is None or bool(torch.isfinite(loss.detach()).all())
-        one = torch.ones((), dtype=torch.float32, device=device)
-        found = unscale_and_check_(optimizer, one, torch.zeros((), dtype=torch.float32, device=device), True)
-        total = sum(v.to(device) for v in found.values()) if found else torch.zeros((), device=device)
-        if loss is not None and loss.is_floating_point():
-            total = total + (~torch.isfinite(loss.detach())).any().to(device)
-        return not bool(total.item())  # the one host sync
+        # read-only: the L2 norm of every gradient, one fused call per (device, dtype), accumulated in float32;
+        # NaN/inf propagate into it (so does a norm past float32's range, ~1.8e19: a diverged step either way)
+        groups: dict = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                grad = p.grad
+                if grad is not None:
+                    grad = grad._values() if grad.is_sparse else grad
+                    groups.setdefault((grad.device, grad.dtype), []).append(grad)
+        if not groups and loss is None:
+            return True
+        flags = []
+        with torch.no_grad():
+            for (_device, dtype), grads in groups.items():
+                norms = torch._foreach_norm(
+                    grads, 2.0, dtype=None if dtype in (torch.float32, torch.float64) else torch.float32
+                )
+                flags.append(torch.stack(norms).isfinite().all())
+            if loss is not None and loss.is_floating_point():
+                flags.append(torch.isfinite(loss.detach()).all())
+            device = flags[0].device
+            ok = torch.stack([f.to(device) for f in flags]).all() if len(flags) > 1 else flags[0]
+        return bool(ok.item())  # the one host sync
 
     guard._finite, guard._offenders = finite, nonfinite_params
     Optimizer = torch.optim.Optimizer

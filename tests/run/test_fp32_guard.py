@@ -98,3 +98,27 @@ def test_script_disabled_scaler_is_reported_as_disabled_by_the_script():
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if "ampsafe.torch.scaler.GradScaler:" in line)
     assert "disabled" in line and "0 steps, 0 skipped" not in line
+
+
+@pytest.mark.parametrize("how", ["step", "minimize"])
+def test_paddle_nan_batch_is_skipped_through_step_and_minimize(how):
+    extra = ["--minimize"] if how == "minimize" else []
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_paddle_fp32_nan.py"), "--nan-step", "2", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "script: done, parameters finite: True" in proc.stdout
+    assert "[paddle, pid" in proc.stdout and "FP32 guard on Sequential: 5 optimizer steps, 1 skipped" in proc.stdout
+
+
+def test_paddle_watch_names_the_sample_and_kind_input():
+    proc = ampsafe_run("--watch", "--", sys.executable, str(SCRIPTS / "train_paddle_fp32_nan.py"), "--nan-step", "2")
+    assert proc.returncode == 1
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("ampsafe.errors.NonFiniteError"))
+    assert "kind='input'" in error and "in sample 3" in error and "at step 2" in error
+
+
+def test_watch_with_a_scaler_numbers_steps_as_the_scaler_does():
+    # the watch is armed at the first scale(loss), after step 0's forward: its passes still count from step 0
+    proc = ampsafe_run("--watch", "--", sys.executable, str(SCRIPTS / "train_torch.py"), "--nan-step", "3")
+    assert proc.returncode == 1
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("ampsafe.errors.NonFiniteError"))
+    assert "at step 3 in sample 4" in error and "kind='input'" in error

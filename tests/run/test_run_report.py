@@ -73,3 +73,30 @@ def test_report_of_a_clean_fp32_run_says_nothing_to_change(tmp_path):
     assert "nothing to change" in proc.stdout
     assert "Nothing to change" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "scale.png").is_file()
+
+
+def test_paddle_heals_give_the_o2_excluded_layers_and_the_island_patch():
+    from ampsafe.run_report import permanent_fix, to_markdown
+
+    report = {
+        "pid": 1,
+        "scalers": [
+            {
+                "class": "ampsafe.paddle.scaler.GradScaler",
+                "framework": "paddle",
+                "heal_records": [
+                    {"step": 9, "paths": ["neck.in2_conv", "head.binarize.conv1"]},
+                    {"step": 20, "paths": ["backbone.stages.0.conv", "neck.in2_conv"]},
+                ],
+            }
+        ],
+    }
+    fix = permanent_fix(report)
+    paths = ["neck.in2_conv", "head.binarize.conv1", "backbone.stages.0.conv"]
+    assert fix["patch"] == f'ampsafe.patch(model, policy="island", paths={json.dumps(paths)})'
+    assert (
+        "excluded_layers=[model.neck.in2_conv, model.head.binarize.conv1, model.backbone.stages[0].conv]"
+        in (fix["paddle_o2"])
+    )
+    markdown = to_markdown(report, fix)
+    assert fix["patch"] in markdown and fix["paddle_o2"] in markdown and "level='O2'" in markdown

@@ -8,6 +8,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--init-scale", type=float, default=2.0**16)
 parser.add_argument("--poison", action="store_true", help="make every loss infinite (a diverged run)")
+parser.add_argument("--nan-step", type=int, default=-1, help="put a NaN into this step's batch")
 parser.add_argument("--cuda-namespace", action="store_true", help="use torch.cuda.amp.GradScaler (older scripts)")
 args = parser.parse_args()
 
@@ -22,6 +23,8 @@ print(f"script: scaler is {type(scaler).__module__}.{type(scaler).__name__}", fl
 
 for _step in range(args.steps):
     x = torch.randn(8, 16)
+    if _step == args.nan_step:
+        x[4, 0] = float("nan")
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(x).float().pow(2).mean()
     if args.poison:
