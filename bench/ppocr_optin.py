@@ -34,10 +34,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/det/det_mv3_db.yml"
 RUNS = ("native", "ampsafe", "swapped")
+# not run by default: the swapped config with PaddleOCR's own knob for DBHead's step-function exp (O2's overflow)
+EXTRA_RUNS = ("swapped_black_exp",)
 RUN_LABELS = {
     "native": "native (Paddle's GradScaler, float16 emulated)",
     "ampsafe": "`ampsafe run --emulate-fp16`",
     "swapped": "`swap-neck` config + `ampsafe run --emulate-fp16`",
+    "swapped_black_exp": "`swap-neck` config + `Global.amp_custom_black_list=[exp]` + `ampsafe run --emulate-fp16`",
 }
 STEPLOG_ENV = "AMPSAFE_PPOCR_STEPLOG"
 
@@ -79,6 +82,13 @@ def _scale_of(scaler):
     return _float(get()) if callable(get) else _float(getattr(scaler, "_scale", None))
 
 
+def _stats(scaler):
+    """ampsafe's ScalerStats (a property; a method in older versions), None for Paddle's scaler."""
+    stats = getattr(scaler, "stats", None)
+    stats = stats() if callable(stats) else stats
+    return stats if hasattr(stats, "overflow_steps") else None
+
+
 def _instrument(scaler, path):
     state = {"step": 0, "loss": None}
     original_scale, original_minimize = scaler.scale, scaler.minimize
@@ -89,9 +99,12 @@ def _instrument(scaler, path):
 
     def minimize(optimizer, *args, **kwargs):
         before = _scale_of(scaler)
-        stats_fn = getattr(scaler, "stats", None)
-        had = stats_fn().overflow_steps if callable(stats_fn) else None
-        out = original_minimize(optimizer, *args, **kwargs)
+        had = getattr(_stats(scaler), "overflow_steps", None)
+        error = None
+        try:
+            out = original_minimize(optimizer, *args, **kwargs)
+        except BaseException as exc:  # the step that raised (e.g. LossScaleFloorError) is recorded too
+            error, out = exc, None
         found = getattr(scaler, "_found_inf", None)
         record = {
             "step": state["step"],
@@ -101,8 +114,10 @@ def _instrument(scaler, path):
             "found_inf": None if found is None else bool(_float(found)),
             "class": type(scaler).__module__ + "." + type(scaler).__name__,
         }
-        if callable(stats_fn):
-            stats = stats_fn()
+        if error is not None:
+            record["error"] = type(error).__name__ + ": " + str(error)[:300]
+        stats = _stats(scaler)
+        if stats is not None:
             record.update(
                 overflow=stats.overflow_steps > had,
                 overflow_steps=stats.overflow_steps,
@@ -115,6 +130,8 @@ def _instrument(scaler, path):
             f.write(json.dumps(record) + "\n")
         state["step"] += 1
         state["loss"] = None
+        if error is not None:
+            raise error
         return out
 
     scaler.scale, scaler.minimize = scale, minimize
@@ -328,6 +345,7 @@ def summarize(steps: list[dict]) -> dict:
         "healed": steps[-1].get("healed", []) if steps else [],
         "floor_hits": steps[-1].get("floor_hits", 0) if steps else 0,
         "scaler_class": steps[-1].get("class") if steps else None,
+        "error": next((s["error"] for s in steps if s.get("error")), None),
     }
 
 
@@ -343,12 +361,14 @@ def run_one(
         if not (data / "train.txt").is_file():
             write_dataset(data)
     shim = write_shim(work / "shim")
-    config = CONFIG if run != "swapped" else str(swap_config(src, work / "det_mv3_db_safe.yml"))
+    swapped = run.startswith("swapped")
+    config = str(swap_config(src, work / "det_mv3_db_safe.yml")) if swapped else CONFIG
     steplog = out / "steps.jsonl"
     steplog.unlink(missing_ok=True)
-    cmd = command(
-        run, config, overrides(src, data, out, level, **recipe), report=None if run == "native" else out / "report"
-    )
+    opts = overrides(src, data, out, level, **recipe)
+    if run == "swapped_black_exp":
+        opts.append("Global.amp_custom_black_list=['exp']")
+    cmd = command(run, config, opts, report=None if run == "native" else out / "report")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), str(ROOT), env.get("PYTHONPATH", "")) if p)
     env[STEPLOG_ENV] = str(steplog)
@@ -379,9 +399,18 @@ def run_one(
 def _fmt(x, digits=3):
     if x is None:
         return "-"
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e6:
+        return str(int(x))
     if isinstance(x, float):
         return f"{x:.{digits}g}"
     return str(x)
+
+
+def _notes(r: dict) -> str:
+    if r.get("returncode"):
+        error = (r.get("error") or "").split(":")[0]
+        return f"exit {r['returncode']} after step {r['steps'] - 1}" + (f" ({error})" if error else "")
+    return ""
 
 
 def to_markdown(results: list[dict], machine: dict | None = None) -> str:
@@ -392,14 +421,15 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
         "160 px crops, batch 4, Paddle GradScaler from 1024 with dynamic scaling, on 120 synthetic text images; "
         "steps are 0-based optimizer steps. Made by `python -m bench.ppocr_optin` (`PADDLEOCR_SRC` set).",
         "",
-        "| level | run | steps | overflowing steps | first overflow | final scale | first loss | final loss | heals |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| level | run | steps | overflowing steps | first overflow | final scale | first loss | final loss | heals "
+        "| notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['level']} | {RUN_LABELS[r['run']]} | {r['steps']} | {r['overflowing_steps']} | "
             f"{_fmt(r['first_overflow'])} | {_fmt(r['final_scale'])} | {_fmt(r['first_loss'])} | "
-            f"{_fmt(r['final_loss'])} | {r['heals']} |"
+            f"{_fmt(r['final_loss'])} | {r['heals']} | {_notes(r)} |"
         )
     healed = [r for r in results if r["healed"]]
     if healed:
@@ -419,19 +449,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ppocr_optin", description=__doc__.split("\n")[0])
     parser.add_argument("--src", default=os.environ.get("PADDLEOCR_SRC"), help="PaddleOCR checkout")
     parser.add_argument("--levels", nargs="+", default=["O1", "O2"])
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS + EXTRA_RUNS)
     parser.add_argument("--work", default=None, help="keep logs and per-step records here (default: a temp dir)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ppocr_optin"), help="OUT.md / OUT.json")
+    parser.add_argument(
+        "--collect", action="store_true", help="no training: write the results from WORK/<run>-<level>/result.json"
+    )
     args = parser.parse_args(argv)
-    if not args.src:
+    if not args.src and not args.collect:
         parser.error("set PADDLEOCR_SRC or pass --src")
+    if args.collect and not args.work:
+        parser.error("--collect needs --work")
     from bench.common import machine
 
     work = Path(args.work or tempfile.mkdtemp(prefix="ppocr-optin-"))
     results = []
     for level in args.levels:
         for run in args.runs:
-            r = run_one(Path(args.src), work, run, level)
+            if args.collect:
+                path = work / f"{run}-{level}" / "result.json"
+                if not path.is_file():
+                    continue
+                r = json.loads(path.read_text(encoding="utf-8"))
+            else:
+                r = run_one(Path(args.src), work, run, level)
             print(
                 f"{level} {run}: rc {r['returncode']}, {r['steps']} steps, {r['overflowing_steps']} overflowing "
                 f"(first {r['first_overflow']}), final scale {r['final_scale']}, final loss {r['final_loss']}, "
