@@ -202,9 +202,18 @@ def _emulate(module_name: str) -> Callable | None:
         _say(f"--emulate-fp16: {module_name} is not available ({exc}); float16 is not emulated")
         return None
     for line in emulator.install() or []:
+        _state["changes"].append(line)
         _say(line)
     _state["emulators"].append(emulator)
     return getattr(emulator, "map_device", None)
+
+
+def _emulate_ppdet(module) -> None:
+    from ampsafe.paddle import amp_emulation
+
+    for line in amp_emulation.install_ppdet(module):
+        _state["changes"].append(line)
+        _say(line)
 
 
 def _guard(framework: str, install_fn: Callable, module) -> None:
@@ -355,10 +364,15 @@ def _arm_watch(scaler) -> None:
 
 
 def _find_model(scaler):
-    """The model being trained: the scaler's own, else the live root module with the most parameters."""
+    """The model being trained: the scaler's own, else the owner of an optimizer's parameters (found as the
+    scalers find it, ``Backend.owner_of``), else the live root module with the most parameters."""
     model = getattr(scaler, "_model", None)
     if model is not None:
         return model
+    for guard in _state["guards"]:
+        models = guard.models()
+        if models:
+            return models[0]
     from ._framework import imported_backends
     from .core.backend import live_roots
 
@@ -405,6 +419,8 @@ def install(
         _when_imported("torchvision.models.detection.generalized_rcnn", _targets_torchvision)
         _when_imported("ppdet.data.transform.batch_operators", _targets_ppdet)
         _when_imported("ppdet", _register_det)
+        if _state["options"]["emulate_fp16"]:  # ppdet's Trainer passes enable=cfg.use_gpu (amp_emulation)
+            _when_imported("ppdet.engine.trainer", _emulate_ppdet)
         _when_imported("ppocr.modeling.necks", _register_ocr)
         _when_imported("ampsafe.workloads.dbnet.builder", _register_ocr)
         return dict(_state["options"])

@@ -129,6 +129,7 @@ class StepGuard:
             return run()
         if _depth("scaler"):
             self.scaler_steps += 1
+            self._drop(self._models.get(id(optimizer)))
             return run()
         if closure:  # the closure computes the gradients inside the step: nothing to check before it
             return run()
@@ -146,11 +147,18 @@ class StepGuard:
                 self._skip(optimizer, index, model)
                 return None
             finally:
-                capture = self._captures.get(id(model))
-                if capture is not None:
-                    capture.drop()
+                self._drop(model)
+
+    def models(self) -> list:
+        """The models found for the optimizers seen so far (owner of each optimizer's parameters)."""
+        return [m for m in self._models.values() if m is not None]
 
     # -- internals
+    def _drop(self, model) -> None:
+        capture = self._captures.get(id(model)) if model is not None else None
+        if capture is not None:
+            capture.drop()
+
     def _model_of(self, optimizer):
         key = id(optimizer)
         if key not in self._models:

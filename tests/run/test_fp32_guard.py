@@ -97,7 +97,14 @@ def test_script_disabled_scaler_is_reported_as_disabled_by_the_script():
     proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_torch.py"), "--cuda-namespace", "--steps", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if "ampsafe.torch.scaler.GradScaler:" in line)
-    assert "disabled" in line and "0 steps, 0 skipped" not in line
+    assert "disabled by the script (enabled=False)" in line and "0 steps, 0 skipped" not in line
+
+
+def test_emulate_fp16_makes_the_cuda_scaler_scale_on_a_cpu():
+    proc = ampsafe_run("--emulate-fp16", "--", sys.executable, str(SCRIPTS / "train_cuda_scaler.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "scaler enabled True" in proc.stdout
+    assert "ampsafe.torch.scaler.GradScaler: 4 steps, 0 skipped" in proc.stdout and "FP32 guard on" not in proc.stdout
 
 
 @pytest.mark.parametrize("how", ["step", "minimize"])
