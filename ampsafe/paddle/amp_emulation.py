@@ -33,6 +33,16 @@ The block's level decides, as the emulator defines its levels (O2 = decorate + `
 O2 block without ``decorate(level='O2')`` gets float16 weights anyway, and an O1 block after it float32
 weights; each says so once in a warning (on a GPU the weights are what decorate made them).
 
+PaddleDetection's ``ppdet.engine.Trainer`` computes ``enable`` of its ``GradScaler`` and of every ``auto_cast``
+from its config (``enable=cfg.use_gpu or cfg.use_npu or cfg.use_mlu``), and on a CPU build ``use_gpu`` must be
+false (ppdet's ``check_gpu`` exits otherwise), so its AMP is off on a CPU even with ``--amp``. The emulation's
+purpose is that the script's AMP behaves as on a GPU, so :func:`install_ppdet` (called by :func:`install` when
+ppdet's trainer is already imported, else by ``ampsafe.auto`` right after it is) makes a Trainer with ``amp``
+on run ``train`` / its evaluation loops with ``cfg.use_gpu`` read as true on an emulating place, which is what
+those ``enable`` expressions see on a GPU (in that file ``use_gpu`` only enables AMP, and ``sync_bn`` with more
+than one rank). The device stays the CPU; a Trainer without ``amp`` is untouched; a literal
+``auto_cast(enable=False)`` anywhere else stays float32.
+
 On a GPU place nothing changes: the originals run. :func:`install` returns lines for the run's banner;
 :func:`uninstall` restores every patched attribute (idempotent).
 """
@@ -47,7 +57,7 @@ import threading
 import warnings
 import weakref
 
-__all__ = ["install", "uninstall", "active", "current", "last", "summary"]
+__all__ = ["install", "install_ppdet", "uninstall", "active", "current", "last", "summary"]
 
 _lock = threading.RLock()
 # (owner, attribute, original value, whether the owner held it in its own __dict__)
@@ -69,6 +79,8 @@ def _reset_state() -> None:
         not_emulated={},  # reason -> count
         last=None,
         warned=set(),
+        ppdet_as_gpu=0,  # ppdet Trainer calls run with cfg.use_gpu read as true (install_ppdet)
+        ppdet_trainers=[],  # the Trainer classes install_ppdet patched
     )
 
 
@@ -109,6 +121,7 @@ def summary() -> dict:
         "not_emulated": dict(_state["not_emulated"]),
         "decorate_level": _state["decorate_level"],
         "model_source": owner[1] if owner else ("decorate" if _state["models"] else None),
+        "ppdet_as_gpu": _state["ppdet_as_gpu"],
     }
 
 
@@ -368,6 +381,52 @@ def _scaler_init(original, grad_scaler_module):
     return __init__
 
 
+# ppdet.engine.trainer.Trainer methods whose AMP calls read ``enable`` from ``cfg.use_gpu`` (ppdet 2.6)
+PPDET_AMP_METHODS = ("train", "_eval_with_loader", "_eval_with_loader_slice")
+
+
+def _ppdet_as_gpu(original):
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        cfg = getattr(self, "cfg", None)
+        if (
+            not _state["installed"]
+            or not getattr(self, "use_amp", False)
+            or cfg is None
+            or cfg.get("use_gpu")
+            or not _emulating_place()
+        ):
+            return original(self, *args, **kwargs)
+        cfg["use_gpu"] = True  # the Trainer's own copy of the config (Trainer.__init__ copies it)
+        _state["ppdet_as_gpu"] += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            cfg["use_gpu"] = False
+
+    return method
+
+
+def install_ppdet(trainer_module=None) -> list[str]:
+    """Make ``ppdet.engine.trainer.Trainer`` with ``amp`` on enable its AMP on an emulating place as with
+    ``use_gpu: true`` (see the module docstring). ``trainer_module`` defaults to the imported
+    ``ppdet.engine.trainer``; nothing happens when it is not imported, when :func:`install` is not in force, or
+    when it is already done. Returns the banner line."""
+    with _lock:
+        module = trainer_module or sys.modules.get("ppdet.engine.trainer")
+        trainer = getattr(module, "Trainer", None)
+        if not _state["installed"] or trainer is None or trainer in _state["ppdet_trainers"]:
+            return []
+        for name in PPDET_AMP_METHODS:
+            if hasattr(trainer, name):
+                _patch(trainer, name, _ppdet_as_gpu(getattr(trainer, name)))
+        _state["ppdet_trainers"].append(trainer)
+        return [
+            "ppdet.engine.Trainer with amp: its GradScaler and auto_cast get enable=True as with use_gpu: true "
+            "(ppdet passes enable=cfg.use_gpu, false on a CPU); float16 emulated on this CPU"
+        ]
+
+
 def _patch(owner, attr: str, value) -> None:
     own = attr in vars(owner)
     _originals.append((owner, attr, getattr(owner, attr), own))
@@ -409,7 +468,7 @@ def install() -> list[str]:
         _patch(grad_scaler.AmpScaler, "__init__", _scaler_init(grad_scaler.AmpScaler.__init__, grad_scaler))
         lines.append("paddle.amp.GradScaler -> enabled on this CPU as on a GPU (it scales the loss)")
         _state["installed"] = True
-        return lines
+        return lines + install_ppdet()
 
 
 def uninstall() -> None:

@@ -54,6 +54,25 @@ def map_device(device):
     return device
 
 
+# the matrix ops an emulated block computes in float32 on operands rounded to the block's dtype, the result rounded
+# back to it: a GPU's float16 GEMM / convolution (float32 accumulation), and the gradients pass through the same casts
+_GEMM_OPS = frozenset(
+    {
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "linear",
+        "matmul",
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+    }
+)
+
 # python-level names of ops whose canonical name (ampsafe.torch.ops) differs, or that compose listed ones
 _ALIASES = {
     "pow": ("__rpow__",),
@@ -92,10 +111,26 @@ def _cuda_lists_class():
             return type(value)(cast(v, want, source) for v in value)
         return value
 
+    def rounded(value, want):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(want).float()
+        if isinstance(value, (list, tuple)):
+            return type(value)(rounded(v, want) for v in value)
+        return value
+
     class CudaAutocastLists(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             name = getattr(func, "__name__", "")
+            if name in _GEMM_OPS and torch.is_autocast_enabled("cpu"):
+                # as a GPU computes them: low-precision operands, float32 accumulation, a low-precision result
+                # (CPU float16 kernels are the slow reference ones; this is float32 oneDNN/BLAS on rounded values)
+                want = torch.get_autocast_dtype("cpu")
+                args = rounded(args, want)
+                kwargs = {k: rounded(v, want) for k, v in kwargs.items()}
+                with torch.autocast("cpu", enabled=False):
+                    out = func(*args, **kwargs)
+                return out.to(want) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
             if (name in to_fp32 or name in to_low) and torch.is_autocast_enabled("cpu"):
                 if name in to_fp32:
                     want, source = torch.float32, low
