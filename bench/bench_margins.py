@@ -18,6 +18,7 @@ records the number its test depends on:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,10 +38,10 @@ ISA = {
 CASES = ("reference", "dbnet_brink", "frcnn_brink", "demo", "monitor", "frcnn_heal")
 SEEDLESS = ("reference",)
 # The horizons of the tests these cases stand for (tests/test_demo.py, tests/sentinel/test_dbnet_monitor_n10.py,
-# tests/heal/test_heal_frcnn.py): the demo's recipe (ampsafe.demo) over 24 steps, 40 monitor steps, 6 heal steps.
+# tests/heal/test_heal_frcnn.py): the demo's recipe (ampsafe.demo) over 24 steps, 40 monitor steps, 10 heal steps.
 DEMO_RECIPE = {"steps": 24, "lr": 1e-2, "level": "O1", "image_size": 128, "batch_size": 8}
 MONITOR_STEPS = 40
-FRCNN_HEAL = {"steps": 6, "init_scale": 4.0}
+FRCNN_HEAL = {"steps": 10, "init_scale": 4.0}
 
 
 def case_reference(seed: int) -> dict:
@@ -143,15 +144,22 @@ def _run_case(case: str, seed: int, isa: str, cache: Path) -> dict:
     return dict(json.loads(line[len("RESULT ") :]), seconds=round(time.perf_counter() - t0, 1))
 
 
-def measure(isas, seeds, cases) -> dict:
-    rows = []
+def measure(isas, seeds, cases, *, cache_dirs: dict | None = None, on_row=None) -> dict:
+    """Every case under every ISA setting and seed; ``cache_dirs`` maps an ISA setting to a brink cache to reuse
+    (default: a fresh temporary one, so the brinks are rebuilt on that setting's kernels); ``on_row(result)``
+    is called after each row (the command line writes the files as it goes)."""
+    result = {"machine": machine(), "isa_settings": {k: ISA[k] for k in isas}, "rows": []}
     for isa in isas:
-        with tempfile.TemporaryDirectory(prefix=f"ampsafe-margins-{isa}-") as cache:
+        given = (cache_dirs or {}).get(isa)
+        with contextlib.nullcontext(given) if given else tempfile.TemporaryDirectory(prefix=f"margins-{isa}-") as cache:
             for case in cases:
                 for seed in seeds[:1] if case in SEEDLESS else seeds:
                     print(f"  {isa:8s} {case:12s} seed {seed} ...", flush=True)
-                    rows.append({"isa": isa, "case": case, "seed": seed, **_run_case(case, seed, isa, Path(cache))})
-    return {"machine": machine(), "isa_settings": {k: ISA[k] for k in isas}, "rows": rows}
+                    row = {"isa": isa, "case": case, "seed": seed, **_run_case(case, seed, isa, Path(cache))}
+                    result["rows"].append(row)
+                    if on_row:
+                        on_row(result)
+    return result
 
 
 def _cell(case: str, r: dict) -> str:
@@ -197,9 +205,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     ap.add_argument("--name", default="margins", help="results file stem")
+    ap.add_argument("--cache", nargs=2, action="append", metavar=("ISA", "DIR"), help="reuse DIR's brinks for ISA")
     args = ap.parse_args(argv)
-    result = measure(args.isa, args.seeds, args.cases)
-    write_result(args.name, result, markdown(result))
+    result = measure(
+        args.isa,
+        args.seeds,
+        args.cases,
+        cache_dirs=dict(args.cache or []),
+        on_row=lambda r: write_result(args.name, r, markdown(r)),
+    )
     print(markdown(result))
     return 0
 
