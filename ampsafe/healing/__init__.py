@@ -1,7 +1,8 @@
 """Self-healing AMP: at the loss-scale floor, find the paths that overflow, make them FP32 islands, go on.
 
-    scaler = ampsafe.torch.GradScaler(min_scale=1.0, on_floor="heal")   # or ampsafe.paddle.GradScaler
-    ampsafe.heal(model, scaler=scaler)                                   # attach: heals at the floor
+    scaler = ampsafe.torch.GradScaler(min_scale=1.0, on_floor="heal")   # or ampsafe.paddle.GradScaler:
+    ...                                                                  # heals at the floor by itself
+    ampsafe.heal(model, scaler=scaler)                                   # or attach one with options
     ...                                                                  # the usual training loop
 
     ampsafe.heal(model, scaler=scaler, patience=2)                       # or: after 2 overflowing steps in a row
@@ -18,9 +19,15 @@ that float32 has too (a numerical error) is not a precision problem, and more is
 Distributed (torch.distributed / paddle.distributed initialized): verdicts are all-gathered, every rank raises
 the same error or islands the union of the paths found on any rank.
 
+A bare scaler (no ``ampsafe.heal`` call) resolves its model at its first step (``Backend.owner_of``), keeps
+the inputs of its latest forward, and heals through the same :class:`Healer`; before any floor heal or error it
+replays the batch once under the sentinel and reports the pass it measured (forward: module, op, float32
+magnitude; backward: the parameters; data: the sample).
+
 Inside: :mod:`~ampsafe.healing.evidence` (what the replay measures), :mod:`~ampsafe.healing.healer` (the
-decision), :mod:`~ampsafe.healing.attach` (``heal``: to a scaler, or now). All of it goes through the model's
-:class:`~ampsafe.core.backend.Backend`.
+decision), :mod:`~ampsafe.healing.attach` (``heal``: to a scaler, or now), :mod:`~ampsafe.healing.verdict` (the
+floor's measured verdict), :mod:`~ampsafe.healing.scaler` (what the GradScalers inherit: model resolution,
+capture, built-in heal, ``patience``). All of it goes through the model's :class:`~ampsafe.core.backend.Backend`.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def heal(
             healer.detach()
             raise ConfigError(f"the scaler was built with on_floor={policy.on_floor!r}; build it with on_floor='heal'")
         scaler.heal_hook = healer
-        if patience is not None:
+        if patience is not None and getattr(scaler, "_patience", None) is None:  # else the scaler counts itself
             _heal_on_streak(scaler, healer, patience)
         return healer
     healer.detach()

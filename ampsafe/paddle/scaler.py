@@ -67,7 +67,7 @@ class GradScaler(HealingScaler):
     of its latest forward; at the floor it replays that batch under the sentinel (in the step's ``auto_cast`` or
     ``emulate_fp16``), names the pass that overflowed, and heals or raises with what it measured.
     ``patience=N`` heals after N overflowing steps in a row when the replayed forward overflows.
-    ``disabled_reason``: why scaling is off (``"disabled by the script (enable=False)"``, ...), None when on.
+    ``disabled_reason``: why it is off (``"disabled by the script (enable=False)"``, ...); None when it scales or guards.
 
     Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
     and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
@@ -96,9 +96,7 @@ class GradScaler(HealingScaler):
         self._guard = bool(fp32_guard)
         self._enable = bool(enable) or self._guard
         self.disabled_reason: Optional[str] = None
-        if self._guard:
-            self.disabled_reason = "loss scaling off (fp32_guard=True): non-finite steps are still skipped"
-        elif not enable:
+        if not self._enable:  # the FP32 guard does not scale, but it is not disabled: it guards
             self.disabled_reason = "disabled by the script (enable=False)"
         self._use_dynamic_loss_scaling = bool(use_dynamic_loss_scaling) and self._enable and not self._guard
         init = 1.0 if self._guard else init_loss_scaling

@@ -92,7 +92,7 @@ class GradScaler(HealingScaler):
     latest forward; at the floor it replays that batch under the sentinel, names the pass that overflowed, and
     heals (islands what overflows, restores the scale) or raises with what it measured. ``patience=N`` heals
     after N overflowing steps in a row when the replayed forward overflows, without waiting for the floor.
-    ``disabled_reason``: why scaling is off (``"disabled (CUDA not available)"``, ...), None when it is on.
+    ``disabled_reason``: why scaling is off (``"disabled (CUDA not available)"``, ...); None when it scales or guards.
 
     Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
     and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
@@ -122,10 +122,8 @@ class GradScaler(HealingScaler):
         self._device = device
         self._enabled = bool(enabled) and not fp32_guard
         self.disabled_reason: Optional[str] = None
-        if not enabled:
+        if not enabled and not fp32_guard:  # the FP32 guard does not scale, but it is not disabled: it guards
             self.disabled_reason = "disabled by the script (enabled=False)"
-        elif fp32_guard:
-            self.disabled_reason = "loss scaling off (fp32_guard=True): non-finite steps are still skipped"
         if self._enabled and device == "cuda" and not torch.cuda.is_available():
             warnings.warn("ampsafe GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             self._enabled = False
