@@ -210,3 +210,34 @@ def test_O2_block_without_decorate_uses_the_optimizers_model_and_says_so(emulate
     assert emulator.is_fp16(model.head.weight) and not emulator.is_fp16(model.conv.weight)
     assert amp_emulation.summary()["model_source"] == "optimizer"
     del optimizer
+
+
+def test_ppdet_trainer_with_amp_runs_as_with_use_gpu_while_installed():
+    """ppdet's Trainer passes ``enable=cfg.use_gpu`` (false on a CPU): under the emulation its AMP methods read
+    ``use_gpu`` as true for the call and restore it; without ``amp`` nothing changes; uninstall restores them.
+    The whole Trainer run is tests/run/test_upstream_trainers.py's."""
+    trainer_module = pytest.importorskip("ppdet.engine.trainer")
+    from ppdet.core.workspace import AttrDict
+
+    Trainer = trainer_module.Trainer
+    originals = {name: Trainer.__dict__[name] for name in amp_emulation.PPDET_AMP_METHODS}
+    seen = []
+    probe = amp_emulation._ppdet_as_gpu(lambda self: seen.append(self.cfg.use_gpu))  # what train() reads
+    trainer = object.__new__(Trainer)  # no __init__: it builds data loaders; the wrapper reads cfg and use_amp
+    trainer.cfg = AttrDict(use_gpu=False)
+    trainer.use_amp = True
+    probe(trainer)  # not installed: untouched
+    lines = amp_emulation.install()
+    try:
+        assert any("ppdet.engine.Trainer with amp" in line for line in lines)
+        assert amp_emulation.install_ppdet() == []  # once per class
+        assert all(Trainer.__dict__[n] is not f for n, f in originals.items())
+        probe(trainer)
+        assert trainer.cfg.use_gpu is False  # restored after the call
+        trainer.use_amp = False
+        probe(trainer)  # a Trainer without amp keeps its config
+        assert amp_emulation.summary()["ppdet_as_gpu"] == 1
+    finally:
+        amp_emulation.uninstall()
+    assert seen == [False, True, False]
+    assert all(Trainer.__dict__[n] is f for n, f in originals.items())

@@ -1,0 +1,76 @@
+"""A PaddleDetection training command shaped like ppdet's ``tools/train.py`` (knows nothing about ampsafe):
+``load_config`` + ``-o`` overrides via ``merge_config``, ``--amp`` sets ``cfg["amp"]``, absent ``use_npu`` / ``use_xpu`` / ``use_mlu`` off, the device from
+``use_gpu``, ``check_gpu``, then ``ppdet.engine.Trainer(cfg, mode="train")``, ``load_weights`` of
+``pretrain_weights`` when set, and ``trainer.train()``.
+
+After training, one line per fact the tests read: the scaler class the Trainer built, its scale and steps.
+"""
+
+import argparse
+import ast
+
+import paddle
+from ppdet.core.workspace import load_config, merge_config
+from ppdet.engine import Trainer
+from ppdet.utils.check import check_gpu
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-c", "--config", required=True)
+parser.add_argument("-o", "--opt", nargs="*", default=[], help="KEY=VALUE overrides (dots for nesting)")
+parser.add_argument("--amp", action="store_true", default=False)
+parser.add_argument("--save-state", default="", help="after training, paddle.save the model's state_dict here")
+args = parser.parse_args()
+
+
+def parse_overrides(pairs):
+    """``a.b=1`` -> ``{"a": {"b": 1}}`` (values read as Python literals when they parse), as ppdet's ArgsParser."""
+    out = {}
+    for pair in pairs:
+        key, _, raw = pair.partition("=")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        node = out
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
+cfg = load_config(args.config)
+merge_config(parse_overrides(args.opt))
+cfg["amp"] = args.amp
+for flag in ("use_gpu", "use_npu", "use_xpu", "use_mlu"):  # tools/train.py: absent devices are off
+    if flag not in cfg:
+        cfg[flag] = False
+paddle.set_device("gpu" if cfg.use_gpu else "cpu")
+check_gpu(cfg.use_gpu)
+
+trainer = Trainer(cfg, mode="train")
+if cfg.get("pretrain_weights"):
+    trainer.load_weights(cfg.pretrain_weights)
+
+captured = []
+original_scaler = paddle.amp.GradScaler
+
+
+def recording_scaler(*a, **k):  # only to print what the Trainer built; the Trainer calls paddle.amp.GradScaler
+    scaler = original_scaler(*a, **k)
+    captured.append((scaler, k))
+    return scaler
+
+
+paddle.amp.GradScaler = recording_scaler
+trainer.train()
+paddle.amp.GradScaler = original_scaler
+for scaler, kwargs in captured:
+    print(
+        f"script: Trainer scaler {type(scaler).__module__}.{type(scaler).__name__} built with "
+        f"enable={kwargs.get('enable')}; enabled {scaler.is_enable()}, scale {float(scaler.get_loss_scaling())}",
+        flush=True,
+    )
+if args.save_state:
+    paddle.save(trainer.model.state_dict(), args.save_state)
+print(f"script: done, amp {trainer.use_amp}, use_gpu {cfg.use_gpu}", flush=True)
