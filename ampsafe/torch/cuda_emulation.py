@@ -15,7 +15,10 @@ machine nothing is patched):
   emulated block is entered, a ``TorchFunctionMode`` applies the difference: for those ops it casts the
   low-precision inputs to float32 (or the float32 inputs to the block's dtype), and CPU autocast does the
   rest. It acts only while CPU autocast is enabled (so a nested ``enabled=False`` block is plain float32) and
-  leaves in-place variants alone.
+  leaves in-place variants alone. The same mode computes the matrix ops (conv, linear, matmul, mm, bmm,
+  addmm, baddbmm) as a GPU's float16 kernels do: operands rounded to the block's dtype, float32 accumulation
+  (here float32 oneDNN/BLAS), the result rounded back, and their gradients through the same casts, so values
+  past 65504 overflow in both passes; CPU float16 kernels are reference ones (a Faster R-CNN step ~3x slower).
 * ``torch.amp.GradScaler("cuda")`` and ``torch.cuda.amp.GradScaler()`` are ``"cpu"`` scalers, which scale:
   ``GradScaler.__init__`` maps the device the same way. When ``ampsafe.auto`` has put ampsafe's scaler in
   place of torch's, it calls :func:`map_device` on the device it passes.
