@@ -435,7 +435,8 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
     if healed:
         lines += ["", "Healed:"]
         for r in healed:
-            lines.append(f"- {r['level']} {r['run']}: " + "; ".join(", ".join(p) for p in r["healed"]))
+            at = next((s["step"] for s in r["per_step"] if s.get("heals")), None)
+            lines.append(f"- {r['level']} {r['run']} at step {at}: " + "; ".join(", ".join(p) for p in r["healed"]))
     if machine:
         lines += [
             "",

@@ -56,8 +56,9 @@ def _run(work: Path, run: str, level: str) -> dict:
 
 # Measured gaps (bench/results/ppocr_optin.md), kept visible instead of tuning the recipe until they pass:
 _O1_NATIVE = pytest.mark.xfail(
-    reason="O1 overflows from step 13 and Paddle halves the scale once per overflow from 1024: 30 steps leave at "
-    "most 17 halvings and step 21 did not overflow, so the run ends at 2**-6 = 0.0156, one halving above 1e-2",
+    reason="borderline at 30 steps: O1 overflows from step 10-13 and Paddle halves the scale once per overflow "
+    "from 1024, and 1e-2 takes 17 halvings; measured 19 overflows / 0.00195 in one run and 16 / 0.0156 in another "
+    "(float16 rounding differs between emulator versions)",
     strict=False,
 )
 _O2_HEAL = pytest.mark.xfail(
