@@ -122,7 +122,7 @@ def patch_ppdet(batch_operators, policy: str, setter: Callable) -> str:
                 items = samples if isinstance(samples, (list, tuple)) else [samples]
                 items = [s for s in items if isinstance(s, dict) and "gt_bbox" in s]
                 if items:
-                    _hook.check(items, box_format=_format)
+                    _hook.check(items, box_format=_format, padded=True)  # PadBox's zero rows are padding
                 return original(self, samples, context, *args, **kwargs)
 
             return __call__

@@ -200,9 +200,11 @@ def find_bad_boxes(
     box_format: str | None = None,
     normalized: bool | None = None,
     min_size: float | None = None,
+    padded: bool | None = None,
 ) -> list[BadBox]:
     """Every invalid box in ``targets`` (see :func:`check_targets`), in sample then box order."""
     items, batched = _as_target_list(targets)
+    skip_padding = batched if padded is None else bool(padded)
     problems: list[BadBox] = []
     for s, target in enumerate(items):
         key = _box_key(target)
@@ -221,7 +223,7 @@ def find_bad_boxes(
             box_format=fmt,
             normalized=normalized,
             min_size=min_size,
-            skip_padding=batched,
+            skip_padding=skip_padding,
         )
     return problems
 
@@ -234,6 +236,7 @@ def check_targets(
     box_format: str | None = None,
     normalized: bool | None = None,
     min_size: float | None = None,
+    padded: bool | None = None,
 ) -> None:
     """Raise :class:`ampsafe.BadTargetError` on the first invalid box, naming sample, box, values and reason.
 
@@ -245,7 +248,8 @@ def check_targets(
     per sample, or None (ppdet's ``im_shape`` / ``image`` are used when present); boxes outside it are bad.
     ``min_size``: smallest valid width/height (default 0.01 pixel, or 1e-5 of the image when normalized).
     Checked: NaN/inf coordinates, width or height <= 0 or below ``min_size``, boxes outside the image, class
-    ids outside [0, num_classes).
+    ids outside [0, num_classes). ``padded``: all-zero rows are padding (ppdet's ``PadBox`` pads each sample's
+    ``gt_bbox`` with them, and its target builders skip them); None: only in a batch dict.
     """
     problems = find_bad_boxes(
         targets,
@@ -254,6 +258,7 @@ def check_targets(
         box_format=box_format,
         normalized=normalized,
         min_size=min_size,
+        padded=padded,
     )
     if problems:
         first = problems[0]
@@ -284,6 +289,15 @@ def _drop_rows(target: dict, bad: set[int], batched: bool) -> None:
     for k, v in list(target.items()):
         if hasattr(v, "shape") and len(v.shape) >= 1 and int(v.shape[0]) == n and k not in ("image", "im_shape"):
             target[k] = v[keep]
+
+
+def _zero_sample_rows(target: dict, bad: set[int]) -> None:
+    key = _box_key(target)
+    n = int(target[key].shape[0])
+    for k, v in target.items():
+        if hasattr(v, "shape") and len(v.shape) >= 1 and int(v.shape[0]) == n and k not in ("image", "im_shape"):
+            for i in bad:
+                v[i] = 0
 
 
 def _zero_rows(batch: dict, sample: int, bad: set[int]) -> None:
@@ -348,6 +362,9 @@ def _apply_to(targets, problems: list[BadBox], policy: str, sample_offset: int, 
     if batched:
         for s, bad in by_sample.items():
             _zero_rows(targets, s, {b for b in bad if b is not None})
+    elif check_kwargs.get("padded"):  # padded samples keep their shape: the bad rows become padding
+        for s, bad in by_sample.items():
+            _zero_sample_rows(items[s], {b for b in bad if b is not None})
     else:
         for s, bad in by_sample.items():
             _drop_rows(items[s], {b for b in bad if b is not None}, batched)

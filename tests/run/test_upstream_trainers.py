@@ -163,13 +163,11 @@ def test_ppdet_trainer_ppyolo_tiny_amp_gets_ampsafes_scaler_under_emulation(upst
     data = _coco(tmp_path / "coco")
     base = upstream / "PaddleDetection/configs/ppyolo/ppyolo_tiny_650e_coco.yml"
     config = _overlay(tmp_path / "ppyolo_tiny.yml", base, data, PPYOLO_READER)
-    # --on-bad-target drop: ampsafe's target check counts PadBox's all-zero padding rows as degenerate boxes
-    # (ampsafe.run_targets, reported); drop keeps the run going, the real boxes are untouched
-    proc = ampsafe_run(
-        "--emulate-fp16", "--on-bad-target", "drop", "--report", str(tmp_path / "report"), *_trainer(config, "--amp")
-    )
+    # the default --on-bad-target raise: PadBox's all-zero rows are padding, not bad boxes
+    proc = ampsafe_run("--emulate-fp16", "--report", str(tmp_path / "report"), *_trainer(config, "--amp"))
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err[-3000:]
+    assert "dropped bad box" not in err
     # ppdet passes enable=cfg.use_gpu (false on a CPU); the emulation runs its AMP as with use_gpu: true
     assert "[ampsafe] ppdet.engine.Trainer with amp: its GradScaler and auto_cast get enable=True" in err
     assert "script: Trainer scaler ampsafe.auto.GradScaler built with enable=True; enabled True" in out
@@ -181,7 +179,7 @@ def test_ppdet_trainer_ppyolo_tiny_amp_gets_ampsafes_scaler_under_emulation(upst
     assert "ampsafe.paddle.scaler.GradScaler" in json.dumps(report)
 
     # the same command without --emulate-fp16: ppdet's enable=False reaches ampsafe's scaler, which says so
-    plain = ampsafe_run("--on-bad-target", "drop", "--report", "", *_trainer(config, "--amp"))
+    plain = ampsafe_run("--report", "", *_trainer(config, "--amp"))
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert "built with enable=False; enabled False" in plain.stdout
     assert "ampsafe.paddle.scaler.GradScaler: disabled by the script (enable=False)" in plain.stdout
