@@ -111,6 +111,14 @@ class WatchPass:
     def done(self) -> bool:
         return self.forward_event is not None or self.backward_event is not None
 
+    def release(self) -> None:
+        """Drop what the pass kept alive (hooked tensors, graph nodes). Their gradient hooks refer back to the
+        pass through the framework's C++ graph, a cycle Python's collector cannot see: without this every
+        step's activations would stay alive."""
+        for value in vars(self).values():
+            if isinstance(value, dict):
+                value.clear()
+
 
 # ------------------------------------------------------------------------------------------- the watch object
 @dataclass
@@ -200,6 +208,8 @@ class WatchBase(Guard, Monitor):
             for h in self._handles:
                 h.remove()
             self._handles = []
+            if self._pass is not None:
+                self._pass.release()
             self._pass = None  # drop the last step's graph (its autograd nodes / hooked tensors)
         return False
 
@@ -231,6 +241,8 @@ class WatchBase(Guard, Monitor):
             if self.monitored(step):
                 self._monitor_begin(args, kwargs, step)
         if self._full is not None:
+            if self._pass is not None:
+                self._pass.release()
             self._pass = self._new_pass(step)
             self._phase = "forward"
             self._suspended += 1
