@@ -91,7 +91,7 @@ class Healer:
         from ..scanner import scan
 
         report = scan(self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits)
-        found = [p for p in report.paths if p.risky and not p.protected]
+        found = [p for p in report.paths if p.risky and (not p.protected or self._open_layers(p))]
         if not found and self.loss_fn is not None and loss_scale:
             report = scan(
                 self.model,
@@ -104,6 +104,18 @@ class Healer:
             )
             found = [p for p in report.paths if p.overflows_in and not p.protected]
         return found
+
+    def _open_layers(self, path: RiskPath) -> list[str]:
+        """The layers of an islanded path that still run in float16: an island's float32 output that grew past
+        65504 overflows again where a float16 consumer casts it, so those consumers join the island."""
+        from ..patching import patched_modules
+
+        islands = [m for m, how in patched_modules(self.model).items() if how == "island"]
+        return [
+            layer
+            for layer in path.layers
+            if not any(layer == q or layer.startswith(q + ".") or q == "" for q in islands)
+        ]
 
     def _local_verdict(self, loss_scale: Optional[float]) -> tuple[str, Any]:
         """("data", (input, sample)) | ("float32", what) | ("paths", {start: amax}) for this rank's last batch."""

@@ -35,10 +35,14 @@ def healed_run(brink_seed):
     return dict(run, model=run["workload"].model)
 
 
-def test_heal_fires_once_at_the_floor_on_frcnn_brink(healed_run):
+def test_heal_fires_at_the_floor_on_frcnn_brink(healed_run):
+    """Once on seed 0 (default and SSE4.1 kernels). On seed 1 under AVX2 kernels the first heal's batch had the
+    classifier in range; the islanded box head's float32 output then grew past 65504 into ``cls_score``'s float16
+    input, and a second heal islanded the predictor (measured at step 7 of 10)."""
     heals = healed_run["scaler"].stats.heals
-    assert len(heals) == 1, heals
-    assert heals[0].scale_after >= 1.0
+    assert 1 <= len(heals) <= 2, heals
+    assert heals[0].scale_before == 1.0  # at the floor (min_scale=1)
+    assert all(h.scale_after >= 1.0 for h in heals)
 
 
 def test_heal_islands_the_box_head_and_nothing_in_the_backbone(healed_run):
@@ -53,7 +57,7 @@ def test_no_forward_overflow_after_heal_on_frcnn_brink(healed_run):
     """What heal promises: the forward pass stays in float16's range after it. A step skipped after the heal
     with a clean forward is a backward-only overflow at the restored scale, which the scaler handles by backing
     off (measured on an AVX2-only AMD EPYC: step 5 of 6, scale 4 -> 2; none on an AVX-512 Xeon)."""
-    step = healed_run["scaler"].stats.heals[0].step
+    step = healed_run["scaler"].stats.heals[-1].step
     before = healed_run["forward_nonfinite"][: step + 1]
     after = healed_run["forward_nonfinite"][step + 1 :]
     assert after, "the heal came on the last step"
