@@ -57,11 +57,13 @@ import threading
 import warnings
 import weakref
 
+from ..core.attr_patches import AttrPatches
+
 __all__ = ["install", "install_ppdet", "uninstall", "active", "current", "last", "summary"]
 
 _lock = threading.RLock()
 # (owner, attribute, original value, whether the owner held it in its own __dict__)
-_originals: list[tuple[object, str, object, bool]] = []
+_originals = AttrPatches()
 # (weakref to a layer, its _cast_to_low_precision before decorate(excluded_layers=...) marked it)
 _layer_flags: list[tuple[weakref.ref, bool]] = []
 _state: dict = {}
@@ -428,9 +430,7 @@ def install_ppdet(trainer_module=None) -> list[str]:
 
 
 def _patch(owner, attr: str, value) -> None:
-    own = attr in vars(owner)
-    _originals.append((owner, attr, getattr(owner, attr), own))
-    setattr(owner, attr, value)
+    _originals.set(owner, attr, value)
 
 
 # --------------------------------------------------------------------------------------------- public
@@ -474,12 +474,7 @@ def install() -> list[str]:
 def uninstall() -> None:
     """Restore every patched attribute and the layers decorate marked; forget the recorded models (idempotent)."""
     with _lock:
-        while _originals:
-            owner, attr, value, own = _originals.pop()
-            if own:
-                setattr(owner, attr, value)
-            else:
-                delattr(owner, attr)
+        _originals.restore()
         while _layer_flags:
             ref, flag = _layer_flags.pop()
             layer = ref()

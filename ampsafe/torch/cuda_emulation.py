@@ -33,11 +33,13 @@ from __future__ import annotations
 import functools
 import threading
 
+from ..core.attr_patches import AttrPatches
+
 __all__ = ["install", "uninstall", "active", "map_device"]
 
 _lock = threading.RLock()
 # (owner, attribute, original value, whether the owner held it in its own __dict__)
-_originals: list[tuple[object, str, object, bool]] = []
+_originals = AttrPatches()
 _state = {"installed": False}
 
 
@@ -197,9 +199,7 @@ def _scaler_init(original):
 
 
 def _patch(owner, attr: str, value) -> None:
-    own = attr in vars(owner)
-    _originals.append((owner, attr, getattr(owner, attr), own))
-    setattr(owner, attr, value)
+    _originals.set(owner, attr, value)
 
 
 def install() -> list[str]:
@@ -232,10 +232,5 @@ def install() -> list[str]:
 def uninstall() -> None:
     """Restore every patched attribute (idempotent)."""
     with _lock:
-        while _originals:
-            owner, attr, value, own = _originals.pop()
-            if own:
-                setattr(owner, attr, value)
-            else:
-                delattr(owner, attr)
+        _originals.restore()
         _state["installed"] = False

@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).parent / "scripts"
-# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
-_SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
-
-
-def ampsafe_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ampsafe.cli", "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=_SCRATCH,
-    )
+from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
 
 
 def test_nan_batch_is_skipped_and_parameters_stay_finite(tmp_path):

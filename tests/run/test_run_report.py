@@ -3,24 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-SCRIPTS = Path(__file__).parent / "scripts"
-# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
-_SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
-
-
-def ampsafe_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ampsafe.cli", "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=_SCRATCH,
-    )
+from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
 
 
 def test_forward_overflow_heals_once_by_default_and_the_report_gives_the_patch_line(tmp_path):

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-SCRIPTS = Path(__file__).parent / "scripts"
-# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
-_SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
-
-
-def ampsafe_run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ampsafe.cli", "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=_SCRATCH,
-    )
+from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
 
 
 def test_frcnn_zero_width_box_is_stopped_before_the_forward_naming_sample_and_box():

@@ -16,10 +16,7 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def ampsafe_run(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "ampsafe.cli", "run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-
+from run_helpers import ampsafe_run  # noqa: E402  (tests/run/run_helpers.py)
 
 # --------------------------------------------------------------------------------------------- torchvision
 
