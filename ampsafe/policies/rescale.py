@@ -200,8 +200,15 @@ def homogeneous_region(graph: Graph, starts, bias_free) -> Region:
     if both:
         raise NotHomogeneous(f"{sorted(both)} run both on and off the scaled path (a shared module)")
     end_modules = {e.module for e in end_nodes}
+
+    def fused_after_norm(n) -> bool:  # nn.BatchNorm(act=...)'s activation reads the normalization's own output
+        src = prod.get(n.inputs[0]) if n.inputs else None
+        return src is not None and nodes[src].module == n.module and nodes[src].kind == OpKind.NORM
+
     for n in nodes:
         if n.module in end_modules and n.kind == OpKind.NORM and not (n.inputs and n.inputs[0] in scaled):
+            if fused_after_norm(n):
+                continue
             raise NotHomogeneous(f"normalization {n.module} also runs on tensors outside the path")
     region.starts = sorted(start_modules)
     region.ends = sorted(end_modules)
