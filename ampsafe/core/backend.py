@@ -98,9 +98,19 @@ class Backend(Protocol):
 
 
 class AdapterModules:
-    """The Backend methods that hand over to the rest of the adapter package (its ``trace``, ``watch`` and
-    ``patch`` modules), imported on first use so that resolving a backend stays cheap. Subclasses live in
-    ``ampsafe.<name>.backend``; the package is the one beside them."""
+    """The Backend methods written once for every framework: walking nested outputs, and handing over to the
+    rest of the adapter package (its ``trace``, ``watch`` and ``patch`` modules, imported on first use so that
+    resolving a backend stays cheap). Subclasses live in ``ampsafe.<name>.backend``, beside that package."""
+
+    def tensors(self, obj) -> list:
+        """The tensors in a nested output: lists, tuples (namedtuples included) and dict values, in order."""
+        if isinstance(obj, self.tensor_type):
+            return [obj]
+        if isinstance(obj, dict):
+            return [t for v in obj.values() for t in self.tensors(v)]
+        if isinstance(obj, (list, tuple)):
+            return [t for v in obj for t in self.tensors(v)]
+        return []
 
     def _adapter_module(self, name: str):
         import importlib

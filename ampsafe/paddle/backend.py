@@ -110,15 +110,6 @@ class PaddleBackend(core.AdapterModules):
         with paddle.no_grad(), paddle.amp.auto_cast(enable=False), fp32_region():
             yield
 
-    def tensors(self, obj) -> list:
-        if isinstance(obj, paddle.Tensor):
-            return [obj]
-        if isinstance(obj, dict):
-            return [t for v in obj.values() for t in self.tensors(v)]
-        if isinstance(obj, (list, tuple)):
-            return [t for v in obj for t in self.tensors(v)]
-        return []
-
     def all_finite(self, t) -> bool:
         return t.size == 0 or bool(paddle.isfinite(t).all())
 

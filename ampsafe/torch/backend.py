@@ -88,15 +88,6 @@ class TorchBackend(core.AdapterModules):
                 stack.enter_context(torch.autocast("cuda", enabled=False))
             yield
 
-    def tensors(self, obj) -> list:
-        if isinstance(obj, torch.Tensor):
-            return [obj]
-        if isinstance(obj, dict):
-            return [t for v in obj.values() for t in self.tensors(v)]
-        if isinstance(obj, (list, tuple)):
-            return [t for v in obj for t in self.tensors(v)]
-        return []
-
     def all_finite(self, t) -> bool:
         return t.numel() == 0 or bool(torch.isfinite(t).all())
 
