@@ -68,8 +68,10 @@ def test_swapped_faster_rcnn_builds_through_ppdet_create_and_trains(upstream, tm
         model = create(cfg.architecture)
     assert type(model.neck) is AmpSafeFPN
     assert model.neck.out_channel == 256 and all(normalized_conv_report(model.neck).values())
-    # ppdet 2.6.0's RPN proposal code concatenates 0-d tensors, which Paddle 3.x refuses, so the full train
-    # forward cannot run here (upstream FPN alike); forward and backward go through backbone and neck
+    # ppdet 2.6.0's RPN proposal code concatenates 0-d tensors, which Paddle 3.x refuses, so without a version-
+    # compat fix the full train forward cannot run (upstream FPN alike; tests/run/scripts/train_ppdet_trainer.py
+    # has the fix, and tests/run/test_upstream_trainers.py trains the whole step through ppdet's Trainer); here
+    # forward and backward go through backbone and neck
     model.train()
     paddle.seed(0)
     features = model.neck(model.backbone({"image": paddle.rand([1, 3, 128, 128])}))

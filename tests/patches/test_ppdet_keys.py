@@ -78,8 +78,10 @@ def test_swapped_frcnn_loaded_from_upstream_takes_a_train_step(frcnn):
     }
     neck = model.neck
     weight, mean = neck.fpn_res2_sum.weight.numpy().copy(), neck.fpn_res2_sum_norm._mean.numpy().copy()
-    # ppdet 2.6.0's RPN proposal code concatenates 0-d tensors, which Paddle 3.x refuses, so the full train
-    # forward cannot run here (upstream FPN alike); the step runs backbone, neck and the RPN head with its loss
+    # ppdet 2.6.0's RPN proposal code concatenates 0-d tensors, which Paddle 3.x refuses, so without a version-
+    # compat fix the full train forward cannot run (upstream FPN alike; tests/run/scripts/train_ppdet_trainer.py
+    # has the fix, and tests/run/test_upstream_trainers.py trains the whole step through ppdet's Trainer); here
+    # the step runs backbone, neck and the RPN head with its loss
     rpn = model.rpn_head
     rpn_feats = rpn.rpn_feat(neck(model.backbone(batch)))
     assert [f.shape[1] for f in rpn_feats] == [256] * 5  # P2..P6

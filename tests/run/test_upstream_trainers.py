@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -240,21 +241,21 @@ def test_ppdet_trainer_swapped_fpn_loads_the_upstream_checkpoint_under_emulation
     assert missing and all("_norm." in k for k in missing), sorted(missing)[:8]
     assert upstream_keys <= swapped_keys
 
-    proc = ampsafe_run(
-        "--emulate-fp16",
-        "--report",
-        "",
-        *_trainer(frcnn_configs["safe"], "--amp", "-o", f"pretrain_weights={checkpoint}"),
-    )
+    # two training steps (two of the four images) with 64 sampled RoIs per image instead of 512, for time only;
+    # the script applies its ppdet 2.6.0 / Paddle 3 compat fix (0-D tensors in the RPN's paddle.concat)
+    overrides = [f"pretrain_weights={checkpoint}", "TrainDataset.sample_num=2", "BBoxAssigner.batch_size_per_im=64"]
+    proc = ampsafe_run("--emulate-fp16", "--report", "", *_trainer(frcnn_configs["safe"], "--amp", "-o", *overrides))
     out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, err[-3000:]
     assert "changed ppdet necks registered: AmpSafeFPN" in out
     assert f"Finish loading model weights: {checkpoint}" in out + err  # ppdet's own checkpoint loader
     assert "[ampsafe] ppdet.engine.Trainer with amp: its GradScaler and auto_cast get enable=True" in err
-    # ampsafe's scaler was built by the Trainer, enabled (not "disabled by the script (enable=False)")
-    assert re.search(r"ampsafe\.paddle\.scaler\.GradScaler: \d+ steps, \d+ skipped, .*final scale 1024\.0", out), out
-    if proc.returncode != 0:
-        # ppdet 2.6.0's RPN proposal code concatenates 0-d tensors, which Paddle 3.x refuses (tests/patches notes
-        # it): the Trainer's first forward stops in rpn_head._gen_proposal, upstream FPN alike
-        assert "_gen_proposal" in err and "The axis is expected to be in range" in err, err[-3000:]
-    else:
-        assert "script: done, amp True" in out
+    # ppdet's own iteration log: both steps ran the whole Faster R-CNN loss (RPN and RoI head), finite
+    logged = re.findall(r"Epoch: \[0\] \[(\d+)/2\] .* loss_bbox_reg: \S+ loss: (\S+)", out + err)
+    assert [int(i) for i, _ in logged] == [0, 1], (out + err)[-3000:]
+    assert all(math.isfinite(float(loss)) for _, loss in logged), logged
+    # ampsafe's scaler was built by the Trainer, enabled (not "disabled by the script (enable=False)"), and
+    # both steps went through it without a skip (the scale stays at ppdet's 1024)
+    assert "script: Trainer scaler ampsafe.auto.GradScaler built with enable=True; enabled True, scale 1024.0" in out
+    assert re.search(r"ampsafe\.paddle\.scaler\.GradScaler: 2 steps, 0 skipped, .*final scale 1024\.0", out), out
+    assert "script: done, amp True, use_gpu False" in out

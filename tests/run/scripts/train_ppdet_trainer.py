@@ -4,12 +4,18 @@
 ``pretrain_weights`` when set, and ``trainer.train()``.
 
 After training, one line per fact the tests read: the scaler class the Trainer built, its scale and steps.
+
+ppdet 2.6.0 predates Paddle 3, where ``paddle.shape(x)[0]`` became a 0-D tensor: its RPN proposal code concatenates
+those, which Paddle 3 refuses. The script applies the version-compatibility fix a user of that ppdet on that Paddle
+needs (``ppdet_2_6_on_paddle_3``, one ``script: compat:`` line when it applies); ppdet's own code runs unchanged.
 """
 
 import argparse
 import ast
+import importlib
 
 import paddle
+import ppdet
 from ppdet.core.workspace import load_config, merge_config
 from ppdet.engine import Trainer
 from ppdet.utils.check import check_gpu
@@ -39,6 +45,44 @@ def parse_overrides(pairs):
     return out
 
 
+class _ConcatOf0DAsPaddle2:
+    """The name ``paddle`` inside a ppdet module: the real ``paddle`` (every attribute looked up on it at each use)
+    except ``concat``, which first reshapes the 0-D tensors of its list to shape [1], as Paddle 2.x's
+    ``paddle.shape(x)[0]`` were, then calls ``paddle.concat``."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def concat(self, x, *rest, **kwargs):
+        if isinstance(x, (list, tuple)):
+            x = [t.reshape([1]) if isinstance(t, paddle.Tensor) and t.ndim == 0 else t for t in x]
+        return self._module.concat(x, *rest, **kwargs)
+
+
+# the ppdet 2.6.0 modules of a Faster R-CNN training step that concatenate per-image ``paddle.shape(x)[0]``s
+COMPAT_MODULES = ("ppdet.modeling.proposal_generator.rpn_head", "ppdet.modeling.proposal_generator.target")
+
+
+def ppdet_2_6_on_paddle_3():
+    """Version compatibility, not a change to ppdet's logic: ppdet 2.6.0's ``RPNHead._gen_proposal`` and
+    ``target.generate_proposal_target`` collect ``paddle.shape(rois)[0]`` per image and ``paddle.concat`` them; on
+    Paddle >= 3 those are 0-D and concat raises "The axis is expected to be in range of [0, 0)". Only those modules'
+    ``paddle`` name is proxied."""
+    if int(paddle.__version__.split(".")[0]) < 3 or not ppdet.__version__.startswith("2.6."):
+        return
+    for name in COMPAT_MODULES:
+        importlib.import_module(name).paddle = _ConcatOf0DAsPaddle2(paddle)
+    print(
+        f"script: compat: ppdet {ppdet.__version__} on Paddle {paddle.__version__}: paddle.concat in "
+        f"{', '.join(COMPAT_MODULES)} reshapes 0-D tensors to [1]",
+        flush=True,
+    )
+
+
+ppdet_2_6_on_paddle_3()
 cfg = load_config(args.config)
 merge_config(parse_overrides(args.opt))
 cfg["amp"] = args.amp
