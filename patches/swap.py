@@ -1,9 +1,20 @@
-"""``ampsafe swap-neck``: point a PaddleOCR / PaddleDetection config at the AMP-safe neck, changing nothing else.
+"""``ampsafe swap-neck``: point a PaddleOCR / PaddleDetection config at the AMP-safe neck, changing nothing else
+(but, for a DB head, its float16 black list).
 
 PaddleOCR (``Architecture.Neck.name``, and each ``Architecture.Models.<m>.Neck`` of a distillation config):
 the one scalar is replaced *in the original text* at the position the YAML parser reports, so every other
 byte (key order, comments, anchors/aliases, even PaddleOCR's duplicate keys, which ruamel would drop on a
 round-trip dump while PyYAML keeps the last one) stays as it was. A trailing comment records the old name.
+
+DB heads (``DBHead``, and ``PFHeadLocal``, which subclasses it): the training step function
+``reciprocal(1 + exp(-k * (x - y)))`` (k=50) runs ``exp`` in float16 at AMP level O2 (Paddle's float16 black
+list has ``exp`` at O1 only) and overflows. Measured with PaddleOCR's tools/train.py (det_mv3_db, 30 steps,
+bench/results/ppocr_optin.md): the swapped config had 0 overflowing steps at O1 but overflowed from step 0 at
+O2; with ``Global.amp_custom_black_list: ['exp']`` (tools/train.py passes it to ``paddle.amp.auto_cast``) 0 at
+O2 too. So the swap also makes that list contain ``exp`` (a no-op at O1): one line added after Global's last
+key when absent, ``exp`` added before the ``]`` of a one-line flow list or as a ``- exp`` line after a block
+list's last item, nothing when listed: edited in the text, with an ``# ampsafe:`` comment, and checked with
+PyYAML to change that list only. A config without ``Global``: nothing added, the change lines say so.
 
 PaddleDetection: ``_BASE_`` includes are followed to find ``architecture`` and its ``neck``; the output is a
 small overlay that ``_BASE_``-includes the original file (not a flattened copy) and overrides the neck name
@@ -11,7 +22,8 @@ and its section, so upstream edits to the base files still apply.
 
 Refused with :class:`ampsafe.ConfigError`, nothing written: a neck without a safe variant (the supported ones
 are listed), a neck that needs none (the evidence is given), an already swapped config, a non-YAML file, a
-config without an architecture section, ``mode`` other than ``convbn``.
+config without an architecture section, ``mode`` other than ``convbn``, a DB head's black list that cannot
+take ``exp`` in place (not a list, a multi-line flow list, a duplicate key: the message says what to add).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import argparse
 import copy
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -136,14 +149,173 @@ def _replace_scalar(line: str, col: int, old: str, new: str, note: str) -> str:
     )
 
 
-def _swap_ocr_file(path: Path, data: Mapping, mode: str) -> tuple[str, list[tuple[str, str, str]]]:
+def _swap_ocr_file(path: Path, data: Mapping, mode: str) -> tuple[str, list[tuple[str, str]]]:
     plan = _plan_ocr(data["Architecture"], str(path))
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     for _where, neck, old, new in plan:
         line_no, col = neck.lc.value("name")
         note = f"ampsafe swap-neck ({mode}): was {old}"
         lines[line_no] = _replace_scalar(lines[line_no], col, old, new, note)
-    return "".join(lines), [(where, old, new) for where, _, old, new in plan]
+    changes = [(where, f"{old} -> {new}") for where, _, old, new in plan]
+    heads = _exp_step_heads(data["Architecture"])
+    if heads:
+        change = _black_list_exp(lines, data, heads, {neck.lc.value("name")[0] for _, neck, _, _ in plan}, str(path))
+        if change is not None:
+            changes.append(change)
+    return "".join(lines), changes
+
+
+# PaddleOCR heads whose training forward runs DBHead.step_function, reciprocal(1 + exp(-k * (x - y))) with k=50
+# (ppocr/modeling/heads/det_db_head.py: PFHeadLocal subclasses DBHead and calls the same step_function).
+_EXP_STEP_HEADS = ("DBHead", "PFHeadLocal")
+_BLACK_LIST = "amp_custom_black_list"  # PaddleOCR's tools/train.py: paddle.amp.auto_cast(custom_black_list=...)
+_BLACK_WHERE = f"Global.{_BLACK_LIST}"
+
+
+def _exp_step_heads(arch: Mapping) -> list[str]:
+    """The DB-family head names (plain and distillation layouts) whose step function runs exp."""
+    heads = [arch.get("Head")]
+    models = arch.get("Models")
+    if isinstance(models, Mapping):
+        heads += [m.get("Head") for m in models.values() if isinstance(m, Mapping)]
+    names = [str(h.get("name")) for h in heads if isinstance(h, Mapping)]
+    return sorted({n for n in names if n in _EXP_STEP_HEADS})
+
+
+def _exp_reason(heads: list[str]) -> str:
+    return f"{'/'.join(heads)}'s step-function exp overflows float16 at O2"
+
+
+def _no_global(heads: list[str]) -> tuple[str, str]:
+    return (
+        _BLACK_WHERE,
+        f"not added, the config has no Global section; for AMP O2 add `amp_custom_black_list: ['exp']` under "
+        f"Global by hand ({_exp_reason(heads)})",
+    )
+
+
+def _by_hand(source: str, why: str, heads: list[str]) -> ConfigError:
+    return ConfigError(
+        f"{source}: could not add exp to {_BLACK_WHERE} in place ({why}); add it by hand, e.g. "
+        f"`{_BLACK_LIST}: [..., exp]` under Global ({_exp_reason(heads)}); nothing written"
+    )
+
+
+def _pyyaml(text: str, source: str):
+    """The config as PaddleOCR's loader (PyYAML: the last duplicate key wins) reads it; tags are kept as plain
+    data (nothing is constructed from them)."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def _plain(loader, _suffix, node):
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node, deep=True)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        return loader.construct_scalar(node)
+
+    _Loader.add_multi_constructor("", _plain)
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: PyYAML (PaddleOCR's loader) cannot read it ({exc}); nothing written") from exc
+
+
+def _flow_end(line: str, start: int) -> int | None:
+    """Index of the ``]`` closing the flow sequence that opens at ``line[start]``, or None (not on this line)."""
+    depth, quote, i = 0, "", start
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            if ch == quote and quote == "'" and line[i + 1 : i + 2] == "'":
+                i += 1  # '' is an escaped quote inside '...'
+            elif ch == "\\" and quote == '"':
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth == 0:
+                return i if ch == "]" else None
+        i += 1
+    return None
+
+
+def _eol(line: str) -> str:
+    return line[len(line.rstrip("\r\n")) :] or "\n"
+
+
+def _black_list_exp(
+    lines: list[str], data: Mapping, heads: list[str], neck_lines: set[int], source: str
+) -> tuple[str, str] | None:
+    """Make ``Global.amp_custom_black_list`` contain exp, editing ``lines`` in place (one line inserted or one
+    item added; the line count of ``lines`` is kept: an inserted line joins the one before it). Returns the
+    change line, or None when exp is already listed."""
+    before = "".join(lines)
+    seen = _pyyaml(before, source)  # what PaddleOCR reads (a duplicate key: the last one)
+    glob = data.get("Global")
+    if not isinstance(seen, Mapping) or not isinstance(seen.get("Global"), Mapping) or not isinstance(glob, Mapping):
+        return _no_global(heads)
+    listed = seen["Global"].get(_BLACK_LIST, None)
+    if isinstance(listed, list) and "exp" in listed:
+        return None
+    if glob.fa.flow_style():
+        raise _by_hand(source, "Global is a flow-style mapping", heads)
+    comment = f"  # ampsafe: {_exp_reason(heads)}"
+    if _BLACK_LIST not in seen["Global"]:
+        # after the last line of the Global mapping that is not blank or a comment (a comment there may head the
+        # next section), at the indentation of Global's keys
+        g_line = data.lc.key("Global")[0]
+        end = min([data.lc.key(k)[0] for k in data if data.lc.key(k)[0] > g_line], default=len(lines))
+        content = [i for i in range(g_line + 1, end) if lines[i].strip() and not lines[i].lstrip().startswith("#")]
+        indent = glob.lc.key(next(iter(glob)))[1] if len(glob) else 0
+        if not content or indent == 0:
+            raise _by_hand(source, "Global has no indented keys", heads)
+        at = content[-1]
+        line = f"{' ' * indent}{_BLACK_LIST}: ['exp']{comment}"
+        expected = ["exp"]
+    else:
+        value = glob.get(_BLACK_LIST)
+        if not isinstance(listed, list) or not isinstance(value, list):
+            raise _by_hand(source, f"its value {listed!r} is not a list", heads)
+        at, start = glob.lc.value(_BLACK_LIST)
+        if lines[at][start : start + 1] == "[":  # flow style (ruamel reports no flow style for an empty one)
+            close = _flow_end(lines[at], start) if at not in neck_lines else None
+            if close is None:
+                raise _by_hand(source, "the flow-style list does not end on its first line", heads)
+            text = lines[at]
+            inner = text[start + 1 : close]
+            quote = next((q for q in "'\"" if inner.strip().startswith(q)), "")
+            kept = inner.rstrip()
+            spaced = ", " in inner or len(value) < 2
+            sep = ("" if not kept or kept.endswith(",") else ",") + (" " if kept and spaced else "") + quote
+            cut = start + 1 + len(kept)
+            rest = text[close:].rstrip("\r\n")
+            lines[at] = text[:cut] + sep + "exp" + quote + rest + ("" if "#" in rest else comment) + _eol(text)
+            at = None
+        else:
+            at, col = value.lc.item(len(value) - 1) if value else (start, 0)
+            dash = lines[at].rfind("-", 0, col)
+            if not value or not isinstance(value[-1], str) or dash < 0 or lines[at][:dash].strip() or at in neck_lines:
+                raise _by_hand(source, "its last item is not a one-line `- name` entry", heads)
+            line = f"{lines[at][:dash]}- exp{comment}"
+        expected = [*listed, "exp"]
+    if at is not None:
+        if not lines[at].endswith(("\n", "\r")):
+            lines[at] += "\n"  # the file ended without a newline right there
+        lines[at] += line + _eol(lines[at])
+    # the edit must change exactly that for PaddleOCR's loader (a duplicate key, a block scalar: refused)
+    after = _pyyaml("".join(lines), source)
+    want = {**seen, "Global": {**seen["Global"], _BLACK_LIST: expected}}
+    if after != want:
+        raise _by_hand(source, "an in-place edit would change more than that list (a duplicate key?)", heads)
+    return _BLACK_WHERE, f"+ exp ({_exp_reason(heads)})"
 
 
 # ------------------------------------------------------------------------------------------------- ppdet
@@ -234,7 +406,8 @@ def _default_out(path: Path) -> Path:
     return path.with_name(f"{path.stem}_ampsafe{path.suffix}")
 
 
-def _swap_file(path: Path, mode: str, out: Path | None) -> tuple[Path, list[tuple[str, str, str]]]:
+def _swap_file(path: Path, mode: str, out: Path | None) -> tuple[Path, list[tuple[str, str]]]:
+    """Writes the swapped config; returns where and the changes, as (where, what) pairs."""
     data = _load(path)
     out = Path(out) if out is not None else _default_out(path)
     if out.resolve() == path.resolve():
@@ -244,7 +417,7 @@ def _swap_file(path: Path, mode: str, out: Path | None) -> tuple[Path, list[tupl
     elif "architecture" in data or "_BASE_" in data:
         arch, old, new, section = _plan_ppdet(_resolve_ppdet(path), str(path))
         text = _overlay_text(path, out, arch, old, new, section, mode)
-        changes = [(f"{arch}.neck", old, new)]
+        changes = [(f"{arch}.neck", f"{old} -> {new}")]
     else:
         raise ConfigError(
             f"{path} has no architecture section (neither PaddleOCR's `Architecture:` nor PaddleDetection's "
@@ -255,12 +428,30 @@ def _swap_file(path: Path, mode: str, out: Path | None) -> tuple[Path, list[tupl
     return out, changes
 
 
+def _black_list_exp_dict(cfg: dict, heads: list[str]) -> None:
+    glob = cfg.get("Global")
+    if not isinstance(glob, Mapping):
+        warnings.warn(f"{_BLACK_WHERE}: {_no_global(heads)[1]}", UserWarning, stacklevel=4)
+        return
+    listed = glob.get(_BLACK_LIST, [])
+    if not isinstance(listed, (list, tuple)):
+        raise ConfigError(
+            f"config: {_BLACK_WHERE} is {listed!r}, not a list; make it a list that contains exp "
+            f"({_exp_reason(heads)}). Nothing changed."
+        )
+    if "exp" not in listed:
+        cfg["Global"] = {**glob, _BLACK_LIST: [*listed, "exp"]}
+
+
 def _swap_dict(config: Mapping) -> dict:
     cfg = copy.deepcopy(dict(config))
     if "Architecture" in cfg:
         cfg["Architecture"] = copy.deepcopy(cfg["Architecture"])
         for _where, neck, _old, new in _plan_ocr(cfg["Architecture"], "config"):
             neck["name"] = new
+        heads = _exp_step_heads(cfg["Architecture"])
+        if heads:
+            _black_list_exp_dict(cfg, heads)
         return cfg
     if "architecture" in cfg:
         arch, _old, new, section = _plan_ppdet(cfg, "config")
@@ -297,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_mode(args.mode)
     written, changes = _swap_file(Path(args.config), args.mode, Path(args.output) if args.output else None)
-    for where, old, new in changes:
-        print(f"{where}: {old} -> {new}")
+    for where, what in changes:
+        print(f"{where}: {what}")
     print(f"wrote {written}")
     return 0

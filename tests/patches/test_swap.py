@@ -35,17 +35,22 @@ def test_every_upstream_config_is_in_the_expectation_table(upstream):
 
 
 @pytest.mark.parametrize("rel", [r for r in REWRITTEN if r.startswith("PaddleOCR")])
-def test_paddleocr_rewrite_changes_only_the_neck_name_lines(upstream, tmp_path, rel):
+def test_paddleocr_rewrite_changes_only_the_neck_name_lines_and_adds_the_black_list(upstream, tmp_path, rel):
     original = (upstream / rel).read_text().splitlines()
     rewritten = swap_neck(upstream / rel, out=tmp_path / "o.yml").read_text().splitlines()
-    assert len(original) == len(rewritten)
-    changed = [(a, b) for a, b in zip(original, rewritten) if a != b]
+    # every rewritten upstream config has a DB head (DBHead / PFHeadLocal) and no black list: one line added
+    (added,) = [i for i, line in enumerate(rewritten) if "amp_custom_black_list" in line]
+    assert rewritten[added].startswith("  amp_custom_black_list: ['exp']  # ampsafe: ")
+    others = rewritten[:added] + rewritten[added + 1 :]
+    assert len(original) == len(others)
+    changed = [(a, b) for a, b in zip(original, others) if a != b]
     assert len(changed) == len(REWRITTEN[rel])
     for before, after in changed:
         assert before.strip().startswith("name:") and "was " + before.split(":", 1)[1].strip() in after
-    # what PaddleOCR's own loader (PyYAML, last duplicate wins, aliases resolved) reads differs only in the names
+    # what PaddleOCR's own loader (PyYAML, last duplicate wins, aliases resolved) reads: only names and the list differ
     old, new = yaml.load("\n".join(original), Loader=yaml.Loader), yaml.load("\n".join(rewritten), Loader=yaml.Loader)
     _arch_old, arch_new = old.pop("Architecture"), new.pop("Architecture")
+    assert new["Global"].pop("amp_custom_black_list") == ["exp"]
     assert old == new
     necks = [arch_new["Neck"]] if "Neck" in arch_new else [m["Neck"] for m in arch_new["Models"].values()]
     assert [n["name"] for n in necks] == REWRITTEN[rel]
