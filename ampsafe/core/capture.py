@@ -18,7 +18,8 @@ autocast / float16-emulation state there, so a replay runs the forward as the st
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["InputCapture"]
@@ -38,9 +39,12 @@ class InputCapture:
         self._state_fn = state
         self._latest: tuple[tuple, dict] | None = None
         self._state: Any = None
+        self._paused = 0
         self._handle = backend.forward_pre_hook(model, self._record)
 
     def _record(self, args: tuple, kwargs: dict) -> None:
+        if self._paused:
+            return
         self._latest = (args if isinstance(args, tuple) else tuple(args), kwargs if kwargs else {})
         if self._state_fn is not None:
             self._state = self._state_fn()
@@ -54,6 +58,16 @@ class InputCapture:
     def state(self) -> Any:
         """What ``state()`` returned at the latest forward (None without ``state`` or after :meth:`drop`)."""
         return self._state
+
+    @contextmanager
+    def paused(self) -> Iterator[InputCapture]:
+        """Replays of the captured batch (the floor's verdict, a heal's scan) leave ``latest`` and ``state`` as
+        the step recorded them: a float32 replay would otherwise record float32 as the step's precision."""
+        self._paused += 1
+        try:
+            yield self
+        finally:
+            self._paused -= 1
 
     def drop(self) -> None:
         """Forget the captured inputs (the scalers call this after each ``update()``)."""

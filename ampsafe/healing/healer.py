@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional
 
 from .._framework import backend_of, unwrap
 from ..core.capture import InputCapture
-from ..core.report import RiskPath
+from ..core.graph import FP16_MAX
+from ..core.report import RiskOp, RiskPath
 from ..core.scale import HealPlan
 from ..errors import ConfigError, LossScaleFloorError
 from .evidence import float32_replay, nonfinite_sample, repair_running_stats, restore_scale
@@ -88,11 +89,17 @@ class Healer:
 
         With ``loss_fn`` and nothing near the edge in the forward, the backward at ``loss_scale`` is searched too.
         """
+        return self._search(inputs, loss_scale)[0]
+
+    def _search(self, inputs, loss_scale: Optional[float]) -> tuple[list[RiskPath], list[RiskOp]]:
+        """:meth:`find`'s paths, and the unprotected risky non-conv/matmul ops (Paddle O2 runs DBHead's
+        step-function ``exp`` in float16: no conv/matmul path overflows there, the ``exp`` does)."""
         from ..scanner import scan
 
         report = scan(self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits)
         found = [p for p in report.paths if p.risky and (not p.protected or self._open_layers(p))]
-        if not found and self.loss_fn is not None and loss_scale:
+        ops = [o for o in report.risky_ops if not o.protected_by]
+        if not found and not ops and self.loss_fn is not None and loss_scale:
             report = scan(
                 self.model,
                 inputs,
@@ -103,7 +110,7 @@ class Healer:
                 loss_scale=loss_scale,
             )
             found = [p for p in report.paths if p.overflows_in and not p.protected]
-        return found
+        return found, ops
 
     def _open_layers(self, path: RiskPath) -> list[str]:
         """The layers of an islanded path that still run in float16: an island's float32 output that grew past
@@ -118,7 +125,8 @@ class Healer:
         ]
 
     def _local_verdict(self, loss_scale: Optional[float]) -> tuple[str, Any]:
-        """("data", (input, sample)) | ("float32", what) | ("paths", {start: amax}) for this rank's last batch."""
+        """("data", (input, sample)) | ("float32", what) | ("paths", ({start: RiskPath}, {"module:op": RiskOp}))
+        for this rank's last batch."""
         if self.last_inputs is None:
             return "nothing", None
         bad = nonfinite_sample(self.last_inputs, self.backend)
@@ -127,8 +135,8 @@ class Healer:
         what = float32_replay(self.backend, self.model, self.last_inputs, self.loss_fn)
         if what is not None:
             return "float32", what
-        found = self.find(self.last_inputs, loss_scale)
-        return "paths", {p.start: p for p in found}
+        found, ops = self._search(self.last_inputs, loss_scale)
+        return "paths", ({p.start: p for p in found}, {f"{o.module}:{o.op}": o for o in ops})
 
     def __call__(self, scaler=None, info=None, *, off_floor: bool = False) -> Optional[HealPlan]:
         """Heal on the last batch (the scaler's hook). ``off_floor=True`` (a streak of overflows above the floor):
@@ -146,7 +154,9 @@ class Healer:
                 **err,
             )
         floor = float(history[-1]) if history else None
-        verdicts = self.backend.all_gather(self._local_verdict(floor))  # every rank decides alike
+        with self.capture.paused():  # the replays below are not the step's forward
+            local = self._local_verdict(floor)
+        verdicts = self.backend.all_gather(local)  # every rank decides alike
         many = len(verdicts) > 1
         where = (lambda r: f"rank {r}: ") if many else (lambda r: "")
         if all(kind == "nothing" for kind, _ in verdicts):
@@ -172,19 +182,30 @@ class Healer:
                     **err,
                 )
         by_start: dict[str, RiskPath] = {}
+        by_op: dict[str, RiskOp] = {}
         for kind, detail in verdicts:
             if kind == "paths":
-                for start, path in detail.items():
+                paths, ops = detail
+                for start, path in paths.items():
                     old = by_start.get(start)
                     if old is None or _amax(path) > _amax(old):
                         by_start[start] = path
+                for key, op in ops.items():
+                    old = by_op.get(key)
+                    if old is None or _amax(op) > _amax(old):
+                        by_op[key] = op
         names = sorted(by_start)
+        op_keys = sorted(by_op)
         amax = {n: by_start[n].amax for n in names}
-        if off_floor and not any(by_start[n].overflows_in == "forward" for n in names):
+        amax.update({k: by_op[k].amax for k in op_keys})
+        forward = any(by_start[n].overflows_in == "forward" for n in names) or any(
+            _amax(by_op[k]) > FP16_MAX for k in op_keys
+        )
+        if off_floor and not forward:
             # near the edge is not over it: this streak is a backward overflow, which a smaller scale fixes
             log.info("ampsafe heal at step %s: the forward pass is in range; the scaler backs off", step)
             return None
-        if not names:
+        if not names and not op_keys:
             raise LossScaleFloorError(
                 "not healed: the replayed batch is finite in float32 and nothing in the model comes within "
                 f"{self.margin_bits:g} bits of float16's max on it (on any rank); the non-finite values come from "
@@ -192,34 +213,49 @@ class Healer:
                 "the op.",
                 **err,
             )
+        # a risky op is islanded with the module whose forward runs it (the smallest one the trace names)
+        op_modules = [m for m in dict.fromkeys(by_op[k].module for k in op_keys) if m not in names]
+        if "" in op_modules:
+            raise LossScaleFloorError(
+                f"not healed: {', '.join(k for k in op_keys if by_op[k].module == '')} overflows float16 in the "
+                "model's own forward (no submodule runs it), and an FP32 island of the whole model is no AMP at all. "
+                "Move the op into a submodule, or keep it in float32 (Paddle: auto_cast(custom_black_list=[...]))",
+                **err,
+            )
         from ..patching import patch
 
-        result = patch(self.model, policy="island", level=self.level, paths=[by_start[n] for n in names])
+        targets = [by_start[n] for n in names] + op_modules
+        result = patch(self.model, policy="island", level=self.level, paths=targets)
         reset = repair_running_stats(self.backend, self.model)
         restored = restore_scale(history)
         record = {
             "step": step,
-            "paths": names,
+            "paths": names + op_modules,
+            "ops": op_keys,
             "patched": list(result.patched),
             "amax": amax,
             "scale": restored,
             "reset_running_stats": reset,
         }
         self.heals.append(record)
+        risky: dict[str, list[str]] = {}
+        for k in op_keys:
+            risky.setdefault(by_op[k].module, []).append(by_op[k].op)
+        listed = names + [f"{m} (risky {', '.join(ops)})" for m, ops in risky.items() if m not in names]
         log.warning(
             "ampsafe heal at step %s: islanded %d paths (%s), max amax %s; scale restored to %s%s",
             step,
-            len(names),
-            ", ".join(names),
+            len(names) + len(op_modules),
+            ", ".join(listed),
             _fmt_max(amax),
             restored,
             f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
         )
-        return HealPlan(tuple(result.patched) or tuple(names), restored)
+        return HealPlan(tuple(result.patched) or tuple(names + op_modules), restored)
 
 
-def _amax(path: RiskPath) -> float:
-    return -1.0 if path.amax is None or math.isnan(path.amax) else float(path.amax)
+def _amax(found: RiskPath | RiskOp) -> float:
+    return -1.0 if found.amax is None or math.isnan(found.amax) else float(found.amax)
 
 
 def _fmt_max(amax: dict) -> str:

@@ -120,14 +120,15 @@ class HealingScaler(ScalerBase):
             return Verdict("not replayed", f"not replayed: {why}")
         loss_finite = None if info.scale_independent is None else not info.scale_independent
         try:
-            return measure(
-                self._backend(),
-                self._resolved,
-                self._capture.latest,
-                replay_context=lambda: self._replay_context(self._capture.state),
-                offenders=info.offenders,
-                loss_finite=loss_finite,
-            )
+            with self._capture.paused():
+                return measure(
+                    self._backend(),
+                    self._resolved,
+                    self._capture.latest,
+                    replay_context=lambda: self._replay_context(self._capture.state),
+                    offenders=info.offenders,
+                    loss_finite=loss_finite,
+                )
         except Exception as exc:  # noqa: BLE001 - the replay is evidence: its failure is reported, not raised
             return Verdict(
                 "not replayed", f"not replayed: the replay of the last batch raised {type(exc).__name__}: {exc}"

@@ -152,11 +152,17 @@ def measure(
     if event is not None:
         where = event.module or "<root>"
         amax = _float32_amax(backend, model, event.module, latest)
-        magnitude = (
-            f"; in float32 its output reaches |x| = {amax:.4g} (float16's max is {FP16_MAX:g})"
-            if amax is not None and np.isfinite(amax)
-            else ("; it is non-finite in float32 too" if amax is not None else "")
-        )
+        if amax is None:
+            magnitude = ""
+        elif not np.isfinite(amax):
+            magnitude = "; it is non-finite in float32 too"
+        elif amax > FP16_MAX:
+            magnitude = f"; in float32 its output reaches |x| = {amax:.4g} (float16's max is {FP16_MAX:g})"
+        else:  # e.g. DBHead's step function: exp overflows, the module's output is a bounded map
+            magnitude = (
+                f"; in float32 {where}'s output stays within |x| <= {amax:.4g}: the overflow is inside it, at "
+                f"its {event.op}"
+            )
         sample = f", first in sample {event.sample}" if event.sample is not None else ""
         return Verdict(
             "forward",

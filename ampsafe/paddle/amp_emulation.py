@@ -171,6 +171,24 @@ def _emulator_class():
                 return func(*args, **kwargs)
             return super().__call__(op, func, args, kwargs)
 
+        def __enter__(self):
+            """Re-open this block (a scaler replaying the captured forward at its floor runs it as the step
+            did, after the script's own ``auto_cast`` block has closed)."""
+            _local.blocks.append(self)
+            try:
+                return super().__enter__()
+            except BaseException:
+                _local.blocks.pop()
+                raise
+
+        def __exit__(self, *exc):
+            try:
+                super().__exit__(*exc)
+            finally:
+                blocks = _local.blocks
+                if blocks and blocks[-1] is self:
+                    blocks.pop()
+
     BlockEmulator.__module__ = __name__
     return BlockEmulator
 

@@ -1,0 +1,48 @@
+"""``ampsafe run --emulate-fp16`` on a PaddleOCR-shaped O2 loop whose float16 overflow is not a conv/matmul
+path but DBNet's step-function ``exp`` (on the float16 black list at O1 only): the floor's replay runs in the
+step's emulated O2 (the script's ``auto_cast`` block has closed by then), names ``head:exp``, and heal islands
+the module whose forward runs it."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from run_helpers import SCRIPTS, ampsafe_run
+
+SCRIPT = SCRIPTS / "train_paddle_step_function.py"
+
+
+def _steps(out: str) -> list[tuple[int, float]]:
+    return [(int(s), float(v)) for s, v in re.findall(r"script: step (\d+) loss [\d.]+ scale ([\d.]+)", out)]
+
+
+def test_O2_exp_overflow_heals_by_islanding_the_head_and_training_goes_on(tmp_path):
+    proc = ampsafe_run("--emulate-fp16", "--report", str(tmp_path), "--", sys.executable, str(SCRIPT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    heal = re.search(r"ampsafe heal at step (\d+): islanded 1 paths \((head \(risky [^)]*\))\)", proc.stderr)
+    assert heal is not None, proc.stderr[-3000:]
+    assert "exp" in heal.group(2)
+    healed_at = int(heal.group(1))
+    steps = _steps(proc.stdout)
+    assert len(steps) == 8 and healed_at < 7
+    # restored to the starting scale, and no step after the heal overflowed (the scale never backs off again)
+    assert [scale for step, scale in steps if step >= healed_at] == [8.0] * (8 - healed_at)
+    assert re.search(r"GradScaler: 8 steps, \d+ skipped, 1 floor hits, 1 heals, final scale 8\.0", proc.stdout)
+    report = (tmp_path / "report.md").read_text()
+    assert 'paths=["head"]' in report and "excluded_layers=[model.head]" in report
+
+
+def test_O2_exp_overflow_with_on_floor_raise_names_the_forward_and_the_op():
+    proc = ampsafe_run("--emulate-fp16", "--on-floor", "raise", "--report", "", "--", sys.executable, str(SCRIPT))
+    assert proc.returncode != 0
+    assert "LossScaleFloorError" in proc.stderr
+    assert "overflows in the forward pass: the first non-finite value comes from head:exp" in proc.stderr
+    assert "head's output stays within |x| <= " in proc.stderr  # the bounded map: the overflow is inside the head
+
+
+def test_O1_runs_exp_in_float32_and_never_overflows():
+    proc = ampsafe_run("--emulate-fp16", "--report", "", "--", sys.executable, str(SCRIPT), "--level", "O1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [scale for _, scale in _steps(proc.stdout)] == [8.0] * 8
+    assert "ampsafe heal" not in proc.stderr
