@@ -106,13 +106,20 @@ def run_paddle(
     opt = w.make_optimizer(sched or lr)
     if mode == "fp32":
         scaler = GradScaler(enable=False)
-    elif mode == "native":  # paddle.amp.GradScaler's behaviour: no floor, no cap (it disables itself on CPU)
+    elif mode == "native":  # paddle.amp.GradScaler's behaviour on a GPU: no floor, no cap
         scaler = GradScaler(
-            init_loss_scaling=init_scale, min_loss_scaling=0.0, max_loss_scaling=math.inf, on_floor="clamp"
+            init_loss_scaling=init_scale,
+            min_loss_scaling=0.0,
+            max_loss_scaling=math.inf,
+            on_floor="clamp",
+            emulated=True,  # the forward runs under emulate_fp16: scale on this CPU as on a GPU
         )
     else:
         scaler = GradScaler(
-            init_loss_scaling=init_scale, min_loss_scaling=1.0, on_floor="heal" if mode == "heal" else "raise"
+            init_loss_scaling=init_scale,
+            min_loss_scaling=1.0,
+            on_floor="heal" if mode == "heal" else "raise",
+            emulated=True,
         )
         if mode == "heal":
             # Heal after 2 overflowing steps in a row rather than at the floor: from 1024, reaching a floor of 1

@@ -1,6 +1,8 @@
 """``ampsafe.paddle.GradScaler``: ``paddle.amp.GradScaler`` with a floor, a cap, a failure that names the
-offending parameters, an FP32 guard mode and ``found_inf`` agreed across ranks; it also works on CPU (Paddle's
-disables itself there) and never converts a shape-[1] tensor with ``float()`` (which NumPy 2.4 refuses).
+offending parameters, an FP32 guard mode and ``found_inf`` agreed across ranks; it never converts a shape-[1]
+tensor with ``float()`` (which NumPy 2.4 refuses). On a CPU place it disables itself as Paddle's does (same
+warning) unless float16 is emulated there (``emulated=True``, an open ``emulate_fp16`` block, or ``ampsafe run
+--emulate-fp16``): then it scales as on a GPU.
 
 Example::
 
@@ -22,6 +24,7 @@ hysteresis.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import defaultdict, deque
 from enum import Enum
 from typing import Any, Callable, Optional
@@ -37,6 +40,7 @@ from ..core.scale import (
     StepDecision,
     names_from_live_modules,
 )
+from ..errors import ConfigError
 from ..healing.scaler import HealingScaler
 from .grads import nonfinite_params, unscale_and_check_
 
@@ -51,6 +55,36 @@ class OptimizerState(Enum):
 
 def _fresh_state() -> dict[str, Any]:
     return {"state": OptimizerState.INIT}
+
+
+_CPU_REASON = (
+    "disabled (CPU place: Paddle's AMP is off on a CPU; float16 is emulated only under ampsafe run --emulate-fp16, "
+    "or pass emulated=True when the forward runs under ampsafe.paddle.emulate_fp16)"
+)
+
+
+def _amp_less_place():
+    """The tracer's place when Paddle's AMP is off there (dynamic graph, not a GPU / XPU / custom place: a CPU),
+    as Paddle's ``AmpScaler.__init__`` checks it; else None."""
+    if not paddle.in_dynamic_mode():
+        return None
+    tracer = paddle.framework._dygraph_tracer()
+    if tracer is None:
+        return None
+    place = tracer._expected_place
+    if place.is_gpu_place() or place.is_xpu_place() or place.is_custom_place():
+        return None
+    return place
+
+
+def _fp16_emulated() -> bool:
+    """float16 AMP is emulated now: ``ampsafe run --emulate-fp16`` (amp_emulation installed) or an open
+    ``emulate_fp16`` block."""
+    from . import amp_emulation
+    from .emulate import Fp16Emulator
+    from .intercept import active_modes
+
+    return amp_emulation.active() or any(isinstance(m, Fp16Emulator) for m in active_modes())
 
 
 class GradScaler(HealingScaler):
@@ -68,6 +102,12 @@ class GradScaler(HealingScaler):
     ``emulate_fp16``), names the pass that overflowed, and heals or raises with what it measured.
     ``patience=N`` heals after N overflowing steps in a row when the replayed forward overflows.
     ``disabled_reason``: why it is off (``"disabled by the script (enable=False)"``, ...); None when it scales or guards.
+
+    On a CPU place Paddle's AMP is off, so, as Paddle's, it warns and disables itself there (``scale`` returns the
+    loss, ``step`` / ``minimize`` just step) unless float16 is emulated: ``emulated=True`` (the caller runs its
+    forward under :func:`ampsafe.paddle.emulate_fp16` on this CPU: scale as on a GPU), an ``emulate_fp16`` block
+    open when it is built, or :mod:`ampsafe.paddle.amp_emulation` installed (``ampsafe run --emulate-fp16``).
+    The FP32 guard (``fp32_guard=True``) does not scale and guards on any place.
 
     Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
     and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
@@ -92,11 +132,25 @@ class GradScaler(HealingScaler):
         callback: Optional[Callable[[StepDecision], Any]] = None,
         model=None,
         patience: Optional[int] = None,
+        emulated: bool = False,
     ) -> None:
+        if not isinstance(emulated, bool):
+            raise ConfigError(f"emulated must be a bool, got {emulated!r}")
         self._guard = bool(fp32_guard)
-        self._enable = bool(enable) or self._guard
         self.disabled_reason: Optional[str] = None
-        if not self._enable:  # the FP32 guard does not scale, but it is not disabled: it guards
+        if enable and not self._guard and not emulated and not _fp16_emulated():
+            place = _amp_less_place()
+            if place is not None:  # Paddle's AmpScaler.__init__: the same warning, then enable=False
+                warnings.warn(
+                    "AmpScaler can only be enabled on CUDAPlace, XPUPlace and CustomPlace, current place is "
+                    f"{place}, so it makes no effect.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                enable = False
+                self.disabled_reason = _CPU_REASON
+        self._enable = bool(enable) or self._guard
+        if not self._enable and self.disabled_reason is None:  # the FP32 guard does not scale: it guards
             self.disabled_reason = "disabled by the script (enable=False)"
         self._use_dynamic_loss_scaling = bool(use_dynamic_loss_scaling) and self._enable and not self._guard
         init = 1.0 if self._guard else init_loss_scaling
@@ -142,8 +196,6 @@ class GradScaler(HealingScaler):
         if not isinstance(var, paddle.Tensor):
             raise TypeError(f"GradScaler.scale() expects a paddle.Tensor, got {type(var).__name__}")
         if self._use_dynamic_loss_scaling and _amp_dtype() == "bfloat16":
-            import warnings
-
             self._enable = self._use_dynamic_loss_scaling = False
             self._init_loss_scaling = 1.0
             self.disabled_reason = "disabled (bfloat16 auto_cast: dynamic loss scaling is not used for bfloat16)"

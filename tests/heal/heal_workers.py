@@ -62,7 +62,7 @@ def paddle_worker(out: str) -> None:
     )
     model = paddle.DataParallel(layer)
     opt = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
-    scaler = GradScaler(init_loss_scaling=4.0, min_loss_scaling=1.0, on_floor="heal")
+    scaler = GradScaler(init_loss_scaling=4.0, min_loss_scaling=1.0, on_floor="heal", emulated=True)
     healer = ampsafe.heal(model, scaler=scaler)
     rng = np.random.default_rng(100 + rank)
     with emulate_fp16(layer):

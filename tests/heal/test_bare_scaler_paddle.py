@@ -40,7 +40,7 @@ def _train(scaler, steps: int, *, hot_from: int = 2, poison=None):
 
 
 def test_bare_heal_scaler_islands_the_emulated_forward_overflow_and_goes_on(caplog):
-    scaler = GradScaler(init_loss_scaling=4.0, on_floor="heal")
+    scaler = GradScaler(init_loss_scaling=4.0, on_floor="heal", emulated=True)
     with caplog.at_level(logging.WARNING, logger="ampsafe.heal"):
         model, losses = _train(scaler, 8)
     assert scaler.model is model.net
@@ -52,7 +52,7 @@ def test_bare_heal_scaler_islands_the_emulated_forward_overflow_and_goes_on(capl
 
 
 def test_bare_raise_scaler_says_forward_and_names_the_linear_and_its_op():
-    scaler = GradScaler(init_loss_scaling=4.0)
+    scaler = GradScaler(init_loss_scaling=4.0, emulated=True)
     with pytest.raises(ampsafe.LossScaleFloorError) as info:
         _train(scaler, 8)
     msg = str(info.value)
@@ -67,7 +67,7 @@ def test_nonfinite_input_names_the_sample():
         a[2, 0] = math.nan
         return paddle.to_tensor(a)
 
-    scaler = GradScaler(init_loss_scaling=4.0)
+    scaler = GradScaler(init_loss_scaling=4.0, emulated=True)
     with pytest.raises(ampsafe.LossScaleFloorError) as info:
         _train(scaler, 8, hot_from=99, poison=poison)
     assert info.value.info.where == "data" and "non-finite at sample 2" in str(info.value)
@@ -76,7 +76,7 @@ def test_nonfinite_input_names_the_sample():
 def test_minimize_resolves_and_drops_the_capture_too():
     model = paddle_nets()
     opt = paddle.optimizer.SGD(learning_rate=1e-12, parameters=model.net.parameters())
-    scaler = GradScaler(init_loss_scaling=4.0)
+    scaler = GradScaler(init_loss_scaling=4.0, emulated=True)
     with emulate_fp16(model):
         for step in range(2):
             x, y = _batch(step)

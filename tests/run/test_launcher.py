@@ -55,13 +55,52 @@ def test_floor_option_reaches_the_scaler_clamp_finishes_raise_stops():
 def test_paddle_script_reads_ampsafe_section_of_its_config(tmp_path):
     config = tmp_path / "train.yml"
     config.write_text("Global:\n  init_loss_scaling: 512\nampsafe:\n  on_floor: clamp\n  min_scale: 4\n")
-    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_paddle.py"), "-c", str(config), "--steps", "4")
+    script = [sys.executable, str(SCRIPTS / "train_paddle.py"), "-c", str(config), "--steps", "4"]
+    proc = ampsafe_run("--emulate-fp16", "--", *script)  # on a CPU the scaler scales only with float16 emulated
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert f"min_scale=4.0, on_floor='clamp' (ampsafe: section of {config})" in out
     assert "changed paddle.amp.GradScaler -> ampsafe.paddle.GradScaler (min_loss_scaling=4.0, on_floor='clamp')" in out
     assert "[paddle, pid" in out and "ampsafe.paddle.scaler.GradScaler: 4 steps" in out
     assert "final scale 512.0" in out  # the script's own init_loss_scaling was kept
+
+
+def test_paddle_script_on_a_cpu_without_emulation_is_fp32_and_guarded():
+    """Without --emulate-fp16 the scaler disables itself on a CPU as Paddle's does: the summary says why and the
+    FP32 guard takes the steps."""
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_paddle.py"), "--steps", "4")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "ampsafe.paddle.scaler.GradScaler: disabled (CPU place: Paddle's AMP is off on a CPU" in out
+    assert "(its optimizer steps went through the FP32 guard)" in out
+    assert "FP32 guard on Sequential: 4 optimizer steps, 0 skipped" in out
+    assert "AmpScaler can only be enabled on CUDAPlace, XPUPlace and CustomPlace" in proc.stderr
+
+
+def test_disabled_paddle_scaler_on_a_cpu_leaves_its_nan_step_to_the_fp32_guard():
+    code = (
+        "import ampsafe.auto as auto\n"
+        "import paddle\n"
+        "paddle.seed(0)\n"
+        "model = paddle.nn.Linear(4, 1)\n"
+        "opt = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())\n"
+        "scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0)\n"
+        "assert not scaler.is_enable() and scaler.disabled_reason.startswith('disabled (CPU place')\n"
+        "for step, scale in enumerate([1.0, float('nan'), 1.0, 1.0]):\n"
+        "    loss = model(paddle.ones([2, 4]) * scale).mean()\n"
+        "    scaled = scaler.scale(loss)\n"
+        "    assert scaled is loss\n"
+        "    scaled.backward()\n"
+        "    scaler.minimize(opt, scaled) if step % 2 else (scaler.step(opt), scaler.update())\n"
+        "    opt.clear_grad()\n"
+        "    assert paddle.isfinite(model.weight).all()\n"
+        "(guard,) = [g for g in auto._state['guards'] if g.backend.name == 'paddle']\n"
+        "assert (guard.total_steps, guard.skipped_at, guard.scaler_steps) == (4, [1], 0), guard.to_dict()\n"
+        "assert auto.summary()['scalers'][0]['disabled_reason'].startswith('disabled (CPU place')\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=_SCRATCH)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 def test_command_line_beats_config_and_bad_options_are_refused(tmp_path, capsys):

@@ -99,7 +99,7 @@ def paddle_dp_worker(out: str, poison_steps: tuple) -> None:
     layer = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 1))
     model = paddle.DataParallel(layer)
     opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
-    scaler = GradScaler(init_loss_scaling=256.0, incr_every_n_steps=2)
+    scaler = GradScaler(init_loss_scaling=256.0, incr_every_n_steps=2, emulated=True)  # scale on this CPU
     rng = np.random.default_rng(100 + rank)
     for step in range(6):
         loss = model(paddle.to_tensor(rng.standard_normal((8, 4)).astype("float32"))).pow(2).mean()

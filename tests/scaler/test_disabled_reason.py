@@ -24,5 +24,16 @@ def test_torch_scaler_disabled_by_the_script_says_so():
 
 def test_paddle_scaler_disabled_by_the_script_says_so():
     assert PaddleScaler(enable=False).disabled_reason == "disabled by the script (enable=False)"
-    assert PaddleScaler().disabled_reason is None
+    assert PaddleScaler(emulated=True).disabled_reason is None
     assert PaddleScaler(fp32_guard=True).disabled_reason is None
+
+
+def test_paddle_scaler_on_a_cpu_place_without_emulation_says_why():
+    import paddle
+
+    if paddle.device.get_device() != "cpu":
+        pytest.skip("needs Paddle on a CPU place")
+    with pytest.warns(UserWarning, match="AmpScaler can only be enabled on CUDAPlace"):
+        scaler = PaddleScaler()
+    assert not scaler.is_enable() and scaler.disabled_reason.startswith("disabled (CPU place")
+    assert "--emulate-fp16" in scaler.disabled_reason and "emulated=True" in scaler.disabled_reason

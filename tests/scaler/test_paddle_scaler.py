@@ -13,10 +13,16 @@ from hypothesis import strategies as st
 from scaler_helpers import forced_paddle_scaler, paddle_fp16_amp_state, paddle_model, poison_paddle_grad
 
 import ampsafe
-from ampsafe.paddle import GradScaler
+from ampsafe.paddle import GradScaler as _GradScaler
 
 NEUTRAL = dict(min_loss_scaling=0.0, max_loss_scaling=math.inf)
 X = np.random.default_rng(1).standard_normal((16, 4)).astype("float32")
+
+
+def GradScaler(*args, **kwargs):
+    """ampsafe's scaler as on a GPU (``emulated=True``: on a CPU it disables itself as Paddle's does), to be
+    compared with Paddle's forced on under Paddle's float16 AMP state."""
+    return _GradScaler(*args, emulated=True, **kwargs)
 
 
 def _train(scaler, pattern, *, model=None, opt=None, clip=False, minimize=False, value=math.inf):
@@ -82,7 +88,7 @@ def test_neutral_extras_match_paddle_with_adam_minimize_and_unscale(mode):
     assert _same(run(forced_paddle_scaler(**kw)), run(GradScaler(**kw, **NEUTRAL)))
 
 
-def test_works_on_cpu_where_paddles_own_disables_itself():
+def test_emulated_scales_on_cpu_where_paddles_own_disables_itself():
     assert not paddle.amp.GradScaler().is_enable()
     scaler = GradScaler(init_loss_scaling=8.0, on_floor="clamp")
     assert scaler.is_enable() and scaler.is_use_dynamic_loss_scaling()

@@ -86,6 +86,7 @@ class _Paddle:
             decr_every_n_nan_or_inf=KW["hysteresis"],
             min_loss_scaling=1.0,
             on_floor="heal",
+            emulated=True,  # a CPU: scale as on a GPU (the AMP state is float16, as after auto_cast there)
             **kw,
         )
 
