@@ -366,7 +366,7 @@ def _arm_watch(scaler) -> None:
 def _find_model(scaler):
     """The model being trained: the scaler's own, else the owner of an optimizer's parameters (found as the
     scalers find it, ``Backend.owner_of``), else the live root module with the most parameters."""
-    model = getattr(scaler, "_model", None)
+    model = getattr(scaler, "model", None) or getattr(scaler, "_model", None)  # resolved, else model=
     if model is not None:
         return model
     for guard in _state["guards"]:
@@ -482,7 +482,7 @@ def summary() -> dict:
         stats["heals"] = len(heal_records)
         stats["scale_history"] = list(stats.get("scale_history", []))[-5:]
         base = next(c for c in type(scaler).__mro__ if c.__module__ != __name__)  # ampsafe's class, not the shim
-        model = getattr(scaler, "_model", None)
+        model = getattr(scaler, "model", None) or getattr(scaler, "_model", None)
         rows.append(
             {
                 "class": f"{base.__module__}.{base.__name__}",

@@ -123,8 +123,9 @@ class StepGuard:
         if self.watch and self.enabled:
             self._model_of(optimizer)
 
-    def step(self, optimizer, run: Callable[[], Any], loss=None, *, closure: bool = False):
-        """``run()`` (the real step) unless the loss or a gradient is non-finite; None when skipped."""
+    def step(self, optimizer, run: Callable[[], Any], loss=None, *, closure: bool = False, skipped: Any = None):
+        """``run()`` (the real step) unless the loss or a gradient is non-finite; ``skipped`` when skipped (what
+        the caller may unpack: Paddle's ``minimize`` returns ``(optimize_ops, params_grads)``)."""
         if not self.enabled or _depth("step"):
             return run()
         if _depth("scaler"):
@@ -145,7 +146,7 @@ class StepGuard:
                     self.in_a_row = 0
                     return run()
                 self._skip(optimizer, index, model)
-                return None
+                return skipped
             finally:
                 self._drop(model)
 
@@ -260,8 +261,9 @@ class StepGuard:
         }
 
 
-def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: Callable) -> None:
-    """Replace ``cls.<name>`` by the guarded step (once: inherited and already-wrapped ones are left alone)."""
+def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: Callable, skipped: Any = None) -> None:
+    """Replace ``cls.<name>`` by the guarded step (once: inherited and already-wrapped ones are left alone);
+    a skipped step returns ``skipped``."""
     original = getattr(cls, name, None)
     if original is None or getattr(original, "__ampsafe_guard__", False):
         return
@@ -269,7 +271,11 @@ def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: 
     @functools.wraps(original)
     def guarded(self, *args, **kwargs):
         return guard.step(
-            self, lambda: original(self, *args, **kwargs), loss_of(args, kwargs), closure=closure_of(args, kwargs)
+            self,
+            lambda: original(self, *args, **kwargs),
+            loss_of(args, kwargs),
+            closure=closure_of(args, kwargs),
+            skipped=skipped() if callable(skipped) else skipped,
         )
 
     guarded.__ampsafe_guard__ = True
@@ -361,7 +367,8 @@ def install_paddle(paddle, guard: StepGuard, set_attr: Callable) -> str:
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         _wrap_step(type(self), "step", guard, no_loss, no_closure)
-        _wrap_step(type(self), "minimize", guard, minimize_loss, no_closure)
+        # Paddle's minimize returns (optimize_ops, params_grads), which its GradScaler.minimize unpacks
+        _wrap_step(type(self), "minimize", guard, minimize_loss, no_closure, skipped=lambda: (None, []))
         guard.new_optimizer(self)
 
     set_attr(Optimizer, "__init__", __init__)

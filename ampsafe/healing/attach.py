@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Optional
 
 from ..errors import ConfigError
@@ -73,6 +74,9 @@ def heal(
         if policy is not None and getattr(policy, "on_floor", "heal") != "heal":
             healer.detach()
             raise ConfigError(f"the scaler was built with on_floor={policy.on_floor!r}; build it with on_floor='heal'")
+        reason = getattr(scaler, "disabled_reason", None)
+        if reason:  # a disabled scaler never skips a step, so it never reaches its floor: heal would never run
+            warnings.warn(f"ampsafe.heal: the scaler is {reason}: it never reaches its floor, so nothing is healed")
         scaler.heal_hook = healer
         if patience is not None and getattr(scaler, "_patience", None) is None:  # else the scaler counts itself
             _heal_on_streak(scaler, healer, patience)

@@ -1,17 +1,25 @@
 """Where workloads cache what is expensive to rebuild (the brink checkpoints), keyed by their recipe.
 
-The key hashes the recipe, so changing a recipe never loads a stale checkpoint.
+The key hashes the recipe, so changing a recipe never loads a stale checkpoint. :func:`load_or_build` builds an
+entry once across processes (test workers started together wait for the first one, then load its file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
-__all__ = ["cache_dir", "recipe_key"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, concurrent builders each build (the file is still replaced atomically)
+    fcntl = None
+
+__all__ = ["cache_dir", "recipe_key", "load_or_build"]
 
 
 def cache_dir(explicit: Union[str, Path, None] = None) -> Path:
@@ -32,3 +40,36 @@ def recipe_key(prefix: str, seed: int, recipe: dict) -> str:
     """``<prefix>_seed<seed>_<10 hex digits of the recipe's hash>``."""
     digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
     return f"{prefix}_seed{seed}_{digest}"
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path``'s lock file for as long as one process builds ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as fh:
+        if fcntl is not None:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def load_or_build(
+    path: Path,
+    *,
+    load: Callable[[], Any],
+    build: Callable[[], Any],
+    save: Callable[[Any, Path], None],
+    ready: Callable[[], bool] | None = None,
+) -> Any:
+    """``load()`` when ``path`` is cached (``ready()``, default: the file exists); else ``build()`` once,
+    ``save(value, tmp)`` and move ``tmp`` into place atomically. Concurrent callers wait for the first builder."""
+    ready = ready or path.is_file
+    if ready():
+        return load()
+    with _exclusive(path):
+        if ready():  # another process built it while this one waited
+            return load()
+        value = build()
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+        save(value, tmp)
+        os.replace(tmp, path)
+        return value

@@ -19,14 +19,13 @@ where and when it crossed are cached under ``.cache/ampsafe/``.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Union
 
 from .amax import AmaxRecorder
 from .cache import cache_dir as _cache_dir
-from .cache import recipe_key
+from .cache import load_or_build, recipe_key
 
 __all__ = [
     "FP16_MAX",
@@ -199,15 +198,17 @@ def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
 
     path = cache_path(seed, cache_dir)
     meta = path.with_suffix(".json")
-    if path.is_file() and meta.is_file():
+
+    def load() -> tuple[dict, dict]:
         return torch.load(path, map_location="cpu", weights_only=True), json.loads(meta.read_text())
-    state, record = _train_to_brink(seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt")
-    torch.save(state, tmp)
-    meta.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
-    return state, record
+
+    def save(value: tuple[dict, dict], tmp: Path) -> None:
+        torch.save(value[0], tmp)
+        meta.write_text(json.dumps(value[1], indent=1))
+
+    return load_or_build(
+        path, load=load, build=lambda: _train_to_brink(seed), save=save, ready=lambda: path.is_file() and meta.is_file()
+    )
 
 
 def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
@@ -264,14 +265,12 @@ def warm_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
     import torch
 
     path = _warm_path(seed, cache_dir)
-    if path.is_file():
-        return torch.load(path, map_location="cpu", weights_only=True)
-    state = _train_warmup(seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    return state
+    return load_or_build(
+        path,
+        load=lambda: torch.load(path, map_location="cpu", weights_only=True),
+        build=lambda: _train_warmup(seed),
+        save=torch.save,
+    )
 
 
 def warm_start(seed: int = 0, cache_dir: Union[str, Path, None] = None, patch_fn=None):

@@ -14,7 +14,6 @@ the first step whose forward exceeds float16's max anywhere (measured with forwa
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Union
@@ -23,7 +22,7 @@ import numpy as np
 
 from ..amax import AmaxRecorder
 from ..cache import cache_dir as _cache_dir
-from ..cache import recipe_key
+from ..cache import load_or_build, recipe_key
 
 __all__ = [
     "FP16_MAX",
@@ -198,16 +197,18 @@ WATCHED = ("neck", "head.binarize.conv1", "head.thresh.conv1")
 def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
     path = cache_path(seed, cache_dir)
     meta = path.with_suffix(".json")
-    if path.is_file() and meta.is_file():
+
+    def load() -> tuple[dict, dict]:
         with np.load(path) as arrays:
             return {k: arrays[k] for k in arrays.files}, json.loads(meta.read_text())
-    state, record = _train_to_brink(seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **state)
-    meta.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
-    return state, record
+
+    def save(value: tuple[dict, dict], tmp: Path) -> None:
+        np.savez(tmp, **value[0])
+        meta.write_text(json.dumps(value[1], indent=1))
+
+    return load_or_build(
+        path, load=load, build=lambda: _train_to_brink(seed), save=save, ready=lambda: path.is_file() and meta.is_file()
+    )
 
 
 def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:

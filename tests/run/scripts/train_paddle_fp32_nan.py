@@ -21,7 +21,7 @@ for step in range(args.steps):
     loss = model(paddle.to_tensor(x)).pow(2).mean()
     loss.backward()
     if args.minimize:
-        optimizer.minimize(loss)
+        _ops, _params_grads = optimizer.minimize(loss)  # Paddle returns both (its GradScaler unpacks them)
     else:
         optimizer.step()
     optimizer.clear_grad()
