@@ -277,7 +277,10 @@ def _write_run_report(reports: list[dict], options: dict, command: list[str]) ->
     from .run_report import write_reports
 
     try:
-        written = write_reports(reports, Path(options["report"]), config=_config_path(command), command=command)
+        run_args = ["--emulate-fp16"] if options.get("emulate_fp16") else []  # what the next run needs again
+        written = write_reports(
+            reports, Path(options["report"]), config=_config_path(command), command=command, run_args=run_args
+        )
     except OSError as exc:
         print(f"ampsafe run: could not write the report into {options['report']}: {exc}", flush=True)
         return

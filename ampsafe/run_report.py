@@ -17,6 +17,7 @@ matplotlib only to draw.
 from __future__ import annotations
 
 import json
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -69,7 +70,9 @@ def _swap_neck(config: Path | None) -> dict | None:
     return {"applicable": True, "command": f"ampsafe swap-neck {config} -o {out}", "config": str(out)}
 
 
-def permanent_fix(report: dict, *, config: Path | None = None, command: list[str] | None = None) -> dict:
+def permanent_fix(
+    report: dict, *, config: Path | None = None, command: list[str] | None = None, run_args: list[str] | None = None
+) -> dict:
     """What to change so that the next run needs no healing (data; :func:`to_markdown` words it)."""
     fix: dict = {"patch": None, "paddle_o2": None, "swap_neck": None, "advice": []}
     healed = _healed_paths(report)
@@ -87,7 +90,7 @@ def permanent_fix(report: dict, *, config: Path | None = None, command: list[str
         fix["swap_neck"] = swap
         if swap["applicable"] and command:
             cmd = [swap["config"] if a == str(config) else a for a in command]
-            swap["run"] = "ampsafe run -- " + " ".join(cmd)
+            swap["run"] = shlex.join(["ampsafe", "run", *(run_args or []), "--", *cmd])  # the same run options
     for g in report.get("guards", []):
         if g.get("skipped_steps"):
             fix["advice"].append(
@@ -131,7 +134,7 @@ def _scaler_line(s: dict) -> str:
 def to_markdown(report: dict, fix: dict, *, command: list[str] | None = None, plot: str | None = "scale.png") -> str:
     lines = [f"# ampsafe run report (pid {report.get('pid')})", ""]
     if command:
-        lines += [f"Command: `{' '.join(command)}`", ""]
+        lines += [f"Command: `{shlex.join(command)}`", ""]
     options = report.get("options") or {}
     if options:
         shown = ", ".join(f"{k}={v!r}" for k, v in options.items() if k not in ("quiet", "report"))
@@ -255,7 +258,12 @@ def _headline(fix: dict, report: dict) -> str:
 
 
 def write_reports(
-    reports: list[dict], directory: Path, *, config: Path | None = None, command: list[str] | None = None
+    reports: list[dict],
+    directory: Path,
+    *,
+    config: Path | None = None,
+    command: list[str] | None = None,
+    run_args: list[str] | None = None,
 ) -> list[tuple[Path, str]]:
     """Write report.md / report.json / scale.png per process (``directory/<pid>/`` when several trained);
     returns ``(report.md path, headline)`` for each."""
@@ -265,7 +273,7 @@ def write_reports(
     for report in chosen:
         folder = directory if len(chosen) == 1 else directory / str(report.get("pid"))
         folder.mkdir(parents=True, exist_ok=True)
-        fix = permanent_fix(report, config=config, command=command)
+        fix = permanent_fix(report, config=config, command=command, run_args=run_args)
         plot: str | None = "scale.png"
         try:
             _plot(report, folder / "scale.png")

@@ -85,3 +85,17 @@ def test_paddle_heals_give_the_o2_excluded_layers_and_the_island_patch():
     )
     markdown = to_markdown(report, fix)
     assert fix["patch"] in markdown and fix["paddle_o2"] in markdown and "level='O2'" in markdown
+
+
+def test_next_run_line_keeps_the_run_options_and_is_shell_quoted(upstream, tmp_path):
+    from ampsafe.run_report import permanent_fix, to_markdown
+
+    config = upstream / "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml"
+    command = ["python", "tools/train.py", "-c", str(config), "-o", "weights=my dir/model.pdparams"]
+    fix = permanent_fix({"scalers": []}, config=config, command=command, run_args=["--emulate-fp16"])
+    out = config.with_name("faster_rcnn_r50_fpn_1x_coco_ampsafe.yml")
+    assert fix["swap_neck"]["run"] == (
+        f"ampsafe run --emulate-fp16 -- python tools/train.py -c {out} -o 'weights=my dir/model.pdparams'"
+    )
+    assert "Command: `python tools/train.py -c" in to_markdown({"scalers": []}, fix, command=command, plot=None)
+    assert "'weights=my dir/model.pdparams'`" in to_markdown({"scalers": []}, fix, command=command, plot=None)
