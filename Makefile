@@ -30,8 +30,11 @@ format: $(STAMP)
 	$(BIN)/ruff format ampsafe patches tests bench
 	$(BIN)/ruff check --fix ampsafe patches tests bench
 
+# Two workers, one test file each at a time: many tests wait on subprocess start-up and Python, not on BLAS.
+PYTEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile
 
 # The tests that ride a training trajectory or a float32 tolerance (marker `trajectory`), on another machine's
 # kernels: oneDNN and MKL restricted to AVX2 (what an AVX2-only AMD EPYC runs; on such a machine it is close to
@@ -39,7 +42,7 @@ test: lint
 ISA_ENV := ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 AMPSAFE_TEST_SEEDS=0,1,2 AMPSAFE_CACHE=$(CURDIR)/.cache/ampsafe-isa
 
 test-isa: $(STAMP)
-	$(ISA_ENV) $(BIN)/python -m pytest -q -ra -m trajectory
+	$(ISA_ENV) $(BIN)/python -m pytest -q -ra -m trajectory -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/ampsafe bench --suite quick
