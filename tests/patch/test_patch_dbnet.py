@@ -119,10 +119,12 @@ def test_brink_rescale_is_exact_in_fp32_and_finite_in_emulated_fp16(fresh, brink
     ref_out, ref_grads = fp32_pass()
     restore(workload, brink[2])  # undo the running-statistics updates of that pass
     report = ampsafe.patch(model, workload.example_inputs, policy="rescale")
-    assert set(report.patched) == {
-        "neck.in2_conv", "neck.in3_conv", "neck.in4_conv", "neck.in5_conv",
-        "head.binarize.conv_bn1", "head.thresh.conv_bn1",
-    }  # fmt: skip
+    # which neck convs carry the shift depends on the brink's weights (in2-in5 on some kernels and seeds, p2-p5 on
+    # others); the compensation is always at the head's BatchNorms, where those paths end
+    patched = set(report.patched)
+    ends = {"head.binarize.conv_bn1", "head.thresh.conv_bn1"}
+    neck_convs = {f"neck.{kind}{i}_conv" for kind in ("in", "p") for i in (2, 3, 4, 5)}
+    assert ends <= patched and patched - ends and patched - ends <= neck_convs, sorted(patched)
     out, grads = fp32_pass()
     np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-6)
     assert grads.keys() == ref_grads.keys()
