@@ -124,8 +124,8 @@ class StepGuard:
             self._model_of(optimizer)
 
     def step(self, optimizer, run: Callable[[], Any], loss=None, *, closure: bool = False, skipped: Any = None):
-        """``run()`` (the real step) unless the loss or a gradient is non-finite; ``skipped`` when skipped (what
-        the caller may unpack: Paddle's ``minimize`` returns ``(optimize_ops, params_grads)``)."""
+        """``run()`` (the real step) unless the loss or a gradient is non-finite; ``skipped`` (or ``skipped()``) when
+        skipped (what the caller may unpack: Paddle's ``minimize`` returns ``(optimize_ops, params_grads)``)."""
         if not self.enabled or _depth("step"):
             return run()
         if _depth("scaler"):
@@ -146,7 +146,7 @@ class StepGuard:
                     self.in_a_row = 0
                     return run()
                 self._skip(optimizer, index, model)
-                return skipped
+                return skipped() if callable(skipped) else skipped
             finally:
                 self._drop(model)
 
@@ -275,7 +275,7 @@ def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: 
             lambda: original(self, *args, **kwargs),
             loss_of(args, kwargs),
             closure=closure_of(args, kwargs),
-            skipped=skipped() if callable(skipped) else skipped,
+            skipped=skipped,
         )
 
     guarded.__ampsafe_guard__ = True

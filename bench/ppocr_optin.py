@@ -236,7 +236,7 @@ def overrides(
     *,
     lr: float = 0.01,
     size: int = 160,
-    batch: int = 4,
+    batch: int = BATCH,
     epochs: int = 1,
     scale: float = 1024.0,
 ) -> list[str]:

@@ -59,7 +59,7 @@ import weakref
 
 from ..core.attr_patches import AttrPatches
 
-__all__ = ["install", "install_ppdet", "uninstall", "active", "current", "last", "summary"]
+__all__ = ["install", "install_ppdet", "uninstall", "active", "current", "last", "summary", "amp_less_place"]
 
 _lock = threading.RLock()
 # (owner, attribute, original value, whether the owner held it in its own __dict__)
@@ -130,18 +130,25 @@ def summary() -> dict:
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _emulating_place() -> bool:
-    """Dynamic graph on a place where Paddle's AMP turns itself off (a CPU): what this module emulates."""
+def amp_less_place():
+    """The tracer's place when Paddle's AMP turns itself off there (dynamic graph, not a GPU / XPU / custom
+    place: a CPU), as Paddle's ``AmpScaler.__init__`` checks it; else None. This module emulates there."""
     import paddle
     from paddle.base.framework import _dygraph_tracer
 
     if not paddle.in_dynamic_mode():
-        return False
+        return None
     tracer = _dygraph_tracer()
     if tracer is None:
-        return False
+        return None
     place = tracer._expected_place
-    return not (place.is_gpu_place() or place.is_xpu_place() or place.is_custom_place())
+    if place.is_gpu_place() or place.is_xpu_place() or place.is_custom_place():
+        return None
+    return place
+
+
+def _emulating_place() -> bool:
+    return amp_less_place() is not None
 
 
 def _warn_once(key: str, message: str, stacklevel: int = 4) -> None:

@@ -63,28 +63,12 @@ _CPU_REASON = (
 )
 
 
-def _amp_less_place():
-    """The tracer's place when Paddle's AMP is off there (dynamic graph, not a GPU / XPU / custom place: a CPU),
-    as Paddle's ``AmpScaler.__init__`` checks it; else None."""
-    if not paddle.in_dynamic_mode():
-        return None
-    tracer = paddle.framework._dygraph_tracer()
-    if tracer is None:
-        return None
-    place = tracer._expected_place
-    if place.is_gpu_place() or place.is_xpu_place() or place.is_custom_place():
-        return None
-    return place
-
-
 def _fp16_emulated() -> bool:
     """float16 AMP is emulated now: ``ampsafe run --emulate-fp16`` (amp_emulation installed) or an open
     ``emulate_fp16`` block."""
     from . import amp_emulation
-    from .emulate import Fp16Emulator
-    from .intercept import active_modes
 
-    return amp_emulation.active() or any(isinstance(m, Fp16Emulator) for m in active_modes())
+    return amp_emulation.active() or _innermost_emulator() is not None
 
 
 class GradScaler(HealingScaler):
@@ -139,7 +123,9 @@ class GradScaler(HealingScaler):
         self._guard = bool(fp32_guard)
         self.disabled_reason: Optional[str] = None
         if enable and not self._guard and not emulated and not _fp16_emulated():
-            place = _amp_less_place()
+            from .amp_emulation import amp_less_place
+
+            place = amp_less_place()
             if place is not None:  # Paddle's AmpScaler.__init__: the same warning, then enable=False
                 warnings.warn(
                     "AmpScaler can only be enabled on CUDAPlace, XPUPlace and CustomPlace, current place is "
@@ -474,15 +460,20 @@ class GradScaler(HealingScaler):
 
 def _amp_state() -> tuple:
     """(the innermost float16 emulator, Paddle's AMP level, its dtype) now: recorded at each captured forward."""
-    from .emulate import Fp16Emulator
-    from .intercept import active_modes
-
-    emulator = next((m for m in reversed(active_modes()) if isinstance(m, Fp16Emulator)), None)
+    emulator = _innermost_emulator()
     level = "O0"
     tracer = paddle.framework._dygraph_tracer()
     if tracer is not None:
         level = str(getattr(tracer, "_amp_level", "O0")).rpartition(".")[2]
     return emulator, level, _amp_dtype()
+
+
+def _innermost_emulator():
+    """The innermost open float16 emulation (an ``Fp16Emulator``), or None."""
+    from .emulate import Fp16Emulator
+    from .intercept import active_modes
+
+    return next((m for m in reversed(active_modes()) if isinstance(m, Fp16Emulator)), None)
 
 
 def _amp_dtype() -> str:
