@@ -11,7 +11,7 @@ COMMANDS = {
     "scan": ("ampsafe.scanner", "scan WORKLOAD|module:factory for unnormalized / risky float16 paths"),
     "swap-neck": ("ampsafe.patches.swap", "rewrite a PaddleOCR/PaddleDetection config to an AMP-safe neck"),
     "run": (
-        "ampsafe.launcher",
+        "ampsafe.run.launcher",
         "run an unmodified training script with ampsafe's scalers: ampsafe run -- python train.py",
     ),
     "bench": ("ampsafe.benchcmd", "run the benchmark suite (quick|full) and write bench/results"),

@@ -94,7 +94,8 @@ def test_disabled_paddle_scaler_on_a_cpu_leaves_its_nan_step_to_the_fp32_guard()
         "    scaler.minimize(opt, scaled) if step % 2 else (scaler.step(opt), scaler.update())\n"
         "    opt.clear_grad()\n"
         "    assert paddle.isfinite(model.weight).all()\n"
-        "(guard,) = [g for g in auto._state['guards'] if g.backend.name == 'paddle']\n"
+        "import ampsafe.run.auto as run_auto\n"
+        "(guard,) = [g for g in run_auto._state['guards'] if g.backend.name == 'paddle']\n"
         "assert (guard.total_steps, guard.skipped_at, guard.scaler_steps) == (4, [1], 0), guard.to_dict()\n"
         "assert auto.summary()['scalers'][0]['disabled_reason'].startswith('disabled (CPU place')\n"
         "print('ok')\n"
@@ -105,7 +106,7 @@ def test_disabled_paddle_scaler_on_a_cpu_leaves_its_nan_step_to_the_fp32_guard()
 
 def test_command_line_beats_config_and_bad_options_are_refused(tmp_path, capsys):
     import ampsafe
-    from ampsafe.launcher import _parser, _resolve, main
+    from ampsafe.run.launcher import _parser, _resolve, main
 
     config = tmp_path / "train.yml"
     config.write_text("ampsafe:\n  on_floor: clamp\n  min_scale: 8\n")
@@ -146,7 +147,7 @@ def test_import_ampsafe_auto_patches_in_process_and_uninstalls():
 @pytest.mark.parametrize("value", ["sometimes", "x"])
 def test_install_rejects_bad_on_floor(value):
     import ampsafe
-    from ampsafe.launcher import validate_options
+    from ampsafe.run.launcher import validate_options
 
     with pytest.raises(ampsafe.ConfigError, match="on_floor must be one of"):
         validate_options(on_floor=value)

@@ -61,7 +61,7 @@ def test_report_of_a_clean_fp32_run_says_nothing_to_change(tmp_path):
 
 
 def test_paddle_heals_give_the_o2_excluded_layers_and_the_island_patch():
-    from ampsafe.run_report import permanent_fix, to_markdown
+    from ampsafe.run.report import permanent_fix, to_markdown
 
     report = {
         "pid": 1,
@@ -88,7 +88,7 @@ def test_paddle_heals_give_the_o2_excluded_layers_and_the_island_patch():
 
 
 def test_next_run_line_keeps_the_run_options_and_is_shell_quoted(upstream, tmp_path):
-    from ampsafe.run_report import permanent_fix, to_markdown
+    from ampsafe.run.report import permanent_fix, to_markdown
 
     config = upstream / "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml"
     command = ["python", "tools/train.py", "-c", str(config), "-o", "weights=my dir/model.pdparams"]

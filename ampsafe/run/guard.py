@@ -27,7 +27,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from .errors import AmpSafeError
+from ..errors import AmpSafeError
 
 __all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "install_torch", "install_paddle", "guards"]
 
@@ -171,7 +171,7 @@ class StepGuard:
             if model is not None:
                 self._say(f"guarding the optimizer steps of {type(model).__name__} (FP32 guard)")
                 if self.watch and id(model) not in self._captures:
-                    from .core.capture import InputCapture
+                    from ..core.capture import InputCapture
 
                     self._captures[id(model)] = InputCapture(self.backend, model)
         return self._models[key]
@@ -206,7 +206,7 @@ class StepGuard:
 
     def _replay(self, index: int, model) -> None:
         """``watch``: replay the latest forward under ``ampsafe.watch`` (state restored) and raise what it names."""
-        from .core.sentinel import UNKNOWN, nonfinite_error
+        from ..core.sentinel import UNKNOWN, nonfinite_error
 
         capture = self._captures.get(id(model)) if model is not None else None
         latest = capture.latest if capture is not None else None
@@ -285,7 +285,7 @@ def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: 
 def install_torch(torch, guard: StepGuard, set_attr: Callable) -> str:
     """Guard every ``torch.optim.Optimizer`` subclass's ``step`` (wrapped at its first construction; torch's own
     step wrapper, the profiler and the step hooks, sits inside), and note each ``Tensor.backward``'s loss."""
-    from .torch.grads import nonfinite_params
+    from ..torch.grads import nonfinite_params
 
     def finite(optimizer, loss) -> bool:
         # read-only: the L2 norm of every gradient, one fused call per (device, dtype), accumulated in float32;
@@ -342,7 +342,7 @@ def install_torch(torch, guard: StepGuard, set_attr: Callable) -> str:
 
 def install_paddle(paddle, guard: StepGuard, set_attr: Callable) -> str:
     """Guard every ``paddle.optimizer.Optimizer`` subclass's ``step`` and ``minimize(loss)``."""
-    from .paddle.grads import nonfinite_params, unscale_and_check_
+    from ..paddle.grads import nonfinite_params, unscale_and_check_
 
     def finite(optimizer, loss) -> bool:
         found = unscale_and_check_(optimizer, paddle.ones([1], dtype="float32"))

@@ -55,8 +55,8 @@ def _swap_neck(config: Path | None) -> dict | None:
     if config is None or not Path(config).is_file():
         return None
     try:
-        from .errors import ConfigError
-        from .patches.swap import swap_neck
+        from ..errors import ConfigError
+        from ..patches.swap import swap_neck
     except ImportError:
         return None
     out = Path(config).with_name(f"{Path(config).stem}_ampsafe{Path(config).suffix}")

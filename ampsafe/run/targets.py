@@ -19,8 +19,8 @@ import functools
 import threading
 from typing import Any, Callable
 
-from .core.targets import enforce
-from .errors import BadTargetError
+from ..core.targets import enforce
+from ..errors import BadTargetError
 
 __all__ = ["TargetHook", "patch_torchvision", "patch_ppdet", "stats"]
 

@@ -3,9 +3,9 @@
 
 Runs an unmodified training command with ampsafe in place: the frameworks' GradScalers resolve to ampsafe's
 (healing at the floor by default: the user ran ampsafe to keep the run alive), every optimizer step that no
-ampsafe scaler guards is guarded (a non-finite loss or gradient skips the step; :mod:`ampsafe.run_guard`),
-detection targets are checked before the model sees them (:mod:`ampsafe.run_targets`), and at the end a report
-says what to change so that the next run needs no healing (:mod:`ampsafe.run_report`). The command runs as a child process (so
+ampsafe scaler guards is guarded (a non-finite loss or gradient skips the step; :mod:`ampsafe.run.guard`),
+detection targets are checked before the model sees them (:mod:`ampsafe.run.targets`), and at the end a report
+says what to change so that the next run needs no healing (:mod:`ampsafe.run.report`). The command runs as a child process (so
 ``torchrun`` / ``paddle.distributed.launch`` workers, ``-m`` modules and plain scripts all work) whose
 ``PYTHONPATH`` starts with a folder holding a ``sitecustomize.py`` that imports :mod:`ampsafe.auto` (and then
 any ``sitecustomize`` the environment already had). Each Python process of the command writes a report at
@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["main", "options_from_config", "validate_options", "format_summary", "SITECUSTOMIZE"]
 
@@ -274,7 +274,7 @@ def _write_run_report(reports: list[dict], options: dict, command: list[str]) ->
     """``--report DIR``: report.md / report.json / scale.png per process, and where they are."""
     if not options.get("report"):
         return
-    from .run_report import write_reports
+    from .report import write_reports
 
     try:
         run_args = ["--emulate-fp16"] if options.get("emulate_fp16") else []  # what the next run needs again
