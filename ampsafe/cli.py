@@ -8,7 +8,7 @@ import sys
 # subcommand -> (module with main(argv), one-line help)
 COMMANDS = {
     "demo": ("ampsafe.demo", "the main job: the seed's AMP failure and its fix, side by side"),
-    "scan": ("ampsafe.scanner", "scan WORKLOAD|module:factory for unnormalized / risky float16 paths"),
+    "scan": ("ampsafe.scan_cli", "scan WORKLOAD|module:factory for unnormalized / risky float16 paths"),
     "swap-neck": ("ampsafe.patches.swap", "rewrite a PaddleOCR/PaddleDetection config to an AMP-safe neck"),
     "run": (
         "ampsafe.run.launcher",

@@ -268,7 +268,7 @@ def test_report_renders_markdown_and_json():
 
 
 def test_cli_scans_a_factory_and_writes_json(tmp_path, capsys, monkeypatch):
-    from ampsafe.scanner import main
+    from ampsafe.scan_cli import main
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     out = tmp_path / "scan.json"
