@@ -20,7 +20,7 @@ an already-trained upstream checkpoint at eval time.
 
 The upstream-compatible ``RSEFPN`` / ``LKPAN`` here are written from what PaddleOCR's
 ``ppocr/modeling/necks/db_fpn.py`` computes (same keys, same forward), so this project can build the
-PP-OCRv3/v4/v5 necks without a PaddleOCR checkout; ``DBFPN`` is the dbnet workload's.
+PP-OCRv3/v4/v5 necks without a PaddleOCR checkout; ``DBFPN`` is also the dbnet workload's neck.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 from paddle import ParamAttr, nn
-
-from ampsafe.workloads.dbnet.necks import DBFPN
 
 __all__ = [
     "DBFPN",
@@ -58,6 +56,38 @@ def _up(x, factor: int):
 
 def _fuse(p5, p4, p3, p2):
     return paddle.concat([_up(p5, 8), _up(p4, 4), _up(p3, 2), p2], axis=1)
+
+
+class DBFPN(nn.Layer):
+    """Top-down FPN: 1x1 lateral convs, nearest x2 upsample + add, 3x3 convs to out/4, upsample to 1/4, concat."""
+
+    def __init__(self, in_channels, out_channels=256, use_asf=False, **_ignored):
+        super().__init__()
+        if use_asf:
+            raise ValueError("DBFPN use_asf (DB++ attention fusion) is not supported by this rebuild")
+        if len(in_channels) != 4:
+            raise ValueError(f"DBFPN needs four backbone feature maps, got channels {list(in_channels)}")
+        self.out_channels = out_channels
+        c2, c3, c4, c5 = in_channels
+        self.in2_conv = _conv(c2, out_channels, 1, padding=0)
+        self.in3_conv = _conv(c3, out_channels, 1, padding=0)
+        self.in4_conv = _conv(c4, out_channels, 1, padding=0)
+        self.in5_conv = _conv(c5, out_channels, 1, padding=0)
+        self.p5_conv = _conv(out_channels, out_channels // 4, 3, padding=1)
+        self.p4_conv = _conv(out_channels, out_channels // 4, 3, padding=1)
+        self.p3_conv = _conv(out_channels, out_channels // 4, 3, padding=1)
+        self.p2_conv = _conv(out_channels, out_channels // 4, 3, padding=1)
+
+    def forward(self, features):
+        c2, c3, c4, c5 = features
+        in5 = self.in5_conv(c5)
+        in4 = self.in4_conv(c4)
+        in3 = self.in3_conv(c3)
+        in2 = self.in2_conv(c2)
+        out4 = in4 + _up(in5, 2)
+        out3 = in3 + _up(out4, 2)
+        out2 = in2 + _up(out3, 2)
+        return _fuse(self.p5_conv(in5), self.p4_conv(out4), self.p3_conv(out3), self.p2_conv(out2))
 
 
 class ASFBlock(nn.Layer):

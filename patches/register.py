@@ -38,20 +38,6 @@ def paddleocr_classes() -> dict:
     return classes
 
 
-def _register_dbnet(classes: dict) -> list[str]:
-    try:
-        from ampsafe.workloads.dbnet import builder
-    except ImportError:
-        return []
-    added = []
-    for name, cls in classes.items():
-        if name in builder.NECKS:  # the workload's own upstream necks win; ours are registered once
-            continue
-        builder.register_neck(name, cls)
-        added.append(name)
-    return added
-
-
 def _wrap_build_neck(original, classes: dict):
     if getattr(original, "_ampsafe_classes", None) is not None:
         original._ampsafe_classes.update(classes)
@@ -95,11 +81,10 @@ def _register_ppocr(classes: dict) -> list[str] | None:
 
 
 def register_paddleocr() -> dict:
-    """Register the safe necks (and the upstream-compatible RSEFPN/LKPAN) in the dbnet workload's builder, and
-    the safe necks in PaddleOCR when ``ppocr`` is importable. Idempotent. Returns what was registered where
-    (``{"dbnet": [...], "ppocr": [...] or None}``; None: ppocr not importable)."""
-    classes = paddleocr_classes()
-    return {"dbnet": _register_dbnet(classes), "ppocr": _register_ppocr(classes)}
+    """Register the safe necks in PaddleOCR when ``ppocr`` is importable. Idempotent. Returns what was
+    registered (``{"ppocr": [...] or None}``; None: ppocr not importable). ampsafe's own dbnet builder needs no
+    registration: it looks these necks up in :func:`paddleocr_classes` itself."""
+    return {"ppocr": _register_ppocr(paddleocr_classes())}
 
 
 def registered_in_ppocr() -> list[str] | None:
@@ -114,14 +99,12 @@ def registered_in_ppocr() -> list[str] | None:
 
 
 def ppocr_registration_line(done: dict | None = None) -> str:
-    """The line to print after :func:`register_paddleocr` (``done``: what it returned): the safe necks in
-    PaddleOCR's registry only, or plainly that ppocr is not importable; ampsafe's DBNet builder is named apart."""
+    """The line to print after :func:`register_paddleocr`: the safe necks in PaddleOCR's registry, read back
+    from ppocr itself, or plainly that ppocr is not importable."""
     names = registered_in_ppocr()
-    dbnet_only = sorted(set((done or {}).get("dbnet") or []) - set(names or []))
-    builder = f"; ampsafe's own DBNet builder, not PaddleOCR's, got {', '.join(dbnet_only)}" if dbnet_only else ""
     if names is None:
-        return f"safe necks registered (ppocr): none, PaddleOCR's ppocr package is not importable{builder}"
-    return f"safe necks registered (ppocr): {', '.join(names) or 'none'}{builder}"
+        return "safe necks registered (ppocr): none, PaddleOCR's ppocr package is not importable"
+    return f"safe necks registered (ppocr): {', '.join(names) or 'none'}"
 
 
 def register_paddledet() -> list[str]:

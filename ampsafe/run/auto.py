@@ -3,7 +3,7 @@
 * ``torch.amp.GradScaler`` (also ``torch.amp.grad_scaler.GradScaler``, ``torch.cuda.amp.GradScaler``,
   ``torch.cpu.amp.GradScaler``) and ``paddle.amp.GradScaler`` resolve to ampsafe's scalers, called with the
   script's own arguments plus ampsafe's floor (``min_scale`` / ``min_loss_scaling`` and ``on_floor``);
-* the AMP-safe necks are registered in PaddleOCR / PaddleDetection / the dbnet builder, so swapped configs build;
+* the AMP-safe necks are registered in PaddleOCR / PaddleDetection, so swapped configs build;
 * every optimizer step no enabled ampsafe scaler guards is guarded (:mod:`ampsafe.run.guard`: a non-finite loss
   or gradient skips the step), and detection targets are checked before the model sees them
   (:mod:`ampsafe.run.targets`: torchvision's ``GeneralizedRCNN``, ppdet's target-building batch transforms);
@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 __all__ = ["install", "uninstall", "summary", "format_summary", "installed", "ENV_OPTIONS", "ENV_REPORT"]
 
-from .launcher import ENV_OPTIONS, ENV_REPORT, format_summary, validate_options
+from .launcher import format_summary
+from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {
@@ -92,7 +93,7 @@ def _when_imported(name: str, callback: Callable) -> None:
 
 
 def _say(message: str) -> None:
-    if not _state["options"].get("quiet"):
+    if not _state["options"].quiet:
         print(f"[ampsafe] {message}", file=sys.stderr, flush=True)
 
 
@@ -119,7 +120,7 @@ def _track(scaler, framework: str, user_kwargs: dict) -> None:
                 records.append((decision.step, float(decision.scale), bool(decision.found_inf), decision.floor_hit))
 
         scaler.add_step_callback(record)
-    if _state["options"].get("watch"):
+    if _state["options"].watch:
         _arm_watch(scaler)
 
 
@@ -185,15 +186,14 @@ def _on_device(base: type, device: str) -> type:
 def _torch_scalers(options: dict, map_device: Callable | None = None):
     from ampsafe.torch.scaler import GradScaler as Base
 
-    extra = {"min_scale": options["min_scale"], "on_floor": options["on_floor"]}
-    scaler = _with_floor(Base, "torch", extra, map_device)
+    scaler = _with_floor(Base, "torch", options.scaler_kwargs("torch"), map_device)
     return scaler, _on_device(scaler, "cuda"), _on_device(scaler, "cpu")
 
 
 def _emulate(module_name: str) -> Callable | None:
     """--emulate-fp16: install the framework's emulator (another module of this project), print its lines;
     its ``map_device`` when it has one."""
-    if not _state["options"].get("emulate_fp16"):
+    if not _state["options"].emulate_fp16:
         return None
     try:
         import importlib
@@ -224,7 +224,7 @@ def _guard(framework: str, install_fn: Callable, module) -> None:
 
     options = _state["options"]
     guard = StepGuard(
-        backend_named(framework), None, None, max_skips=options["max_skips"], watch=options["watch"], say=_say
+        backend_named(framework), None, None, max_skips=options.max_skips, watch=options.watch, say=_say
     )
     line = install_fn(module, guard, _set_attr)
     _state["guards"].append(guard)
@@ -243,7 +243,7 @@ def _patch_torch(torch) -> None:
     options = _state["options"]
     map_device = _emulate("ampsafe.torch.cuda_emulation")
     scaler, cuda_scaler, cpu_scaler = _torch_scalers(options, map_device)
-    floor = f"min_scale={options['min_scale']}, on_floor={options['on_floor']!r}"
+    floor = options.scaler_text("torch")
     import torch.amp.grad_scaler  # noqa: F401 (make sure the submodules exist before patching them)
 
     _set(torch.amp, "GradScaler", scaler, f"torch.amp.GradScaler -> ampsafe.torch.GradScaler ({floor})")
@@ -277,10 +277,8 @@ def _patch_paddle(paddle) -> None:
     except ImportError as exc:  # the Paddle scaler is another module of this project
         _say(f"paddle.amp.GradScaler left as is: ampsafe.paddle.scaler unavailable ({exc})")
         return
-    GradScaler = _with_floor(
-        Base, "paddle", {"min_loss_scaling": options["min_scale"], "on_floor": options["on_floor"]}
-    )
-    floor = f"min_loss_scaling={options['min_scale']}, on_floor={options['on_floor']!r}"
+    GradScaler = _with_floor(Base, "paddle", options.scaler_kwargs("paddle"))
+    floor = options.scaler_text("paddle")
     _set(paddle.amp, "GradScaler", GradScaler, f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
     grad_scaler = sys.modules.get("paddle.amp.grad_scaler")
     if grad_scaler is not None:
@@ -292,32 +290,19 @@ def _patch_paddle(paddle) -> None:
 
 
 def _register_ocr(_module) -> None:
-    # registering imports the dbnet package, whose builder import would re-enter here: the outer call does it
-    if _state.get("registering_ocr"):
-        return
-    _state["registering_ocr"] = True
-    try:
-        from ampsafe.patches import register_paddleocr
-
-        done = register_paddleocr()
-    finally:
-        _state["registering_ocr"] = False
+    from ampsafe.patches import register_paddleocr
     from ampsafe.patches.register import ppocr_registration_line
 
+    done = register_paddleocr()
     if done.get("ppocr"):
         _state["changes"].append(f"safe necks registered in PaddleOCR's ppocr: {', '.join(sorted(done['ppocr']))}")
-    if done.get("dbnet"):
-        _state["changes"].append(
-            f"safe necks registered in ampsafe's DBNet builder (not PaddleOCR's): {', '.join(sorted(done['dbnet']))}"
-        )
-    if done.get("dbnet") or done.get("ppocr"):
         _say(ppocr_registration_line(done))
 
 
 def _targets_torchvision(module) -> None:
     from .targets import patch_torchvision
 
-    line = patch_torchvision(module, _state["options"]["on_bad_target"], _set_attr)
+    line = patch_torchvision(module, _state["options"].on_bad_target, _set_attr)
     _state["changes"].append(line)
     _say(line)
 
@@ -325,7 +310,7 @@ def _targets_torchvision(module) -> None:
 def _targets_ppdet(module) -> None:
     from .targets import patch_ppdet
 
-    line = patch_ppdet(module, _state["options"]["on_bad_target"], _set_attr)
+    line = patch_ppdet(module, _state["options"].on_bad_target, _set_attr)
     _state["changes"].append(line)
     _say(line)
 
@@ -395,8 +380,8 @@ def install(
     on_bad_target: str = "raise",
     report: str | None = None,
     emulate_fp16: bool = False,
-) -> dict:
-    """Put ampsafe in place and return the options in force.
+) -> RunOptions:
+    """Put ampsafe in place and return the options in force (a :class:`~ampsafe.run.options.RunOptions`).
 
     A second call with the same options changes nothing; a call with other options (``import ampsafe.auto``
     has already installed the defaults) undoes the first installation and installs again with them, so the
@@ -404,21 +389,27 @@ def install(
 
     The options of ``ampsafe run`` (``on_floor`` heal|raise|clamp, ``min_scale``, ``watch``, ``max_skips``,
     ``on_bad_target`` raise|drop, ``emulate_fp16``); ``report`` is written by ``ampsafe run``'s parent
-    process (in a notebook: ``ampsafe.run.report.write_reports([summary()], dir)``).
+    process (in a notebook: ``ampsafe.run.report.write_reports([summary()], dir)``). A bad value raises
+    :class:`ampsafe.ConfigError` naming it, and the options in force stay as they were.
     """
-    options = validate_options(
-        on_floor,
-        min_scale,
-        watch,
-        quiet,
+    options = RunOptions(
+        on_floor=on_floor,
+        min_scale=min_scale,
+        watch=watch,
+        quiet=quiet,
         max_skips=max_skips,
         on_bad_target=on_bad_target,
         report=report,
         emulate_fp16=emulate_fp16,
     )
+    return install_options(options)
+
+
+def install_options(options: RunOptions) -> RunOptions:
+    """:func:`install` with the options as one value (what ``ampsafe run``'s child reads from its environment)."""
     with _lock:
         if _state["options"] == options:
-            return dict(options)
+            return options
         if _state["options"] is not None:
             uninstall()
             _state["guards"].clear()
@@ -429,11 +420,10 @@ def install(
         _when_imported("torchvision.models.detection.generalized_rcnn", _targets_torchvision)
         _when_imported("ppdet.data.transform.batch_operators", _targets_ppdet)
         _when_imported("ppdet", _register_det)
-        if _state["options"]["emulate_fp16"]:  # ppdet's Trainer passes enable=cfg.use_gpu (amp_emulation)
+        if options.emulate_fp16:  # ppdet's Trainer passes enable=cfg.use_gpu (amp_emulation)
             _when_imported("ppdet.engine.trainer", _emulate_ppdet)
         _when_imported("ppocr.modeling.necks", _register_ocr)
-        _when_imported("ampsafe.workloads.dbnet.builder", _register_ocr)
-        return dict(_state["options"])
+        return options
 
 
 def uninstall() -> None:
@@ -510,7 +500,7 @@ def summary() -> dict:
 
     return {
         "pid": os.getpid(),
-        "options": _state["options"],
+        "options": _state["options"].to_dict() if _state["options"] is not None else None,
         "changes": list(_state["changes"]),
         "scalers": rows,
         "guards": [g.to_dict() for g in _state["guards"]],
@@ -529,17 +519,13 @@ def _write_report() -> None:
         print(f"[ampsafe] could not write the run report: {exc}", file=sys.stderr)
 
 
-def _from_env() -> dict:
-    raw = os.environ.get(ENV_OPTIONS)
-    if not raw:
-        return {}
-    data = json.loads(raw)
-    keys = ("on_floor", "min_scale", "watch", "quiet", "max_skips", "on_bad_target", "report", "emulate_fp16")
-    return {k: data[k] for k in keys if k in data}
+def _from_env() -> RunOptions:
+    """``ampsafe run``'s options (``AMPSAFE_RUN_OPTIONS``), or the defaults; a malformed value is refused."""
+    return RunOptions.from_env()
 
 
-def install_from_env() -> dict:
+def install_from_env() -> RunOptions:
     """Install with ``ampsafe run``'s options (``AMPSAFE_RUN_OPTIONS``), and write this process's summary at exit."""
-    options = install(**_from_env())
+    options = install_options(_from_env())
     atexit.register(_write_report)
     return options

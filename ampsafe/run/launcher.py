@@ -27,27 +27,13 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ConfigError
+from .options import DEFAULT_REPORT_DIR, ENV_OPTIONS, ENV_REPORT, ON_BAD_TARGET, ON_FLOOR, RunOptions
 
-__all__ = ["main", "options_from_config", "validate_options", "format_summary", "SITECUSTOMIZE"]
+__all__ = ["main", "options_from_config", "format_summary", "SITECUSTOMIZE", "RunOptions", "ENV_OPTIONS", "ENV_REPORT"]
 
-# read by ampsafe.auto in the child (this module must not import ampsafe.auto: importing it installs)
-ENV_OPTIONS = "AMPSAFE_RUN_OPTIONS"  # JSON options
-ENV_REPORT = "AMPSAFE_RUN_REPORT"  # a directory: each process of the command writes <pid>.json there at exit
-ON_FLOOR = ("heal", "raise", "clamp")
-ON_BAD_TARGET = ("raise", "drop")
-DEFAULT_REPORT_DIR = "ampsafe-run"
-
-# max_skips: an FP32 run (no ampsafe scaler) stops after more than this many non-finite steps in a row: a
-# handful is a bad batch, ten in a row is a diverged run whose every later step would be skipped too
-DEFAULTS = {
-    "on_floor": "heal",
-    "min_scale": 1.0,
-    "watch": False,
-    "max_skips": 10,
-    "on_bad_target": "raise",
-    "report": DEFAULT_REPORT_DIR,
-    "emulate_fp16": False,  # --emulate-fp16: ampsafe.torch.cuda_emulation / ampsafe.paddle.amp_emulation
-}
+# ENV_OPTIONS / ENV_REPORT are read by ampsafe.auto in the child (this module must not import ampsafe.auto:
+# importing it installs)
+DEFAULTS = {k: v for k, v in RunOptions().to_dict().items() if k != "quiet"}  # what an `ampsafe:` section may set
 
 SITECUSTOMIZE = '''\
 """Written by `ampsafe run`: put ampsafe in place in every Python process of the command."""
@@ -70,42 +56,6 @@ finally:
 '''
 
 
-def validate_options(
-    on_floor: str = "heal",
-    min_scale: float = 1.0,
-    watch: bool = False,
-    quiet: bool = False,
-    *,
-    max_skips: int = 10,
-    on_bad_target: str = "raise",
-    report: str | None = DEFAULT_REPORT_DIR,
-    emulate_fp16: bool = False,
-) -> dict:
-    """The options in force, checked; :class:`ConfigError` names the bad one."""
-    if on_floor not in ON_FLOOR:
-        raise ConfigError(f"on_floor must be one of {', '.join(ON_FLOOR)}, got {on_floor!r}")
-    try:
-        min_scale = float(min_scale)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"min_scale must be a number, got {min_scale!r}") from exc
-    if not min_scale >= 0:  # 0: no floor (the frameworks' own behaviour)
-        raise ConfigError(f"min_scale must be >= 0, got {min_scale}")
-    if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
-        raise ConfigError(f"max_skips must be an int >= 0, got {max_skips!r}")
-    if on_bad_target not in ON_BAD_TARGET:
-        raise ConfigError(f"on_bad_target must be one of {', '.join(ON_BAD_TARGET)}, got {on_bad_target!r}")
-    return {
-        "on_floor": on_floor,
-        "min_scale": min_scale,
-        "watch": bool(watch),
-        "quiet": bool(quiet),
-        "max_skips": max_skips,
-        "on_bad_target": on_bad_target,
-        "report": None if report in (None, "") else str(report),
-        "emulate_fp16": bool(emulate_fp16),  # the emulators' install() is called by ampsafe.auto
-    }
-
-
 def _disabled_text(reason: str) -> str:
     return reason if reason.startswith("disabled") else f"disabled ({reason})"
 
@@ -121,6 +71,12 @@ def format_summary(reports: list[dict]) -> str:
         lines.append(f"ampsafe run summary: {len(scalers)} GradScaler(s)")
     elif guards:
         lines.append("ampsafe run summary: the script created no GradScaler; its optimizer steps were guarded")
+    elif any(g.get("unchecked_steps") for r in reports for g in r.get("guards", [])):
+        n = sum(g.get("unchecked_steps", 0) for r in reports for g in r.get("guards", []))
+        lines.append(
+            f"ampsafe run summary: no GradScaler; {n} optimizer steps ran and none was checked by ampsafe "
+            "(their optimizer's step is not a torch.optim.Optimizer step the guard wraps)"
+        )
     else:
         lines.append("ampsafe run summary: no GradScaler and no optimizer step (nothing was guarded)")
     for pid, s in scalers:
@@ -229,33 +185,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve(args, command: list[str]) -> tuple[dict, str]:
+def _resolve(args, command: list[str]) -> tuple[RunOptions, str]:
     config = _config_path(command)
     from_config = options_from_config(config) if config is not None and config.is_file() else {}
-    options = dict(DEFAULTS)
-    options.update(from_config)
-    cli = {
-        "on_floor": args.on_floor,
-        "min_scale": args.min_scale,
-        "watch": args.watch,
-        "max_skips": args.max_skips,
-        "on_bad_target": args.on_bad_target,
-        "report": args.report,
-        "emulate_fp16": args.emulate_fp16,
-    }
-    options.update({k: v for k, v in cli.items() if v is not None})
     source = f" (ampsafe: section of {config})" if from_config else ""
-    keys = ("max_skips", "on_bad_target", "report", "emulate_fp16")
-    resolved = validate_options(
-        options["on_floor"], options["min_scale"], options["watch"], args.quiet, **{k: options[k] for k in keys}
-    )
-    return resolved, source
+    return RunOptions.from_cli(args, from_config), source
 
 
-def _child_env(options: dict, site_dir: str, report_dir: str) -> dict:
+def _child_env(options: RunOptions, site_dir: str, report_dir: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir, env.get("PYTHONPATH", "")) if p)
-    env[ENV_OPTIONS] = json.dumps(options)
+    env[ENV_OPTIONS] = options.to_env()
     env[ENV_REPORT] = report_dir
     return env
 
@@ -270,19 +210,24 @@ def _reports(report_dir: str) -> list[dict]:
     return out
 
 
-def _write_run_report(reports: list[dict], options: dict, command: list[str]) -> None:
+def _write_run_report(reports: list[dict], options: RunOptions, command: list[str], returncode: int) -> None:
     """``--report DIR``: report.md / report.json / scale.png per process, and where they are."""
-    if not options.get("report"):
+    if not options.report:
         return
     from .report import write_reports
 
     try:
-        run_args = ["--emulate-fp16"] if options.get("emulate_fp16") else []  # what the next run needs again
+        run_args = ["--emulate-fp16"] if options.emulate_fp16 else []  # what the next run needs again
         written = write_reports(
-            reports, Path(options["report"]), config=_config_path(command), command=command, run_args=run_args
+            reports,
+            Path(options.report),
+            config=_config_path(command),
+            command=command,
+            run_args=run_args,
+            returncode=returncode,
         )
     except OSError as exc:
-        print(f"ampsafe run: could not write the report into {options['report']}: {exc}", flush=True)
+        print(f"ampsafe run: could not write the report into {options.report}: {exc}", flush=True)
         return
     for path, headline in written:
         print(f"ampsafe run: report {path}: {headline}", flush=True)
@@ -298,11 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     options, source = _resolve(args, command)
     print(
         f"ampsafe run: torch.amp / torch.cuda.amp GradScaler and paddle.amp.GradScaler -> ampsafe's scalers with "
-        f"the script's arguments plus min_scale={options['min_scale']}, on_floor={options['on_floor']!r}"
-        f"{', watch' if options['watch'] else ''}{source}; other optimizer steps guarded (max_skips="
-        f"{options['max_skips']}); detection targets checked (on_bad_target={options['on_bad_target']!r})"
-        f"{'; float16 emulated on the CPU' if options['emulate_fp16'] else ''}; safe necks registered for "
-        "PaddleOCR / ppdet / dbnet",
+        f"the script's arguments plus {options.scaler_text('torch')}"
+        f"{', watch' if options.watch else ''}{source}; other optimizer steps guarded (max_skips="
+        f"{options.max_skips}); detection targets checked (on_bad_target={options.on_bad_target!r})"
+        f"{'; float16 emulated on the CPU' if options.emulate_fp16 else ''}; safe necks registered for "
+        "PaddleOCR / ppdet",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="ampsafe-run-") as tmp:
@@ -326,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     else:
-        print(format_summary(reports), flush=True)
-        _write_run_report(reports, options, command)
+        print(format_summary(reports, returncode), flush=True)
+        _write_run_report(reports, options, command, returncode)
     if returncode:
         print(f"ampsafe run: the command exited with status {returncode}", flush=True)
     return returncode

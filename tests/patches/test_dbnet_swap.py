@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 import ampsafe.workloads as workloads
-from ampsafe.patches import register_paddleocr, swap_neck
+from ampsafe.patches import swap_neck
 from ampsafe.patches.paddleocr_necks import AmpSafeDBFPN
 
 # config -> the neck class its rewrite must build (PP-OCRv3's student: RSEFPN on MobileNetV3 without SE)
@@ -19,21 +19,18 @@ DB_CONFIGS = {
 }
 
 
-def test_register_paddleocr_is_idempotent_and_fills_the_dbnet_builder():
+def test_dbnet_builder_builds_every_patches_neck_with_nothing_registered():
     from ampsafe.workloads.dbnet import builder
 
-    register_paddleocr()
     before = dict(builder.NECKS)
-    again = register_paddleocr()
-    assert again["dbnet"] == []  # nothing new the second time
-    assert builder.NECKS == before
-    assert builder.NECKS["AmpSafeDBFPN"] is AmpSafeDBFPN
-    assert {"AmpSafeRSEFPN", "AmpSafeLKPAN", "RSEFPN", "LKPAN"} <= set(builder.NECKS)
+    necks = builder._necks()
+    assert builder.NECKS == before == {"DBFPN": builder.DBFPN}  # looked up, not registered into the builder
+    assert necks["AmpSafeDBFPN"] is AmpSafeDBFPN
+    assert {"AmpSafeRSEFPN", "AmpSafeLKPAN", "RSEFPN", "LKPAN"} <= set(necks)
 
 
 @pytest.mark.parametrize("rel", sorted(DB_CONFIGS))
 def test_swapped_db_config_builds_with_the_dbnet_builder(upstream, tmp_path, rel):
-    register_paddleocr()
     original = workloads.build("dbnet", config=upstream / rel, image_size=64, batch_size=1)
     swapped = workloads.build(
         "dbnet", config=swap_neck(upstream / rel, out=tmp_path / "s.yml"), image_size=64, batch_size=1
@@ -71,7 +68,6 @@ def _overflowing_steps(config, steps: int, lr: float) -> list[int]:
 
 @pytest.mark.slow
 def test_swapped_dbnet_has_no_overflowing_step_where_the_original_overflows(upstream, tmp_path):
-    register_paddleocr()
     rel = "PaddleOCR/configs/det/det_mv3_db.yml"
     original = _overflowing_steps(upstream / rel, steps=12, lr=0.05)
     swapped = _overflowing_steps(swap_neck(upstream / rel, out=tmp_path / "s.yml"), steps=12, lr=0.05)
@@ -85,7 +81,6 @@ def test_paddleocr_checkpoint_loads_into_swapped_model_missing_only_the_new_batc
 
     import numpy as np
 
-    register_paddleocr()
     reference = np.load(upstream / "PaddleOCR/reference/det_mv3_db/state_dict.npz")
     config = swap_neck(upstream / "PaddleOCR/configs/det/det_mv3_db.yml", out=tmp_path / "s.yml")
     model = workloads.build("dbnet", config=config, image_size=64, batch_size=1).model

@@ -112,7 +112,7 @@ def test_command_line_beats_config_and_bad_options_are_refused(tmp_path, capsys)
     config.write_text("ampsafe:\n  on_floor: clamp\n  min_scale: 8\n")
     args = _parser().parse_args(["--min-scale", "2", "--", "python", "train.py", "-c", str(config)])
     options, source = _resolve(args, args.command[1:])
-    assert options["min_scale"] == 2.0 and options["on_floor"] == "clamp" and str(config) in source
+    assert options.min_scale == 2.0 and options.on_floor == "clamp" and str(config) in source
     config.write_text("ampsafe:\n  on_floor: clamp\n  speed: 11\n")
     with pytest.raises(ampsafe.ConfigError, match=r"unknown keys in `ampsafe:` \['speed'\]"):
         main(["--", sys.executable, "train.py", "-c", str(config)])
@@ -134,8 +134,6 @@ def test_import_ampsafe_auto_patches_in_process_and_uninstalls():
         "assert auto.summary()['scalers'][0]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"
         "c = torch.cuda.amp.GradScaler(init_scale=4.0, enabled=False)\n"
         "assert isinstance(c, Safe) and auto.summary()['scalers'][1]['class'] == 'ampsafe.torch.scaler.GradScaler'\n"
-        "from ampsafe.workloads.dbnet import builder\n"  # the post-import hook registered the safe necks
-        "assert builder.NECKS['AmpSafeDBFPN'].__module__ == 'ampsafe.patches.paddleocr_necks'\n"
         "auto.uninstall()\n"
         "assert not isinstance(torch.amp.GradScaler('cpu'), Safe)\n"
         "print('ok')\n"
@@ -147,7 +145,7 @@ def test_import_ampsafe_auto_patches_in_process_and_uninstalls():
 @pytest.mark.parametrize("value", ["sometimes", "x"])
 def test_install_rejects_bad_on_floor(value):
     import ampsafe
-    from ampsafe.run.launcher import validate_options
+    from ampsafe.run.options import RunOptions
 
     with pytest.raises(ampsafe.ConfigError, match="on_floor must be one of"):
-        validate_options(on_floor=value)
+        RunOptions(on_floor=value)

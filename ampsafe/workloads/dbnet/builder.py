@@ -1,7 +1,8 @@
 """A small registry that builds a DBNet from a PaddleOCR ``Architecture`` section.
 
-Other parts of ampsafe add parts by name (``register_neck("DBFPN_AMPSafe", cls)``), the way PaddleOCR's own
-``build_neck`` looks names up, so a swapped config builds here too. Each part is called as PaddleOCR calls it:
+Parts are looked up by name, the way PaddleOCR's own ``build_neck`` looks them up: the workload's own, those
+added with ``register_neck(name, cls)``, then every PaddleOCR neck :mod:`ampsafe.patches` builds (the AMP-safe
+ones and the upstream-compatible RSEFPN/LKPAN), so a swapped config builds here with nothing registered. Each part is called as PaddleOCR calls it:
 ``cls(in_channels=<previous part's out_channels>, **section_without_name)`` and must set ``out_channels``.
 """
 
@@ -69,6 +70,13 @@ class DBNet(nn.Layer):
         return self.head(self.neck(self.backbone(x)), targets=data)
 
 
+def _necks() -> dict[str, type]:
+    """The necks a config may name: ampsafe.patches' PaddleOCR necks, with this builder's own winning."""
+    from ampsafe.patches.register import paddleocr_classes
+
+    return {**paddleocr_classes(), **NECKS}
+
+
 def _build_part(registry: dict, kind: str, section: Any, in_channels) -> nn.Layer:
     if not isinstance(section, dict) or "name" not in section:
         raise ConfigError(f"Architecture.{kind} must be a mapping with a 'name', got {section!r}")
@@ -106,7 +114,7 @@ def build_model(arch: dict) -> DBNet:
     if arch.get("Transform"):
         raise ConfigError("Architecture.Transform is not supported (DB configs leave it empty)")
     backbone = _build_part(BACKBONES, "Backbone", arch.get("Backbone"), 3)
-    neck = _build_part(NECKS, "Neck", arch.get("Neck"), backbone.out_channels)
+    neck = _build_part(_necks(), "Neck", arch.get("Neck"), backbone.out_channels)
     head = _build_part(HEADS, "Head", arch.get("Head"), neck.out_channels)
     return DBNet(backbone, neck, head)
 
