@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 from .errors import MissingFrameworkError, UnsupportedModelError
@@ -36,15 +37,12 @@ def require(framework: str) -> ModuleType:
 def framework_of(model) -> str:
     """Return ``"torch"`` or ``"paddle"`` for a model, looking through DDP/DataParallel wrappers.
 
-    Only frameworks that are already imported are consulted: a model of a framework cannot exist
-    without it having been imported.
+    Each registered backend is asked whether the model is one of its modules; only frameworks that are
+    already imported are consulted: a model of a framework cannot exist without it having been imported.
     """
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(model, torch.nn.Module):
-        return TORCH
-    paddle = sys.modules.get("paddle")
-    if paddle is not None and isinstance(model, paddle.nn.Layer):
-        return PADDLE
+    for backend in imported_backends():
+        if isinstance(model, backend.module_type):
+            return backend.name
     raise UnsupportedModelError(
         f"expected a torch.nn.Module or a paddle.nn.Layer, got {type(model).__module__}.{type(model).__name__}"
     )
@@ -65,12 +63,31 @@ def unwrap(model):
         return model
 
 
+def _torch_backend():
+    from .torch.backend import BACKEND
+
+    return BACKEND
+
+
+def _paddle_backend():
+    from .paddle.backend import BACKEND
+
+    return BACKEND
+
+
+# The registry of backends: framework name (also its top-level module) -> the function that loads its Backend.
+# A new framework is one package ``ampsafe/<name>/`` and one line here.
+REGISTRY: dict[str, Callable[[], object]] = {TORCH: _torch_backend, PADDLE: _paddle_backend}
+
+
 def backend_named(framework: str):
-    """The :class:`~ampsafe.core.backend.Backend` of ``"torch"`` or ``"paddle"`` (one instance each, cached)."""
+    """The :class:`~ampsafe.core.backend.Backend` of a registered framework (one instance each, cached)."""
     backend = _BACKENDS.get(framework)
     if backend is None:
+        if framework not in REGISTRY:
+            raise UnsupportedModelError(f"no ampsafe backend for {framework!r}; registered: {', '.join(REGISTRY)}")
         require(framework)
-        backend = _BACKENDS[framework] = importlib.import_module(f"ampsafe.{framework}.backend").BACKEND
+        backend = _BACKENDS[framework] = REGISTRY[framework]()
     return backend
 
 
@@ -81,7 +98,7 @@ def backend_of(model):
 
 def imported_backends() -> list:
     """The backends of the frameworks this process has already imported (none is imported here)."""
-    return [backend_named(name) for name in (TORCH, PADDLE) if name in sys.modules]
+    return [backend_named(name) for name in REGISTRY if name in sys.modules]
 
 
 def call(model, example_inputs):

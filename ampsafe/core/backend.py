@@ -98,9 +98,9 @@ class Backend(Protocol):
 
 
 class AdapterModules:
-    """The Backend methods written once for every framework: walking nested outputs, and handing over to the
-    rest of the adapter package (its ``trace``, ``watch`` and ``patch`` modules, imported on first use so that
-    resolving a backend stays cheap). Subclasses live in ``ampsafe.<name>.backend``, beside that package."""
+    """The Backend methods written once for every framework: walking nested outputs. Subclasses live in
+    ``ampsafe.<name>.backend`` and reach their package's ``trace``, ``watch`` and ``patch`` modules with plain
+    imports inside the methods that need them, so resolving a backend stays cheap."""
 
     def tensors(self, obj) -> list:
         """The tensors in a nested output: lists, tuples (namedtuples included) and dict values, in order."""
@@ -111,24 +111,6 @@ class AdapterModules:
         if isinstance(obj, (list, tuple)):
             return [t for v in obj for t in self.tensors(v)]
         return []
-
-    def _adapter_module(self, name: str):
-        import importlib
-
-        return importlib.import_module(f"{type(self).__module__.rpartition('.')[0]}.{name}")
-
-    def trace(self, model, example_inputs, **options) -> Graph:
-        return self._adapter_module("trace").trace(model, example_inputs, **options)
-
-    def trace_hooks(self, model, *, level: str, target: str):
-        return self._adapter_module("trace").trace_hooks(model, level=level, target=target)
-
-    def watch(self, model, **options):
-        return self._adapter_module("watch").Watch(model, **options)
-
-    @property
-    def patcher(self):
-        return self._adapter_module("patch").ADAPTER
 
 
 def owner_of(backend: Backend, optimizer, candidates: Iterable | None = None):

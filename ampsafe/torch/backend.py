@@ -113,5 +113,27 @@ class TorchBackend(core.AdapterModules):
     def forward_pre_hook(self, model, fn):
         return model.register_forward_pre_hook(lambda m, args, kwargs: fn(args, kwargs), with_kwargs=True)
 
+    # -- the rest of the adapter package
+    def trace(self, model, example_inputs, **options):
+        from . import trace
+
+        return trace.trace(model, example_inputs, **options)
+
+    def trace_hooks(self, model, *, level: str, target: str):
+        from . import trace
+
+        return trace.trace_hooks(model, level=level, target=target)
+
+    def watch(self, model, **options):
+        from . import watch
+
+        return watch.Watch(model, **options)
+
+    @property
+    def patcher(self):
+        from . import patch
+
+        return patch.ADAPTER
+
 
 BACKEND = TorchBackend()
