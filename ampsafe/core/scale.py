@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Optional
@@ -31,6 +33,8 @@ from ..errors import ConfigError, LossScaleFloorError
 __all__ = [
     "ScalePolicy",
     "LossScaleState",
+    "clamp_initial_scale",
+    "policy_for",
     "StepDecision",
     "ScalerStats",
     "HealRecord",
@@ -67,6 +71,8 @@ class ScalePolicy:
 
     def __post_init__(self) -> None:
         self.validate()
+        if self.dynamic:
+            self.init_scale = clamp_initial_scale(self.init_scale, self.min_scale, self.max_scale)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the bad field and what it must be."""
@@ -87,17 +93,67 @@ class ScalePolicy:
             problems.append(f"min_scale ({self.min_scale}) must be <= max_scale ({self.max_scale})")
         if not (math.isfinite(self.init_scale) and self.init_scale > 0):
             problems.append(f"the initial scale must be finite and > 0 (got {self.init_scale})")
-        elif self.dynamic and not problems and not self.min_scale <= self.init_scale <= self.max_scale:
-            problems.append(
-                f"the initial scale {self.init_scale} must lie in [min_scale, max_scale] = "
-                f"[{self.min_scale}, {self.max_scale}]"
-            )
         if self.on_floor not in ON_FLOOR:
             problems.append(f"on_floor must be one of {ON_FLOOR} (got {self.on_floor!r})")
         if self.product not in ("float64", "float32"):
             problems.append(f"product must be 'float64' or 'float32' (got {self.product!r})")
         if problems:
             raise ConfigError("invalid loss-scale policy: " + "; ".join(problems))
+
+
+def policy_for(active: bool, **fields) -> ScalePolicy:
+    """The :class:`ScalePolicy` of a scaler: validated when the scaler is ``active``; for a disabled one, whatever
+    the framework's disabled scaler accepts is accepted (a bad field falls back to its default, silently), since
+    a disabled scaler never uses its policy."""
+    if active:
+        return ScalePolicy(**fields)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return ScalePolicy(**fields)
+        except (ConfigError, TypeError, ValueError):
+            keep = {k: fields[k] for k in ("on_floor", "product") if k in fields}
+            try:
+                return ScalePolicy(**keep)
+            except ConfigError:
+                return ScalePolicy(product=keep.get("product", "float64"))
+
+
+SCALE_NAMES = ("init_scale", "min_scale", "max_scale")
+
+
+def clamp_initial_scale(init: float, min_scale: float, max_scale: float, names: tuple = SCALE_NAMES) -> float:
+    """``init`` clamped into ``[min_scale, max_scale]``, with one warning that says so and how to widen the bound.
+
+    Why clamp and not refuse: the frameworks accept any positive initial scale (torch's own tests start at 1e38),
+    so a script or library that starts high must still build ampsafe's scaler; the floor and cap are what
+    ampsafe promises, and they hold from the first step. ``names``: the caller's spelling of the three
+    arguments (``init_loss_scaling``, ``min_loss_scaling``, ``max_loss_scaling`` for Paddle).
+    """
+    init = float(init)
+    if min_scale <= init <= max_scale:
+        return init
+    init_name, min_name, max_name = names
+    if init > max_scale:
+        bound, side, name = float(max_scale), "above", max_name
+    else:
+        bound, side, name = float(min_scale), "below", min_name
+    widen = "float('inf')" if side == "above" else "0"
+    warnings.warn(
+        f"{init_name}={init!r} lies {side} {name}={bound!r}: the scale starts at {bound!r}. To start at "
+        f"{init!r}, pass {name}={init!r} (or {name}={widen}, the framework's unbounded scale).",
+        UserWarning,
+        stacklevel=_user_stacklevel(),
+    )
+    return bound
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside ampsafe: the warning points at the line that built the scaler."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "ampsafe":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @dataclass(frozen=True)
@@ -179,7 +235,10 @@ class ScalerStats:
 
 
 def _f32(x: float) -> np.float32:
-    return np.float32(x)
+    """``x`` rounded to float32; beyond float32's range it is ``inf``, as in the frameworks, without NumPy's
+    overflow warning (a neutral scaler, ``max_scale=inf``, may grow past float32 and keep its old scale)."""
+    with np.errstate(over="ignore"):
+        return np.float32(x)
 
 
 class LossScaleState:
@@ -204,7 +263,8 @@ class LossScaleState:
     def _times(self, factor: float) -> np.float32:
         if self.policy.product == "float64":
             return _f32(float(self.scale) * float(factor))
-        return self.scale * _f32(factor)
+        with np.errstate(over="ignore"):
+            return self.scale * _f32(factor)
 
     @property
     def at_floor(self) -> bool:
@@ -318,7 +378,11 @@ class LossScaleState:
         }
         if "on_floor" in sd:
             changes["on_floor"] = sd["on_floor"]
-        candidate = ScalePolicy(**{**asdict(p), **changes, "init_scale": float(sd.get("scale", p.init_scale))})
+        bounds = {"min_scale": p.min_scale, "max_scale": p.max_scale, **changes}
+        loaded = float(sd.get("scale", p.init_scale))
+        # a loaded scale outside the bounds is kept as loaded (as update(new_scale) keeps one): no clamp, no warning
+        init = min(max(loaded, bounds["min_scale"]), bounds["max_scale"]) if loaded > 0 else p.init_scale
+        candidate = ScalePolicy(**{**asdict(p), **changes, "init_scale": init})
         self.policy = candidate
         self.scale = _f32(sd.get("scale", float(self.scale)))
         self.growth_tracker = int(sd.get("_growth_tracker", 0))

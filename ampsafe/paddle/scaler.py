@@ -26,35 +26,33 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections import defaultdict, deque
-from enum import Enum
 from typing import Any, Callable, Optional
 
 import numpy as np
 import paddle
+from paddle.amp import grad_scaler as _paddle_grad_scaler
 
 from ..core.scale import (
     FloorInfo,
     LossScaleState,
-    ScalePolicy,
     ScalerStats,
     StepDecision,
+    clamp_initial_scale,
     names_from_live_modules,
+    policy_for,
 )
 from ..errors import ConfigError
 from ..healing.scaler import HealingScaler
 from .grads import nonfinite_params, unscale_and_check_
 
-__all__ = ["GradScaler", "OptimizerState"]
+__all__ = ["GradScaler", "OptimizerState", "amp_scaler"]
 
-
-class OptimizerState(Enum):
-    INIT = 0
-    UNSCALED = 1
-    STEPPED = 2
+OptimizerState = _paddle_grad_scaler.OptimizerState  # Paddle's enum: per-optimizer states compare equal to Paddle's
+_NAMES = ("init_loss_scaling", "min_loss_scaling", "max_loss_scaling")
 
 
 def _fresh_state() -> dict[str, Any]:
-    return {"state": OptimizerState.INIT}
+    return _paddle_grad_scaler._refresh_optimizer_state()
 
 
 _CPU_REASON = (
@@ -71,8 +69,11 @@ def _fp16_emulated() -> bool:
     return amp_emulation.active() or _innermost_emulator() is not None
 
 
-class GradScaler(HealingScaler):
-    """Drop-in for :class:`paddle.amp.GradScaler` (same arguments and methods).
+class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
+    """Drop-in for :class:`paddle.amp.GradScaler` (same arguments and methods), and a subclass of it (so of
+    ``AmpScaler``): Paddle's private state keeps Paddle's meaning (``_scale``, ``_init_loss_scaling``,
+    ``_incr_ratio``, ``_decr_ratio``, ``_incr_every_n_steps``, ``_decr_every_n_nan_or_inf``, ``_incr_count``,
+    ``_decr_count``, ``_found_inf``, ``_cache_found_inf``, ``_optimizer_states``), as views of the state machine.
 
     Extra keyword-only arguments: ``min_loss_scaling`` / ``max_loss_scaling`` (floor, cap), ``on_floor``
     (``"raise"``, ``"clamp"``, ``"heal"``), ``group`` (ranks that agree on ``found_inf``; default: the global
@@ -96,6 +97,10 @@ class GradScaler(HealingScaler):
     Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
     and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
     them: ``scaler.add_step_callback(fn)``, ``ampsafe.heal(model, scaler=scaler)``.
+
+    An ``init_loss_scaling`` outside ``[min_loss_scaling, max_loss_scaling]`` is clamped into it with one warning;
+    a disabled scaler accepts whatever Paddle's disabled scaler accepts. In static mode (PIR programs) it builds
+    Paddle's in-program loss scaling with its floor and cap (see :meth:`minimize`).
     """
 
     def __init__(
@@ -140,8 +145,11 @@ class GradScaler(HealingScaler):
             self.disabled_reason = "disabled by the script (enable=False)"
         self._use_dynamic_loss_scaling = bool(use_dynamic_loss_scaling) and self._enable and not self._guard
         init = 1.0 if self._guard else init_loss_scaling
+        if self._use_dynamic_loss_scaling and _clampable(init, min_loss_scaling, max_loss_scaling):
+            init = clamp_initial_scale(init, min_loss_scaling, max_loss_scaling, _NAMES)
         self._core = LossScaleState(
-            ScalePolicy(
+            policy_for(
+                self._enable,
                 init_scale=init,
                 growth_factor=incr_ratio,
                 backoff_factor=decr_ratio,
@@ -156,10 +164,11 @@ class GradScaler(HealingScaler):
         )
         if callback is not None:
             self._core.callbacks.append(callback)
-        self._init_loss_scaling = init if self._enable else 1.0
+        self._init_loss_scaling = float(self._core.policy.init_scale) if self._enable else 1.0
         self._group = group
         self._model = model
-        self._scale = self._scale_tensor()
+        self._static = not paddle.in_dynamic_mode()
+        self._scale = self._static_scale() if self._static else self._scale_tensor()
         self._found_inf = None
         self._cache_found_inf = None
         self._optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
@@ -171,6 +180,119 @@ class GradScaler(HealingScaler):
     def _scale_tensor(self):
         return paddle.to_tensor(np.array([self._core.scale], dtype=np.float32))
 
+    # -- static graphs (PIR programs) ----------------------------------------------------------------------------------
+    def _static_scale(self):
+        """The persistable float32 scale of a static program (as Paddle's ``AmpScaler`` builds it), or None when
+        disabled. The program's ops update it; the host state stays at its initial values."""
+        if not self._enable or self._guard:
+            return None
+        if not paddle.framework.in_pir_mode():
+            raise ConfigError(
+                "ampsafe.paddle.GradScaler supports static graphs as PIR programs (Paddle's default since 3.0); "
+                "this program uses the legacy IR: set FLAGS_enable_pir_api=1, or use paddle.amp.GradScaler here"
+            )
+        from paddle.base import unique_name
+
+        return paddle.pir.core.create_persistable_value(
+            dtype="float32",
+            shape=[1],
+            name=unique_name.generate("loss_scaling"),
+            initializer=paddle.nn.initializer.ConstantInitializer(value=float(self._core.scale)),
+        )
+
+    def _static_fallback_note(self) -> None:
+        """Say once per process what a static program cannot do, and what this scaler does instead."""
+        if _STATIC_NOTE["said"]:
+            return
+        _STATIC_NOTE["said"] = True
+        policy = self._core.policy
+        lost = []
+        if policy.on_floor != "clamp":
+            lost.append(f"on_floor={policy.on_floor!r} (the floor holds in the program, as on_floor='clamp')")
+        if self._patience is not None:
+            lost.append(f"patience={self._patience}")
+        if self._guard:
+            lost.append("fp32_guard")
+        warnings.warn(
+            "ampsafe.paddle.GradScaler in a static graph: the program updates the scale (Paddle's "
+            "update_loss_scaling, then ampsafe's floor and cap), so what needs eager execution is unavailable: "
+            + (", ".join(lost) + ", " if lost else "")
+            + "healing, the sentinel and the step statistics. It runs as the plain robust scaler.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _static_minimize(self, optimizer, *args: Any, **kwargs: Any):
+        """Paddle's static ``minimize`` (its ``OptimizerWithMixedPrecision`` appends check_finite_and_unscale and
+        update_loss_scaling), then the floor and cap as one in-place clip of the persistable scale."""
+        self._static_fallback_note()
+        if self._guard:  # no scale to update: the program's optimizer runs as written
+            return optimizer.minimize(*args, **kwargs)
+        result = _paddle_grad_scaler.AmpScaler.minimize(self, optimizer, *args, **kwargs)
+        policy = self._core.policy
+        if self._use_dynamic_loss_scaling and (policy.min_scale > 0 or np.isfinite(policy.max_scale)):
+            low = float(np.float32(policy.min_scale))
+            high = float(np.float32(policy.max_scale)) if np.isfinite(policy.max_scale) else float(np.finfo("f4").max)
+            paddle._C_ops.clip_(self._scale, low, high)
+        return result
+
+    # -- Paddle's private state, with Paddle's meaning (views of the state machine) ----------------------------------
+    @property
+    def _incr_ratio(self) -> float:
+        return self._core.policy.growth_factor
+
+    @_incr_ratio.setter
+    def _incr_ratio(self, value: float) -> None:
+        self._set_policy(growth_factor=value)
+
+    @property
+    def _decr_ratio(self) -> float:
+        return self._core.policy.backoff_factor
+
+    @_decr_ratio.setter
+    def _decr_ratio(self, value: float) -> None:
+        self._set_policy(backoff_factor=value)
+
+    @property
+    def _incr_every_n_steps(self) -> int:
+        return self._core.policy.growth_interval
+
+    @_incr_every_n_steps.setter
+    def _incr_every_n_steps(self, value: int) -> None:
+        self._set_policy(growth_interval=value)
+
+    @property
+    def _decr_every_n_nan_or_inf(self) -> int:
+        return self._core.policy.hysteresis
+
+    @_decr_every_n_nan_or_inf.setter
+    def _decr_every_n_nan_or_inf(self, value: int) -> None:
+        self._set_policy(hysteresis=value)
+
+    @property
+    def _incr_count(self) -> int:
+        return self._core.growth_tracker
+
+    @_incr_count.setter
+    def _incr_count(self, value: int) -> None:
+        self._core.growth_tracker = int(value)
+
+    @property
+    def _decr_count(self) -> int:
+        return self._core.overflow_tracker
+
+    @_decr_count.setter
+    def _decr_count(self, value: int) -> None:
+        self._core.overflow_tracker = int(value)
+
+    def _unscale(self, optimizer) -> None:
+        """Paddle's private name for :meth:`unscale_`."""
+        self.unscale_(optimizer)
+
+    def _update(self) -> None:
+        """Paddle's private name for one loss-scale update from ``_cache_found_inf`` (with the floor handling)."""
+        self._advance()
+
     # -- extras --------------------------------------------------------------------------------------------------------
     @property
     def stats(self) -> ScalerStats:
@@ -179,8 +301,11 @@ class GradScaler(HealingScaler):
     # -- scale / unscale -----------------------------------------------------------------------------------------------
     def scale(self, var):
         """``var * loss_scaling`` (unchanged when disabled, in the FP32 guard, or with a bfloat16 auto_cast)."""
+        if self._static and isinstance(var, paddle.pir.Value):
+            self._static_fallback_note()
+            return _paddle_grad_scaler.AmpScaler.scale(self, var)
         if not isinstance(var, paddle.Tensor):
-            raise TypeError(f"GradScaler.scale() expects a paddle.Tensor, got {type(var).__name__}")
+            raise TypeError(f"GradScaler.scale() expects a paddle.Tensor or a PIR Value, got {type(var).__name__}")
         if self._use_dynamic_loss_scaling and _amp_dtype() == "bfloat16":
             self._enable = self._use_dynamic_loss_scaling = False
             self._init_loss_scaling = 1.0
@@ -249,7 +374,10 @@ class GradScaler(HealingScaler):
             self._advance()
 
     def minimize(self, optimizer, *args: Any, **kwargs: Any):
-        """``step`` + ``update`` through ``optimizer.minimize(*args, **kwargs)``; returns what that returns."""
+        """``step`` + ``update`` through ``optimizer.minimize(*args, **kwargs)``; returns what that returns. In a
+        static program it appends Paddle's in-program loss scaling, then the floor and cap, to the program."""
+        if self._static and self._enable:
+            return self._static_minimize(optimizer, *args, **kwargs)
         if not self._enable:
             return optimizer.minimize(*args, **kwargs)
         result = self._optimizer_step(optimizer, lambda: optimizer.minimize(*args, **kwargs))
@@ -341,10 +469,14 @@ class GradScaler(HealingScaler):
         return self._init_loss_scaling
 
     def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
-        """As Paddle's: also resets the current scale to the new value."""
-        self._core.set_scale(new_init_loss_scaling)
+        """As Paddle's: also resets the current scale to the new value (clamped into the bounds, with a warning)."""
+        value = new_init_loss_scaling
+        policy = self._core.policy
+        if policy.dynamic and _clampable(value, policy.min_scale, policy.max_scale):
+            value = clamp_initial_scale(value, policy.min_scale, policy.max_scale, _NAMES)
+        self._core.set_scale(value)
         self._set_policy(init_scale=float(self._core.scale))
-        self._init_loss_scaling = new_init_loss_scaling
+        self._init_loss_scaling = new_init_loss_scaling if value == new_init_loss_scaling else value
         self._scale = self._scale_tensor()
 
     def get_incr_ratio(self) -> float:
@@ -370,14 +502,6 @@ class GradScaler(HealingScaler):
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
         self._set_policy(hysteresis=new_decr_every_n_nan_or_inf)
-
-    @property
-    def _incr_count(self) -> int:
-        return self._core.growth_tracker
-
-    @property
-    def _decr_count(self) -> int:
-        return self._core.overflow_tracker
 
     def state_dict(self) -> dict:
         """Paddle's keys (``scale`` as a float32 array of shape [1], ``incr_ratio``, ..., ``incr_count``,
@@ -456,6 +580,54 @@ class GradScaler(HealingScaler):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self._scale = self._scale_tensor()
+
+
+_STATIC_NOTE = {"said": False}
+
+
+def _clampable(init, low, high) -> bool:
+    """The bounds and the initial scale are numbers the policy accepts (else the policy names what is wrong)."""
+    numbers = all(isinstance(v, (int, float, np.floating, np.integer)) for v in (init, low, high))
+    return numbers and 0 <= low <= high and np.isfinite(init) and init > 0
+
+
+def amp_scaler(base: type) -> type:
+    """``base`` (ampsafe's GradScaler or a subclass) with ``paddle.amp.AmpScaler``'s defaults
+    (``init_loss_scaling=2**15``, ``incr_every_n_steps=1000``): what a script that builds an ``AmpScaler`` gets.
+
+    Example::
+
+        AmpScaler = amp_scaler(ampsafe.paddle.GradScaler)
+        scaler = AmpScaler(init_loss_scaling=1024)   # scale / minimize as Paddle's AmpScaler
+    """
+
+    class AmpScaler(base):
+        """ampsafe's scaler with ``paddle.amp.AmpScaler``'s signature and defaults."""
+
+        def __init__(
+            self,
+            enable: bool = True,
+            init_loss_scaling: float = 2.0**15,
+            incr_ratio: float = 2.0,
+            decr_ratio: float = 0.5,
+            incr_every_n_steps: int = 1000,
+            decr_every_n_nan_or_inf: int = 1,
+            use_dynamic_loss_scaling: bool = True,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(
+                enable,
+                init_loss_scaling,
+                incr_ratio,
+                decr_ratio,
+                incr_every_n_steps,
+                decr_every_n_nan_or_inf,
+                use_dynamic_loss_scaling,
+                **kwargs,
+            )
+
+    AmpScaler.__module__ = base.__module__
+    return AmpScaler
 
 
 def _amp_state() -> tuple:

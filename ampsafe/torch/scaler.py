@@ -25,40 +25,45 @@ hit ``loss = nan``).
 
 A pickle (``pickle``, ``copy.deepcopy``, ``torch.save(scaler)``) carries the scale state, not ``model=``, the
 callbacks or the heal hook: re-attach those after loading (``state_dict()`` is the checkpoint format, as torch's).
+
+It is a subclass of :class:`torch.amp.GradScaler` (as torch's ``ShardedGradScaler`` is), so libraries that
+type-check their scaler accept it, and torch's private state keeps torch's meaning: ``_scale`` (the float32 scale
+tensor, created at the first ``scale``), ``_growth_tracker`` / ``_init_growth_tracker``, ``_init_scale``,
+``_growth_factor`` / ``_backoff_factor`` / ``_growth_interval`` and ``_per_optimizer_states`` (torch's
+``{"stage", "found_inf_per_device"}`` per optimizer). The scale decisions stay on the host, so the growth tracker
+is a view of the host's: reading ``_growth_tracker`` gives a fresh int32 tensor, assigning one sets it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import warnings
 from collections import abc, defaultdict, deque
-from enum import Enum
 from typing import Any, Callable, Optional
 
 import torch
+from torch.amp import grad_scaler as _torch_grad_scaler
 
 from ..core.scale import (
     FloorInfo,
     LossScaleState,
-    ScalePolicy,
     ScalerStats,
     StepDecision,
+    clamp_initial_scale,
     names_from_live_modules,
+    policy_for,
 )
 from ..healing.scaler import HealingScaler
 from .device_scale import DeviceSteps
 from .grads import nonfinite_params, unscale_and_check_
 
-__all__ = ["GradScaler", "OptState"]
+__all__ = ["GradScaler", "OptState", "device_scaler"]
 
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
 
-
-class OptState(Enum):
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
+OptState = _torch_grad_scaler.OptState  # torch's enum: per-optimizer states compare equal to torch's
 
 
 def _autocast_state() -> tuple:
@@ -70,11 +75,17 @@ def _autocast_state() -> tuple:
 
 
 def _fresh_state() -> dict[str, Any]:
-    # found_inf_host: the step's verdict once synced (None until then); offenders: names, only at the floor
-    return {"stage": OptState.READY, "found_inf_per_device": {}, "found_inf_host": None, "reduced": False}
+    """torch's per-optimizer state (``_refresh_per_optimizer_state``): what torch's own methods and tests read."""
+    return _torch_grad_scaler._refresh_per_optimizer_state()
 
 
-class GradScaler(HealingScaler):
+def _fresh_info() -> dict[str, Any]:
+    """ampsafe's per-optimizer extras beside torch's state: ``found_inf_host`` (the step's verdict once synced,
+    None until then), ``reduced`` (found_inf all-reduced), ``offenders`` / ``optimizer`` (only at the floor)."""
+    return {"found_inf_host": None, "reduced": False}
+
+
+class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
     """Drop-in for :class:`torch.amp.GradScaler` (same arguments, methods and per-optimizer protocol).
 
     Extra keyword-only arguments: ``min_scale`` / ``max_scale`` (floor and cap), ``hysteresis`` (consecutive
@@ -97,6 +108,9 @@ class GradScaler(HealingScaler):
     Pickling keeps the policy, scale, trackers and statistics and leaves ``model``, ``callback``, ``heal_hook``
     and instance-wrapped methods behind (they belong to the training loop); after ``pickle.loads`` re-attach
     them: ``scaler.add_step_callback(fn)``, ``ampsafe.heal(model, scaler=scaler)``.
+
+    An ``init_scale`` outside ``[min_scale, max_scale]`` is clamped into it, with one warning that names the
+    bound to widen; bounds that contradict each other raise :class:`~ampsafe.ConfigError`.
     """
 
     def __init__(
@@ -130,7 +144,11 @@ class GradScaler(HealingScaler):
             self.disabled_reason = "disabled (CUDA not available)"
         self._guard = bool(fp32_guard)
         self._active = self._enabled or self._guard
-        policy = ScalePolicy(
+        if self._enabled and isinstance(min_scale, (int, float)) and isinstance(max_scale, (int, float)):
+            if 0 <= min_scale <= max_scale and math.isfinite(init_scale) and init_scale > 0:
+                init_scale = clamp_initial_scale(init_scale, min_scale, max_scale)
+        policy = policy_for(
+            self._active,
             init_scale=1.0 if self._guard else init_scale,
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,
@@ -149,6 +167,7 @@ class GradScaler(HealingScaler):
         self._model = model
         self._scale: Optional[torch.Tensor] = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
+        self._step_info: dict[int, dict[str, Any]] = defaultdict(_fresh_info)
         self._losses: deque = deque(maxlen=16)
         self._device_decisions = device_decisions
         self._device_steps = DeviceSteps()  # steps of self-unscaling optimizers decided on the device
@@ -162,11 +181,82 @@ class GradScaler(HealingScaler):
         self._reconcile()
         return self._core.stats
 
+    # -- torch's private state, with torch's meaning (views of the host state machine) ------------------------------
+    @property
+    def _init_scale(self) -> float:
+        """torch: the value ``_scale`` is created with at the first ``scale()``; here the host's current scale."""
+        return float(self._core.scale)
+
+    @_init_scale.setter
+    def _init_scale(self, value: float) -> None:
+        self._reconcile()
+        self._core.set_scale(value)
+        if self._scale is not None:
+            self._scale.fill_(float(self._core.scale))
+
+    @property
+    def _init_growth_tracker(self) -> int:
+        """torch: the growth tracker ``_growth_tracker`` starts from (after a pickle or ``load_state_dict``)."""
+        self._reconcile()
+        return self._core.growth_tracker
+
+    @_init_growth_tracker.setter
+    def _init_growth_tracker(self, value: int) -> None:
+        self._reconcile()
+        self._core.growth_tracker = int(value)
+
+    @property
+    def _growth_tracker(self) -> Optional[torch.Tensor]:
+        """torch: the int32 growth-tracker tensor beside ``_scale`` (None before the first ``scale()``). The host
+        decides the steps, so this is a fresh tensor holding the host's tracker; assign one to set it."""
+        if self._scale is None:
+            return None
+        self._reconcile()
+        return torch.full((), self._core.growth_tracker, dtype=torch.int32, device=self._scale.device)
+
+    @_growth_tracker.setter
+    def _growth_tracker(self, value) -> None:
+        if value is not None:
+            self._reconcile()
+            self._core.growth_tracker = int(value)
+
+    @property
+    def _growth_factor(self) -> float:
+        return self._core.policy.growth_factor
+
+    @_growth_factor.setter
+    def _growth_factor(self, value: float) -> None:
+        self._set_policy(growth_factor=value)
+
+    @property
+    def _backoff_factor(self) -> float:
+        return self._core.policy.backoff_factor
+
+    @_backoff_factor.setter
+    def _backoff_factor(self, value: float) -> None:
+        self._set_policy(backoff_factor=value)
+
+    @property
+    def _growth_interval(self) -> int:
+        return self._core.policy.growth_interval
+
+    @_growth_interval.setter
+    def _growth_interval(self, value: int) -> None:
+        self._set_policy(growth_interval=value)
+
     # -- scale tensor ------------------------------------------------------------------------------------------------
     def _lazy_init_scale(self, device: torch.device) -> torch.Tensor:
         if self._scale is None:
             self._scale = torch.full((), float(self._core.scale), dtype=torch.float32, device=device)
         return self._scale
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        """torch's name: create ``_scale`` on ``dev`` (the growth tracker lives on the host)."""
+        self._lazy_init_scale(dev)
+
+    def _check_scale_growth_tracker(self, funcname: str) -> tuple:
+        """torch's name: ``(_scale, _growth_tracker)``, or the AssertionError torch raises before any ``scale()``."""
+        return self._check_scale(funcname), self._growth_tracker
 
     def _check_scale(self, funcname: str) -> torch.Tensor:
         if self._scale is None:
@@ -250,16 +340,16 @@ class GradScaler(HealingScaler):
     def _found_inf_per_device(self, optimizer) -> dict:
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
-    def _combined_found_inf(self, state: dict) -> torch.Tensor:
+    def _combined_found_inf(self, state: dict, info: dict) -> torch.Tensor:
         """One found_inf tensor on the scale's device, all-reduced (MAX) over the process group."""
         values = list(state["found_inf_per_device"].values())
         device = self._scale.device
         combined = values[0] if values[0].device == device else values[0].to(device)
         for v in values[1:]:
             combined = combined + v.to(device)
-        if not state["reduced"]:
+        if not info["reduced"]:
             combined = self._all_reduce(combined)
-            state["reduced"] = True
+            info["reduced"] = True
         state["found_inf_per_device"] = {device: combined}
         return combined
 
@@ -271,12 +361,13 @@ class GradScaler(HealingScaler):
 
     # -- step / update -----------------------------------------------------------------------------------------------
     def _maybe_opt_step(self, optimizer, state: dict, *args, **kwargs):
-        found_inf = bool(self._reconcile(self._combined_found_inf(state)))  # the step's one host sync, as in torch
-        state["found_inf_host"] = found_inf
+        info = self._step_info[id(optimizer)]
+        found_inf = bool(self._reconcile(self._combined_found_inf(state, info)))  # the step's one host sync
+        info["found_inf_host"] = found_inf
         if not found_inf:
             return optimizer.step(*args, **kwargs)
         if self._core.at_floor:  # rare path: name the offenders while their gradients still exist
-            state["offenders"] = nonfinite_params(optimizer)
+            info["offenders"] = nonfinite_params(optimizer)
         return None
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any):
@@ -314,7 +405,8 @@ class GradScaler(HealingScaler):
             return retval
         if state["stage"] is OptState.READY:
             self._check_inf_per_device(optimizer)
-        found_inf = self._combined_found_inf(state)
+        info = self._step_info[id(optimizer)]
+        found_inf = self._combined_found_inf(state, info)
         unscaled = state["stage"] is OptState.UNSCALED
         optimizer.grad_scale = (
             getattr(optimizer, "grad_scale", None) if unscaled else self._scale * getattr(optimizer, "grad_scale", 1)
@@ -326,7 +418,7 @@ class GradScaler(HealingScaler):
             del optimizer.grad_scale
             del optimizer.found_inf
         state["stage"] = OptState.STEPPED
-        state["optimizer"] = optimizer
+        info["optimizer"] = optimizer
         return retval
 
     def update(self, new_scale: Optional[float | torch.Tensor] = None) -> None:
@@ -340,23 +432,25 @@ class GradScaler(HealingScaler):
 
     def _update(self, new_scale) -> Optional[StepDecision]:
         scale = self._check_scale("update")
-        states = list(self._per_optimizer_states.values())
+        infos = self._step_info
+        states = [(s, infos[key]) for key, s in self._per_optimizer_states.items()]
         self._per_optimizer_states = defaultdict(_fresh_state)
+        self._step_info = defaultdict(_fresh_info)
         if new_scale is not None:
             self._losses.clear()
             self._reconcile()
             self._set_scale(new_scale, scale)
             return None
-        checked = [s for s in states if s["found_inf_per_device"]]
+        checked = [(s, i) for s, i in states if s["found_inf_per_device"]]
         if not checked:
             raise AssertionError("No inf checks were recorded prior to update.")
         found_inf = False
         pending = []
-        for s in checked:
-            if s["found_inf_host"] is None:
-                pending.append(self._combined_found_inf(s))
+        for s, i in checked:
+            if i["found_inf_host"] is None:
+                pending.append(self._combined_found_inf(s, i))
             else:
-                found_inf = found_inf or s["found_inf_host"]
+                found_inf = found_inf or i["found_inf_host"]
         if pending:  # optimizers that skipped on device, or unscale_ without step
             total = pending[0]
             for t in pending[1:]:
@@ -368,9 +462,9 @@ class GradScaler(HealingScaler):
             if bool(self._reconcile(total)):
                 found_inf = True
                 if self._core.at_floor:
-                    for s in checked:
-                        if s["found_inf_host"] is None and "optimizer" in s:
-                            s["offenders"] = nonfinite_params(s["optimizer"])
+                    for _, i in checked:
+                        if i["found_inf_host"] is None and "optimizer" in i:
+                            i["offenders"] = nonfinite_params(i["optimizer"])
         before = self._core.scale
         decision = self._core.update(found_inf)
         if self._core.scale != before:
@@ -378,7 +472,7 @@ class GradScaler(HealingScaler):
         losses = list(self._losses)
         self._losses.clear()
         if decision.floor_hit and decision.on_floor != "clamp":
-            offenders = [name for s in checked for name in s.get("offenders", ())]
+            offenders = [name for _, i in checked for name in i.get("offenders", ())]
             self._on_floor(decision, offenders, losses)
         return decision
 
@@ -517,6 +611,7 @@ class GradScaler(HealingScaler):
         state["_scale"] = None  # created again, on the device of the next scale() call
         state["_losses"] = deque(maxlen=16)
         state["_per_optimizer_states"] = defaultdict(_fresh_state)
+        state["_step_info"] = defaultdict(_fresh_info)
         state["_device_steps"] = DeviceSteps()
         return state
 
@@ -525,4 +620,41 @@ class GradScaler(HealingScaler):
         if state.pop("_dev", None) is not None or state.pop("_lag", 0):  # pickled before ampsafe.torch.device_scale
             raise AssertionError("this pickled GradScaler holds steps decided on the device and never reconciled")
         state.setdefault("_device_steps", DeviceSteps())
+        state.setdefault("_step_info", defaultdict(_fresh_info))
         super().__setstate__(state)
+
+
+def device_scaler(base: type, device: str) -> type:
+    """``base`` (ampsafe's GradScaler or a subclass) with the signature of ``torch.{device}.amp.GradScaler``: the
+    device fixed (no ``device`` argument) and torch's FutureWarning that this spelling is deprecated, so a script
+    that uses the old alias sees what it saw with torch's class.
+
+    Example::
+
+        CudaGradScaler = device_scaler(ampsafe.torch.GradScaler, "cuda")
+        scaler = CudaGradScaler(init_scale=2.0**12)   # FutureWarning, as torch.cuda.amp.GradScaler(...)
+    """
+
+    class DeviceGradScaler(base):
+        """ampsafe's scaler with the device fixed (``torch.cuda.amp`` / ``torch.cpu.amp`` signature)."""
+
+        def __init__(
+            self,
+            init_scale: float = 2.0**16,
+            growth_factor: float = 2.0,
+            backoff_factor: float = 0.5,
+            growth_interval: int = 2000,
+            enabled: bool = True,
+            **kwargs: Any,
+        ) -> None:
+            warnings.warn(
+                f"`torch.{device}.amp.GradScaler(args...)` is deprecated. "
+                f"Please use `torch.amp.GradScaler('{device}', args...)` instead.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
+
+    DeviceGradScaler.__name__ = DeviceGradScaler.__qualname__ = f"{device.capitalize()}GradScaler"
+    DeviceGradScaler.__module__ = base.__module__
+    return DeviceGradScaler

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -189,7 +190,8 @@ def test_resume_from_json_state_dict_reproduces_uninterrupted_run():
         (dict(backoff_factor=1.0), "backoff_factor"),
         (dict(hysteresis=0), "hysteresis"),
         (dict(min_scale=4.0, max_scale=2.0, init_scale=3.0), "min_scale"),
-        (dict(init_scale=2.0**30), "initial scale"),
+        (dict(init_scale=0.0), "initial scale"),
+        (dict(init_scale=float("inf")), "initial scale"),
         (dict(on_floor="ignore"), "on_floor"),
         (dict(growth_interval=0), "growth_interval"),
     ],
@@ -207,3 +209,28 @@ def test_step_callback_receives_every_decision():
         state.update(f)
     assert [d.step for d in seen] == [0, 1, 2, 3]
     assert [d.next_scale for d in seen] == [4.0, 4.0, 8.0, 4.0]
+
+
+@pytest.mark.parametrize("init, expected, bound", [(2.0**30, 2.0**24, "max_scale"), (0.25, 1.0, "min_scale")])
+def test_initial_scale_outside_the_bounds_is_clamped_with_one_warning_naming_the_bound(init, expected, bound):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = LossScaleState(ScalePolicy(init_scale=init))
+    assert float(state.scale) == expected
+    assert len(caught) == 1 and f"pass {bound}={init!r}" in str(caught[0].message)
+    assert caught[0].filename == __file__  # points at the line that built it, not into ampsafe
+
+
+def test_contradictory_bounds_still_raise_even_with_a_clampable_initial_scale():
+    with pytest.raises(ConfigError, match="min_scale"):
+        ScalePolicy(init_scale=2.0**30, min_scale=8.0, max_scale=4.0)
+
+
+def test_a_neutral_policy_growing_past_float32_keeps_its_scale_without_numpy_warnings():
+    state = LossScaleState(
+        ScalePolicy(init_scale=1e38, growth_factor=16.0, growth_interval=1, min_scale=0.0, max_scale=float("inf"))
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decision = state.update(False)
+    assert float(state.scale) == float(np.float32(1e38)) and not decision.grew and state.growth_tracker == 0
