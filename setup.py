@@ -24,6 +24,11 @@ setup(
     install_requires=["numpy", "pyyaml", "ruamel.yaml"],
     extras_require={
         "torch": ["torch>=2.1", "torchvision"],
+        # the trainers `ampsafe run` integrates with (tests/trainers); never needed by `import ampsafe`
+        "hf": ["torch>=2.1", "transformers>=5", "accelerate>=1.0"],
+        "lightning": ["torch>=2.1", "lightning>=2.4"],
+        "mmengine": ["torch>=2.1", "mmengine>=0.10"],
+        "ultralytics": ["torch>=2.1", "ultralytics>=8.3"],
         # PaddleDetection / PaddleOCR runtime needs (ppdet itself goes in with --no-deps, see requirements-dev.txt)
         "det": [
             "opencv-python-headless",

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import ConfigError, LossScaleFloorError
+from .verdict import HealVerdict
 
 __all__ = [
     "ScalePolicy",
@@ -200,8 +201,12 @@ class FloorInfo:
     scale_before_collapse: float  # the scale of the last clean step
     scale_history: tuple
     scale_independent: Optional[bool]  # True: the loss itself was non-finite; None: unknown
-    verdict: Optional[str] = None  # what the replay of the last batch measured (a sentence), None: not replayed
-    where: Optional[str] = None  # "forward" | "backward" | "data" | "loss" | "none" | "not replayed" | None
+    verdict: Optional[HealVerdict] = None  # what the replay of the last batch measured; None: not replayed
+
+    @property
+    def where(self) -> Optional[str]:
+        """The measured pass (:data:`ampsafe.core.verdict.WHERE`), None when nothing was measured."""
+        return self.verdict.where if self.verdict is not None else None
 
 
 @dataclass
@@ -224,14 +229,6 @@ class ScalerStats:
             "scale_history": list(self.scale_history),
             "heals": [asdict(h) for h in self.heals],
         }
-
-    def load_dict(self, data: dict) -> None:
-        self.total_steps = int(data.get("total_steps", 0))
-        self.skipped_steps = int(data.get("skipped_steps", 0))
-        self.overflow_steps = int(data.get("overflow_steps", 0))
-        self.floor_hits = int(data.get("floor_hits", 0))
-        self.scale_history = deque((float(s) for s in data.get("scale_history", ())), maxlen=HISTORY)
-        self.heals = [HealRecord(**{**h, "paths": tuple(h["paths"])}) for h in data.get("heals", ())]
 
 
 def _f32(x: float) -> np.float32:
@@ -352,6 +349,8 @@ class LossScaleState:
         return state
 
     def state_dict(self) -> dict:
+        """The scaling state a checkpoint resumes from. The run's records (:class:`ScaleStats`: steps, skips,
+        floor hits, heals) are not in it: a script that reloads a checkpoint mid-run keeps counting."""
         p = self.policy
         return {
             "scale": float(self.scale),
@@ -365,7 +364,6 @@ class LossScaleState:
             "on_floor": p.on_floor,
             "_overflow_tracker": self.overflow_tracker,
             "_last_clean_scale": self.last_clean_scale,
-            "stats": self.stats.to_dict(),
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -388,14 +386,12 @@ class LossScaleState:
         self.growth_tracker = int(sd.get("_growth_tracker", 0))
         self.overflow_tracker = int(sd.get("_overflow_tracker", 0))
         self.last_clean_scale = float(sd.get("_last_clean_scale", float(self.scale)))
-        if "stats" in sd:
-            self.stats.load_dict(sd["stats"])
 
 
 def floor_message(info: FloorInfo, min_scale: float, hysteresis: int, on_floor: str = "raise", why: str = "") -> str:
     """The sentence a :class:`LossScaleFloorError` carries: where (as measured), how the scale fell, what to do.
 
-    ``info.verdict`` is what the replay of the last batch measured (``ampsafe.healing.verdict``); without one
+    ``info.verdict`` is what the replay of the last batch measured (a :class:`HealVerdict`); without one
     the pass is said to be unknown, never inferred from the loss. ``why``: why ``on_floor='heal'`` did not heal.
     """
     named = (
@@ -405,10 +401,10 @@ def floor_message(info: FloorInfo, min_scale: float, hysteresis: int, on_floor: 
     if len(info.offenders) > 8:
         named += f" and {len(info.offenders) - 8} more"
     history = ", ".join(f"{s:g}" for s in info.scale_history[-12:])
-    if info.verdict:
-        where = f"Replayed under ampsafe.watch, the last batch overflows in {info.verdict}."
+    if info.verdict is not None:
+        where = f"Replayed under ampsafe.watch, the last batch overflows in {info.verdict.text}."
         if info.where == "not replayed":
-            where = f"The last batch was {info.verdict}."
+            where = f"The last batch was {info.verdict.text}."
     else:
         where = "Which pass overflowed was not measured (no replay of the last batch)."
     return (
@@ -527,6 +523,9 @@ class ScalerBase:
                 plan = hook(self, info)
             except LossScaleFloorError as exc:
                 why = str(exc).removeprefix("not healed: ")
+                verdict = getattr(exc, "verdict", None)  # the hook's own findings added to the measured verdict
+                if verdict is not None:
+                    info = replace(info, verdict=verdict)
                 raise floor_error(info, policy, why=why) from exc
             self.apply_heal(decision.step, plan, info)
             return
@@ -552,8 +551,9 @@ class ScalerBase:
     def __getstate__(self) -> dict:
         """What ``pickle`` (also ``copy.deepcopy``, ``torch.save(scaler)``) carries: the policy, the scale, the
         trackers and the statistics, never the training loop around them. Left behind (they would drag the model
-        into the pickle, or can't be pickled at all): ``model=``, the step callbacks, ``heal_hook`` and methods
-        wrapped on the instance (``ampsafe.heal(..., patience=)``, ``ampsafe run --watch``). After loading the
+        into the pickle, or can't be pickled at all): ``model=``, the step callbacks, ``heal_hook`` (and the
+        patience ``ampsafe.heal(..., patience=)`` attached) and methods wrapped on the instance (``ampsafe run
+        --watch``). After loading the
         scaler works; it names parameters from the live modules as without ``model=``. Re-attach what you
         need: ``add_step_callback(fn)``, ``ampsafe.heal(model, scaler=scaler)``."""
         state = {

@@ -523,7 +523,6 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
             "max_loss_scaling": core["max_scale"],
             "on_floor": core["on_floor"],
             "_last_clean_scale": core["_last_clean_scale"],
-            "stats": core["stats"],
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -549,7 +548,7 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         for ours, key in (("min_scale", "min_loss_scaling"), ("max_scale", "max_loss_scaling")):
             if key in sd:
                 core[ours] = sd[key]
-        for key in ("on_floor", "_last_clean_scale", "stats"):
+        for key in ("on_floor", "_last_clean_scale"):
             if key in sd:
                 core[key] = sd[key]
         self._use_dynamic_loss_scaling = bool(sd.get("use_dynamic_loss_scaling", self._use_dynamic_loss_scaling))

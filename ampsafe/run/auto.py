@@ -20,7 +20,9 @@ from __future__ import annotations
 import atexit
 import importlib.abc
 import json
+import logging
 import os
+import re
 import sys
 import threading
 from typing import Any, Callable
@@ -116,20 +118,119 @@ def _track(scaler, framework: str, user_kwargs: dict) -> None:
         records = entry["steps"]
 
         def record(decision) -> None:  # the report's per-step plot: step, scale, overflow, floor hit
+            if "holder" not in entry:  # the first step: the scaler has resolved its model, still alive now
+                _note_holder(scaler, entry)
             if len(records) < STEP_RECORDS:
                 records.append((decision.step, float(decision.scale), bool(decision.found_inf), decision.floor_hit))
 
         scaler.add_step_callback(record)
+        scaler.add_step_callback(_backoff_scan(scaler, entry))
+        scaler.add_step_callback(_hf_follow(scaler))
     if _state["options"].watch:
         _arm_watch(scaler)
 
 
-def _with_floor(base: type, framework: str, extra: dict, map_device: Callable | None = None) -> type:
+def _scale_of(scaler) -> float | None:
+    for getter in ("get_scale", "get_loss_scaling"):
+        if hasattr(scaler, getter):
+            try:
+                value = getattr(scaler, getter)()
+                return float(value.item() if hasattr(value, "item") else value)
+            except Exception:  # noqa: BLE001 - an inactive scaler: no scale
+                return None
+    return None
+
+
+def _reloaded(scaler, before: float | None) -> None:
+    """The scaler's state was loaded from a checkpoint: an event of the run (the report lists it)."""
+    entry = next((e for e in _state["scalers"] if e["scaler"] is scaler), None)
+    if entry is None:
+        return
+    steps = entry["steps"]
+    event = {"after_step": steps[-1][0] if steps else None, "scale_before": before, "scale_after": _scale_of(scaler)}
+    entry.setdefault("reloads", []).append(event)
+    _say(
+        f"the script loaded its GradScaler's state (a checkpoint reload) after step {event['after_step']}: scale "
+        f"{before} -> {event['scale_after']}; the run's counters and heal records are kept"
+    )
+
+
+def _note_holder(scaler, entry: dict) -> None:
+    """The object the user holds around the scaler's model and the model's path in it
+    (:mod:`ampsafe.run.holder`): the report's paths are made relative to it."""
+    entry["holder"], entry["holder_path"] = None, ""
+    model = getattr(scaler, "model", None)
+    if model is None or not hasattr(scaler, "_backend"):
+        return
+    from .holder import holder_of
+
+    holder, path = holder_of(scaler._backend(), model)
+    entry["holder"] = type(holder).__name__ if holder is not None else None
+    entry["holder_path"] = path
+
+
+BACKOFF_SCAN_AT = 3  # overflowing steps above the floor before the report's scan looks at the batch
+
+
+def _backoff_scan(scaler, entry: dict) -> Callable:
+    """Many backoffs without a floor hit are lost steps the summary counts; at the ``BACKOFF_SCAN_AT``-th one
+    the step's batch (the scaler's capture, still held during ``update()``) is scanned once, so the report can
+    name the paths near float16's edge and the island line for them (``entry["backoff_scan"]``)."""
+    seen = [0]
+
+    def on_step(decision) -> None:
+        if not decision.found_inf or decision.floor_hit or "backoff_scan" in entry:
+            return
+        seen[0] += 1
+        if seen[0] < BACKOFF_SCAN_AT:
+            return
+        entry["backoff_scan"] = result = {"step": decision.step, "paths": [], "modules": []}
+        model, capture = getattr(scaler, "model", None), getattr(scaler, "capture", None)
+        latest = capture.latest if capture is not None else None
+        if model is None or latest is None or latest[1]:
+            result["error"] = "no captured batch to scan" if latest is None or model is None else "keyword inputs"
+            return
+        try:
+            import ampsafe
+
+            with capture.paused():
+                report = ampsafe.scan(model, latest[0])
+        except Exception as exc:  # the scan is advice for the report: a failure is reported, training goes on
+            result["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        risky = [p for p in report.paths if p.risky and not p.protected]
+        result["paths"] = [p.start for p in risky]
+        layers = list(dict.fromkeys(layer for p in risky for layer in p.layers))
+        # a container listed as a consumer (an op in its own forward) would island all it holds: its members do
+        result["modules"] = [m for m in layers if m and not any(o.startswith(m + ".") for o in layers)]
+
+    return on_step
+
+
+class _Alias(type):
+    """The metaclass of the classes ``ampsafe run`` puts in place of a framework's scaler class: ``isinstance`` /
+    ``issubclass`` against the patched name also answer as against the class it replaced (``_replaces``), so a
+    scaler the framework or a library built before (or ampsafe's own, built directly) still passes a library's
+    ``isinstance(scaler, torch.amp.GradScaler)`` check."""
+
+    _replaces: type | None = None
+
+    def __instancecheck__(cls, obj) -> bool:
+        return type.__instancecheck__(cls, obj) or (cls._replaces is not None and isinstance(obj, cls._replaces))
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return type.__subclasscheck__(cls, sub) or (cls._replaces is not None and issubclass(sub, cls._replaces))
+
+
+def _with_floor(
+    base: type, framework: str, extra: dict, map_device: Callable | None = None, replaces: type | None = None
+) -> type:
     """``base`` with ``ampsafe run``'s floor as default keyword arguments (the script's own arguments win); its
-    ``step`` / ``minimize`` tell the FP32 guard that the optimizer steps inside are the scaler's."""
+    ``step`` / ``minimize`` tell the FP32 guard that the optimizer steps inside are the scaler's. ``replaces``:
+    the framework class it stands for (``isinstance`` against it still holds, see :class:`_Alias`)."""
     from .guard import through_scaler
 
-    class GradScaler(base):
+    class GradScaler(base, metaclass=_Alias):
         def __init__(self, *args, **kwargs):
             user = dict(kwargs)
             for key, value in extra.items():
@@ -148,6 +249,14 @@ def _with_floor(base: type, framework: str, extra: dict, map_device: Callable | 
             with through_scaler(self):
                 return super().step(optimizer, *args, **kwargs)
 
+        def load_state_dict(self, state_dict, *args, **kwargs):
+            """A trainer reloading a checkpoint mid-run (ultralytics' NaN recovery reloads ``last.pt``) loads
+            the scale state (the run's counters and heal records are not part of it); the reload is an event."""
+            before = _scale_of(self)
+            result = super().load_state_dict(state_dict, *args, **kwargs)
+            _reloaded(self, before)
+            return result
+
         if hasattr(base, "minimize"):
 
             def minimize(self, optimizer, *args, **kwargs):
@@ -158,36 +267,34 @@ def _with_floor(base: type, framework: str, extra: dict, map_device: Callable | 
         f"ampsafe.{framework}.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."
     )
     GradScaler.__module__ = SHIM_MODULE
+    GradScaler._replaces = replaces
     return GradScaler
 
 
-def _on_device(base: type, device: str) -> type:
-    """``torch.{cuda,cpu}.amp.GradScaler``'s signature (no ``device``) on top of ampsafe's scaler."""
+def _on_device(base: type, device: str, replaces: type | None = None) -> type:
+    """``torch.{cuda,cpu}.amp.GradScaler``'s signature (no ``device``, torch's FutureWarning that the spelling is
+    deprecated) on top of ampsafe's scaler (:func:`ampsafe.torch.scaler.device_scaler`)."""
+    from ampsafe.torch.scaler import device_scaler
 
-    class DeviceGradScaler(base):
-        """ampsafe's scaler with the device fixed (``torch.cuda.amp`` / ``torch.cpu.amp`` signature)."""
-
-        def __init__(
-            self,
-            init_scale=2.0**16,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            growth_interval=2000,
-            enabled=True,
-            **kwargs,
-        ):
-            super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
-
-    DeviceGradScaler.__name__ = DeviceGradScaler.__qualname__ = f"{device.capitalize()}GradScaler"
-    DeviceGradScaler.__module__ = SHIM_MODULE
-    return DeviceGradScaler
+    scaler = device_scaler(base, device)
+    scaler.__module__ = SHIM_MODULE
+    scaler._replaces = replaces
+    return scaler
 
 
 def _torch_scalers(options: dict, map_device: Callable | None = None):
+    """The classes that stand for ``torch.amp.GradScaler``, ``torch.cuda.amp.GradScaler`` and
+    ``torch.cpu.amp.GradScaler``: ampsafe's scaler with the run's floor, the last two with the device fixed."""
+    import torch
+
     from ampsafe.torch.scaler import GradScaler as Base
 
-    scaler = _with_floor(Base, "torch", options.scaler_kwargs("torch"), map_device)
-    return scaler, _on_device(scaler, "cuda"), _on_device(scaler, "cpu")
+    scaler = _with_floor(Base, "torch", options.scaler_kwargs("torch"), map_device, torch.amp.GradScaler)
+    aliases = []
+    for device in ("cuda", "cpu"):
+        amp = getattr(getattr(torch, device, None), "amp", None)
+        aliases.append(_on_device(scaler, device, getattr(amp, "GradScaler", None)))
+    return scaler, *aliases
 
 
 def _emulate(module_name: str) -> Callable | None:
@@ -217,15 +324,25 @@ def _emulate_ppdet(module) -> None:
         _say(line)
 
 
+def _integrate(name: str, module) -> None:
+    """--emulate-fp16: one trainer's integration (:mod:`ampsafe.run.integrations`); its lines go to the banner."""
+    from .integrations import apply
+
+    def tell(line: str) -> None:
+        if line not in _state["changes"]:
+            _state["changes"].append(line)
+            _say(line)
+
+    tell(apply(name, module, _set_attr, tell))
+
+
 def _guard(framework: str, install_fn: Callable, module) -> None:
     """The FP32 guard of one framework's optimizers (:mod:`ampsafe.run.guard`)."""
     from .._framework import backend_named
     from .guard import StepGuard
 
     options = _state["options"]
-    guard = StepGuard(
-        backend_named(framework), None, None, max_skips=options.max_skips, watch=options.watch, say=_say
-    )
+    guard = StepGuard(backend_named(framework), None, None, max_skips=options.max_skips, watch=options.watch, say=_say)
     line = install_fn(module, guard, _set_attr)
     _state["guards"].append(guard)
     _state["changes"].append(line)
@@ -244,23 +361,22 @@ def _patch_torch(torch) -> None:
     map_device = _emulate("ampsafe.torch.cuda_emulation")
     scaler, cuda_scaler, cpu_scaler = _torch_scalers(options, map_device)
     floor = options.scaler_text("torch")
+    import importlib
+
     import torch.amp.grad_scaler  # noqa: F401 (make sure the submodules exist before patching them)
 
+    # every public name that builds a GradScaler, and the module attributes a trainer may reach it through
+    _set(torch, "GradScaler", scaler, f"torch.GradScaler -> ampsafe.torch.GradScaler ({floor})")
     _set(torch.amp, "GradScaler", scaler, f"torch.amp.GradScaler -> ampsafe.torch.GradScaler ({floor})")
     _set(torch.amp.grad_scaler, "GradScaler", scaler, "torch.amp.grad_scaler.GradScaler -> ampsafe.torch.GradScaler")
-    try:
-        import torch.cuda.amp as cuda_amp
-
-        _set(cuda_amp, "GradScaler", cuda_scaler, "torch.cuda.amp.GradScaler -> ampsafe.torch.GradScaler")
-    except ImportError:
-        pass
-    try:
-        import torch.cpu.amp as cpu_amp
-
-        _set(cpu_amp, "GradScaler", cpu_scaler, "torch.cpu.amp.GradScaler -> ampsafe.torch.GradScaler")
-    except ImportError:
-        pass
-    _say(f"torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
+    for device, alias in (("cuda", cuda_scaler), ("cpu", cpu_scaler)):
+        for name in (f"torch.{device}.amp", f"torch.{device}.amp.grad_scaler"):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            _set(module, "GradScaler", alias, f"{name}.GradScaler -> ampsafe.torch.GradScaler (deprecated alias)")
+    _say(f"torch / torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
     from .guard import install_torch
 
     _guard("torch", install_torch, torch)
@@ -277,13 +393,23 @@ def _patch_paddle(paddle) -> None:
     except ImportError as exc:  # the Paddle scaler is another module of this project
         _say(f"paddle.amp.GradScaler left as is: ampsafe.paddle.scaler unavailable ({exc})")
         return
-    GradScaler = _with_floor(Base, "paddle", options.scaler_kwargs("paddle"))
+    from ampsafe.paddle.scaler import amp_scaler
+
+    native = sys.modules.get("paddle.amp.grad_scaler")
+    GradScaler = _with_floor(
+        Base, "paddle", options.scaler_kwargs("paddle"), replaces=getattr(native, "GradScaler", None)
+    )
+    # AmpScaler built as a scaler: its own defaults (init_loss_scaling=2**15, incr_every_n_steps=1000)
+    AmpScaler = amp_scaler(GradScaler)
+    AmpScaler.__module__ = SHIM_MODULE
+    AmpScaler._replaces = getattr(native, "AmpScaler", None)
     floor = options.scaler_text("paddle")
     _set(paddle.amp, "GradScaler", GradScaler, f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
-    grad_scaler = sys.modules.get("paddle.amp.grad_scaler")
-    if grad_scaler is not None:
-        _set(grad_scaler, "GradScaler", GradScaler, "paddle.amp.grad_scaler.GradScaler -> ampsafe.paddle.GradScaler")
-    _say(f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
+    _set(paddle.amp, "AmpScaler", AmpScaler, f"paddle.amp.AmpScaler -> ampsafe.paddle.GradScaler ({floor})")
+    if native is not None:
+        _set(native, "GradScaler", GradScaler, "paddle.amp.grad_scaler.GradScaler -> ampsafe.paddle.GradScaler")
+        _set(native, "AmpScaler", AmpScaler, "paddle.amp.grad_scaler.AmpScaler -> ampsafe.paddle.GradScaler")
+    _say(f"paddle.amp.GradScaler / AmpScaler -> ampsafe.paddle.GradScaler ({floor})")
 
 
 # --------------------------------------------------------------------------------------------- necks, watch
@@ -324,29 +450,102 @@ def _register_det(_module) -> None:
 
 
 def _arm_watch(scaler) -> None:
-    """--watch: on the first ``scale(loss)``, find the model being trained and keep ``ampsafe.watch`` on it."""
-    original = scaler.scale
+    """--watch under a scaler: ``ampsafe.watch`` on the trained model, from its next forward (step 0 when the
+    optimizer came first, as scripts build them), else from the scaler's first update.
 
-    def scale(outputs, *args, **kwargs):
-        scaler.scale = original
-        model = _find_model(scaler)
-        if model is not None:
-            try:
-                import ampsafe
+    A dynamic loss scale absorbs a backward overflow: the step is skipped and the scale backs off. So the run
+    stops only on what the scaler cannot absorb: a non-finite forward value (any scale), a backward overflow at
+    the floor, a non-finite gradient that unscaling would not make finite (NaN, or an op that ran in float32).
+    Routine backoffs are counted (``watch_backoffs`` in the summary) and each named in one line. Nothing on the
+    scaler instance is replaced: the watcher hears the steps through the scaler's step callbacks.
+    """
+    entry = next(e for e in _state["scalers"] if e["scaler"] is scaler)
+    entry.update(watch_backoffs=[], watch_model=None)
+    pending: list = []  # this step's backward event, decided at the scaler's update
 
-                ctx = ampsafe.watch(model)
-                # entered after this step's forward: its next forward is the scaler's next step, and the
-                # watcher numbers passes as the scaler numbers steps (stats.total_steps, from 0)
-                if hasattr(ctx, "_forward_count"):
-                    ctx._forward_count = scaler.stats.total_steps + 1
-                ctx.__enter__()
-                _state["watches"].append(ctx)
-                _say(f"watching {type(model).__name__} for NaN/Inf")
-            except Exception as exc:  # the sentinel is optional here: training goes on without it
-                _say(f"--watch unavailable: {type(exc).__name__}: {exc}")
-        return original(outputs, *args, **kwargs)
+    def on_event(error) -> None:
+        if error.phase == "forward":
+            raise error
+        pending.append(error)
 
-    scaler.scale = scale
+    def start(model) -> None:
+        try:
+            import ampsafe
+
+            _quiet_backward_records()
+            ctx = ampsafe.watch(model, on_nonfinite="record", callback=on_event)
+            # passes are numbered as the scaler numbers its steps (optimizer steps, from 0)
+            ctx.step_source = lambda: scaler.stats.total_steps + getattr(scaler, "_lag", 0)
+            ctx.__enter__()
+        except Exception as exc:  # the sentinel is optional here: training goes on without it
+            _say(f"--watch unavailable: {type(exc).__name__}: {exc}")
+            return
+        _state["watches"].append(ctx)
+        entry["watch_model"] = type(model).__name__
+        _say(f"watching {type(model).__name__} for NaN/Inf (routine loss-scale backoffs are counted, not raised)")
+
+    def on_step(decision) -> None:
+        if entry["watch_model"] is None:
+            model = _find_model(scaler)
+            if model is not None:
+                start(model)
+            return
+        events, pending[:] = list(pending), []
+        if not decision.found_inf:
+            return
+        from ..core.sentinel import OVERFLOW
+
+        event = events[0] if events else None
+        if event is not None and event.kind != OVERFLOW and not _ran_low(event):
+            event.add_note(
+                f"ampsafe run --watch: a non-finite gradient no loss scale makes finite (step {decision.step})"
+            )
+            raise event
+        if decision.floor_hit:
+            if event is None:
+                return  # the scaler's own floor handling (heal / raise / clamp) speaks for it
+            event.add_note(
+                f"ampsafe run --watch: step {decision.step} overflowed at the loss-scale floor ({decision.scale:g})"
+            )
+            raise event
+        where = f"{event.module or '<root>'}:{event.op}" if event is not None else "an unhooked op"
+        entry["watch_backoffs"].append({"step": decision.step, "scale": decision.scale, "where": where})
+        if len(entry["watch_backoffs"]) <= 5:
+            _say(
+                f"step {decision.step}: backward overflow in {where} at scale {decision.scale:g}: routine, the "
+                f"scaler skipped the step and backs off to {decision.next_scale:g}"
+                + (" (further backoffs are counted in the summary)" if len(entry["watch_backoffs"]) == 5 else "")
+            )
+
+    if hasattr(scaler, "add_step_callback"):
+        scaler.add_step_callback(on_step)
+    model = _find_model(scaler)
+    if model is not None:
+        start(model)
+
+
+class _DecidedEvents(logging.Filter):
+    """The watcher logs each recorded event; under ``ampsafe run --watch`` each is decided where it happens (a
+    forward one raised, a backward one raised at the step or counted as a routine backoff with its own line),
+    so its log record would only repeat it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from ..errors import NonFiniteError
+
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and isinstance(args[0], NonFiniteError))
+
+
+def _quiet_backward_records() -> None:
+    logger = logging.getLogger("ampsafe.watch")
+    if not any(isinstance(f, _DecidedEvents) for f in logger.filters):
+        logger.addFilter(_DecidedEvents())
+
+
+def _ran_low(event) -> bool:
+    """Whether a backward event's op ran in float16/bfloat16 (real or emulated), as its message states: a NaN
+    born there (inf - inf of an overflowed gradient) goes away at a smaller scale like an overflow does."""
+    return re.search(r"\(ran in (float16|bfloat16)", str(event)) is not None
 
 
 def _find_model(scaler):
@@ -415,6 +614,7 @@ def install_options(options: RunOptions) -> RunOptions:
             _state["guards"].clear()
             _state["changes"].clear()
         _state["options"] = options
+        _hook_exit()
         _when_imported("torch", _patch_torch)
         _when_imported("paddle", _patch_paddle)
         _when_imported("torchvision.models.detection.generalized_rcnn", _targets_torchvision)
@@ -422,6 +622,11 @@ def install_options(options: RunOptions) -> RunOptions:
         _when_imported("ppdet", _register_det)
         if options.emulate_fp16:  # ppdet's Trainer passes enable=cfg.use_gpu (amp_emulation)
             _when_imported("ppdet.engine.trainer", _emulate_ppdet)
+        if options.emulate_fp16:  # trainers that choose AMP by device type (ampsafe.run.integrations)
+            from .integrations import targets as integration_targets
+
+            for name, target in integration_targets():
+                _when_imported(target, lambda module, _name=name: _integrate(_name, module))
         _when_imported("ppocr.modeling.necks", _register_ocr)
         return options
 
@@ -440,6 +645,7 @@ def uninstall() -> None:
         _state["watches"].clear()
         for guard in _state["guards"]:
             guard.enabled = False  # the optimizer classes it wrapped pass straight through from now on
+            getattr(guard, "stop_tracking", lambda: None)()  # the top-level module calls it watched
         for emulator in reversed(_state["emulators"]):
             emulator.uninstall()
         _state["emulators"].clear()
@@ -458,6 +664,21 @@ def _disabled_reason(scaler) -> str | None:
     if reason is None and not scaler_guards(scaler):
         reason = "disabled (the scaler reports itself disabled)"
     return reason
+
+
+def _hf_follow(scaler):
+    from .hf import follow
+
+    return follow(scaler)
+
+
+def _hf_keep_in_fp32(scaler):
+    from .hf import keep_in_fp32
+
+    try:
+        return keep_in_fp32(scaler)
+    except Exception:  # noqa: BLE001 - an extra line of the report never costs the summary
+        return None
 
 
 def summary() -> dict:
@@ -481,6 +702,17 @@ def summary() -> dict:
         ]
         stats["heals"] = len(heal_records)
         stats["scale_history"] = list(stats.get("scale_history", []))[-5:]
+        prefix, backoff_scan = entry.get("holder_path") or "", entry.get("backoff_scan")
+        if prefix:  # paths relative to the object the user holds (ampsafe.run.holder)
+            from .holder import prefixed
+
+            for h in heal_records:
+                if isinstance(h, dict):
+                    h["paths"] = prefixed(prefix, h["paths"])
+            if backoff_scan:
+                backoff_scan = {
+                    k: prefixed(prefix, v) if k in ("paths", "modules") else v for k, v in backoff_scan.items()
+                }
         base = next(c for c in type(scaler).__mro__ if c.__module__ != SHIM_MODULE)  # ampsafe's class, not the shim
         model = getattr(scaler, "model", None) or getattr(scaler, "_model", None)
         rows.append(
@@ -490,9 +722,14 @@ def summary() -> dict:
                 "script_kwargs": {k: repr(v) for k, v in entry["kwargs"].items()},
                 "scale": scale,
                 "disabled_reason": _disabled_reason(scaler),
-                "model": type(model).__name__ if model is not None else None,
+                "model": entry.get("holder") or (type(model).__name__ if model is not None else None),
+                "model_path": prefix or None,
                 "heal_records": heal_records,
+                "hf_keep_in_fp32": _hf_keep_in_fp32(scaler),  # HF's _keep_in_fp32_modules for the heals (run/hf.py)
                 "steps": list(entry["steps"]),
+                "watch_backoffs": list(entry.get("watch_backoffs") or [])[-100:],
+                "backoff_scan": backoff_scan,
+                "reloads": list(entry.get("reloads") or []),
                 **stats,
             }
         )
@@ -505,13 +742,48 @@ def summary() -> dict:
         "scalers": rows,
         "guards": [g.to_dict() for g in _state["guards"]],
         "targets": target_stats(),
+        "ended": _state.get("ended"),
     }
+
+
+def _note_exception(exc_type, exc, tb) -> None:
+    """``sys.excepthook``: the error that ended the run, quoted in the summary and the report."""
+    if exc_type is not None and not issubclass(exc_type, KeyboardInterrupt):
+        first = (str(exc).splitlines() or [""])[0]
+        _state["ended"] = {"exception": f"{exc_type.__name__}: {first}"[:500]}
+    _state["excepthook"](exc_type, exc, tb)
+
+
+def _note_exit(code=None):
+    """``sys.exit``: the script's own exit status and where it asked for it (torchvision's engine exits 1 on a
+    non-finite loss before any optimizer step)."""
+    frame = sys._getframe(1)
+    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    _state["ended"] = {"exit": code if code is None or isinstance(code, int) else str(code)[:500], "where": where}
+    _state["sys_exit"](code)
+
+
+def _hook_exit() -> None:
+    _state["ended"] = None
+    _state["excepthook"], _state["sys_exit"] = sys.excepthook, sys.exit
+    _set_attr(sys, "excepthook", _note_exception)
+    _set_attr(sys, "exit", _note_exit)
+
+
+def _explain_exit() -> None:
+    """The script stopped with a forward no optimizer step followed: replay it once in float32 (FP32 guard)."""
+    if any(g.exit_origin for g in _state["guards"]):
+        return
+    for guard in _state["guards"]:
+        if guard.explain_exit() is not None:
+            return
 
 
 def _write_report() -> None:
     directory = os.environ.get(ENV_REPORT)
     if not directory or _state["options"] is None:
         return
+    _explain_exit()
     try:
         with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as fh:
             json.dump(summary(), fh, default=repr)

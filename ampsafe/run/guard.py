@@ -5,14 +5,20 @@ the optimizer writes the NaN gradient into every weight. Here each optimizer's `
 ``step`` / ``minimize`` (Paddle) is wrapped, class by class, at its first construction; before the real step
 the loss of the latest ``backward()`` and every gradient are checked by fused kernels with one host sync
 (torch: ``_foreach_norm`` per device and dtype, read-only; Paddle: its ``check_finite_and_unscale`` kernel, as
-its scaler), and a non-finite step is skipped: parameters and optimizer state untouched, the step counted. Steps done inside an enabled ampsafe scaler's ``step`` / ``minimize`` are the scaler's:
-they pass through (:func:`through_scaler`), so no step is skipped or counted twice.
+its scaler), and a non-finite step is skipped: parameters and optimizer state untouched, the step counted, and the
+model's buffers its forward moved (BatchNorm running statistics, ``num_batches_tracked``) put back from the
+snapshot taken at the step's first forward (:class:`_Tracked`, ``Backend.snapshot``; the skip line names them).
+Steps done inside an enabled ampsafe scaler's ``step`` / ``minimize`` are the scaler's: they pass through
+(:func:`through_scaler`), so no step is skipped or counted twice.
 
 * ``max_skips``: more than that many skipped steps in a row stop the run (:class:`SkippedStepsError`), since
   a diverged run would skip every later step;
 * ``watch``: the first non-finite step stops the run with :class:`ampsafe.NonFiniteError`: the inputs of the
-  model's latest forward (:class:`~ampsafe.core.capture.InputCapture`) are replayed under ``ampsafe.watch``,
-  model state restored, which names the op, module, pass, sample and kind.
+  model's latest training forward (kept by reference) are replayed under ``ampsafe.watch``, model state
+  restored, which names the op, module, pass, sample and kind;
+* a script that stops itself on a non-finite loss before any optimizer step (torchvision's engine calls
+  ``sys.exit(1)``): at exit, :meth:`StepGuard.explain_exit` replays that last forward once in float32 under
+  ``ampsafe.watch``, and the summary and report name its origin (``kind='input'`` for a NaN image).
 
 The model is the smallest module covering the optimizer's parameters (``Backend.owner_of``), as the scalers
 find it. Steps are numbered from 0, as ``scaler.stats.total_steps`` counts them. Framework-neutral: the
@@ -24,8 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 from typing import Any, Callable
+
+import numpy as np
 
 from ..errors import AmpSafeError
 
@@ -81,6 +90,58 @@ def through_scaler(scaler):
     return _inside("scaler") if scaler_guards(scaler) else contextlib.nullcontext()
 
 
+class _Replay:
+    """The closure an optimizer gets after the guard has called the real one: its first call returns that result
+    (the loss and gradients are already there), later calls (LBFGS' line search) evaluate the real closure."""
+
+    __slots__ = ("_result", "_closure", "_used")
+
+    def __init__(self, result, closure) -> None:
+        self._result, self._closure, self._used = result, closure, False
+
+    def __call__(self):
+        if self._used:
+            return self._closure()
+        self._used = True
+        return self._result
+
+
+class _Tracked:
+    """One guarded model's forward pre-hook: the model state (``Backend.snapshot``) at the first forward since
+    its last optimizer step, and the inputs of its latest training forward.
+
+    The snapshot is what a skip puts back: everything the skipped step's forwards moved besides parameters
+    (BatchNorm running statistics, ``num_batches_tracked``). It copies the state tensors only (a few
+    thousand floats on a resnet18), once per step. The inputs are kept by reference, never copied, for a
+    replay: the step's origin under ``--watch``, or at exit when the script stopped itself before stepping.
+    """
+
+    def __init__(self, guard: StepGuard, model) -> None:
+        self.guard, self.backend, self.model = guard, guard.backend, model
+        self.restore: Callable[[], None] | None = None
+        self.latest: tuple[tuple, dict] | None = None
+        self.paused = 0
+        self._handle = self.backend.forward_pre_hook(model, self._pre)
+
+    def _pre(self, args, kwargs) -> None:
+        if self.paused or not self.guard.enabled:
+            return
+        if self.restore is None:
+            self.restore = self.backend.snapshot(self.model)
+        if self.guard.training(self.model):
+            self.latest = (args if isinstance(args, tuple) else tuple(args), dict(kwargs) if kwargs else {})
+
+    def drop(self) -> None:
+        """The step happened (or was skipped and restored): the next forward starts the next step."""
+        self.restore = self.latest = None
+
+    def remove(self) -> None:
+        self.drop()
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
 class StepGuard:
     """The guard of one framework's optimizers.
 
@@ -108,8 +169,15 @@ class StepGuard:
         self.skipped_at: list[int] = []
         self.offender_names: list[str] = []
         self.scaler_steps = 0  # optimizer steps an ampsafe scaler guarded (passed through)
+        self.unchecked_steps = 0  # optimizer steps that ran past both (see saw_step)
+        self.call_closure: Callable = lambda closure: closure()  # the framework's way (torch: grad enabled)
+        self.is_loss: Callable = lambda value: value is not None  # a closure result that is the step's loss
+        self.training: Callable[[Any], bool] = lambda model: True  # a training forward (adapters: mode, grad)
+        self.restored: list[str] = []  # what the last skip put back (state tensor names)
+        self.exit_origin: dict | None = None  # what a replay at exit found (the script stopped before stepping)
         self._models: dict[int, Any] = {}  # id(optimizer) -> model
-        self._captures: dict[int, Any] = {}  # id(model) -> InputCapture (watch only)
+        self._tracked: dict[int, _Tracked] = {}  # id(model) -> its forward pre-hook (snapshot, inputs)
+        self._announced: set[int] = set()
         self._loss = None
         _guards.append(self)
 
@@ -119,36 +187,75 @@ class StepGuard:
         self._loss = loss
 
     def new_optimizer(self, optimizer) -> None:
-        """With ``watch``: find the model now and keep its forward inputs, so that even step 0 can be replayed."""
-        if self.watch and self.enabled:
+        """Find the model now and hook its forward, so that even step 0 has its snapshot and inputs."""
+        if self.enabled:
             self._model_of(optimizer)
 
-    def step(self, optimizer, run: Callable[[], Any], loss=None, *, closure: bool = False, skipped: Any = None):
+    def step(self, optimizer, run: Callable[..., Any], loss=None, *, closure: Any = None, skipped: Any = None):
         """``run()`` (the real step) unless the loss or a gradient is non-finite; ``skipped`` (or ``skipped()``) when
-        skipped (what the caller may unpack: Paddle's ``minimize`` returns ``(optimize_ops, params_grads)``)."""
+        skipped (what the caller may unpack: Paddle's ``minimize`` returns ``(optimize_ops, params_grads)``).
+
+        ``closure``: the step's closure (``step(closure)``; None for a plain step, ``step(None)`` included). The
+        closure computes the loss and gradients, so the guard calls it once itself (:attr:`call_closure`), checks
+        its result and the gradients, and either skips the step (returning the closure's result, as an optimizer's
+        step does) or runs it as ``run(replay)``: ``replay`` hands the optimizer that result at its first call
+        and calls the real closure only at later ones (LBFGS re-evaluates), so no closure call is doubled."""
         if not self.enabled or _depth("step"):
             return run()
         if _depth("scaler"):
             self.scaler_steps += 1
             self._drop(self._models.get(id(optimizer)))
-            return run()
-        if closure:  # the closure computes the gradients inside the step: nothing to check before it
-            return run()
+            with _inside("accounted"):
+                return run()
         with _inside("step"):
-            loss = loss if loss is not None else self._loss
-            self._loss = None
+            self._refine(optimizer)
             model = self._model_of(optimizer)
+            if model is not None and id(model) not in self._announced:
+                self._announced.add(id(model))
+                self._say(f"guarding the optimizer steps of {type(model).__name__} (FP32 guard)")
             try:
+                result = None
+                if closure is not None:
+                    self._loss = None
+                    result = self.call_closure(closure)
+                    loss = result if self.is_loss(result) else loss
+                loss = loss if loss is not None else self._loss
+                self._loss = None
                 finite = self._finite(optimizer, loss)
                 index = self.total_steps
                 self.total_steps += 1
                 if finite:
                     self.in_a_row = 0
-                    return run()
+                    with _inside("accounted"):
+                        return run() if closure is None else run(_Replay(result, closure))
                 self._skip(optimizer, index, model)
+                if closure is not None:
+                    return result
                 return skipped() if callable(skipped) else skipped
             finally:
                 self._drop(model)
+
+    def _refine(self, optimizer) -> None:
+        """At an optimizer's first step, once: the model found at its construction is the smallest module that
+        covers its parameters; now the step's forward has run, the backend may name the module it called
+        (ultralytics' DetectionModel, not its inner Sequential). Hook that one from now on."""
+        refined = self.__dict__.setdefault("_refined", set())
+        if id(optimizer) in refined:
+            return
+        refined.add(id(optimizer))
+        try:
+            called = self.backend.owner_of(optimizer)
+        except Exception:  # naming and replay only
+            return
+        if called is not None and called is not self._models.get(id(optimizer)):
+            self._models.pop(id(optimizer), None)
+            self._model_of(optimizer)
+
+    def saw_step(self) -> None:
+        """An optimizer step is running (a framework-wide step hook): counted as unchecked when it is neither a
+        step this guard let through nor one inside an ampsafe scaler."""
+        if self.enabled and not _depth("accounted"):
+            self.unchecked_steps += 1
 
     def models(self) -> list:
         """The models found for the optimizers seen so far (owner of each optimizer's parameters)."""
@@ -156,9 +263,9 @@ class StepGuard:
 
     # -- internals
     def _drop(self, model) -> None:
-        capture = self._captures.get(id(model)) if model is not None else None
-        if capture is not None:
-            capture.drop()
+        tracked = self._tracked.get(id(model)) if model is not None else None
+        if tracked is not None:
+            tracked.drop()
 
     def _model_of(self, optimizer):
         key = id(optimizer)
@@ -168,13 +275,70 @@ class StepGuard:
             except Exception:  # finding the model is for naming and replay only: the guard works without it
                 model = None
             self._models[key] = model
-            if model is not None:
-                self._say(f"guarding the optimizer steps of {type(model).__name__} (FP32 guard)")
-                if self.watch and id(model) not in self._captures:
-                    from ..core.capture import InputCapture
-
-                    self._captures[id(model)] = InputCapture(self.backend, model)
+            if model is not None and id(model) not in self._tracked:
+                try:
+                    self._tracked[id(model)] = _Tracked(self, model)
+                except Exception as exc:  # a model that takes no forward hook: skips restore parameters only
+                    self._say(f"cannot hook {type(model).__name__}'s forward ({exc}): a skip restores no buffers")
         return self._models[key]
+
+    def _restore(self, model) -> list[str]:
+        """Put back the state the skipped step's forwards moved; the names of the tensors that had changed."""
+        tracked = self._tracked.get(id(model)) if model is not None else None
+        if tracked is None or tracked.restore is None:
+            return []
+        b = self.backend
+        state = b.state_tensors(model)
+        before = [None if (a := b.to_numpy(t)) is None else a.copy() for t in state]  # to_numpy may share memory
+        tracked.restore()
+        names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+        changed = []
+        for t, old in zip(state, before):
+            new = b.to_numpy(t)
+            if old is None or new is None or old.shape != new.shape:
+                continue
+            same = (old == new) | (np.isnan(old) & np.isnan(new))
+            if not same.all():
+                changed.append(names.get(id(t), "?"))
+        tracked.restore = b.snapshot(model)  # the restored state is the step's start again
+        return changed
+
+    def explain_exit(self) -> dict | None:
+        """At exit: a model whose latest training forward no optimizer step followed (the script stopped itself,
+        e.g. on a non-finite loss) is replayed once in float32 under ``ampsafe.watch``; what it names, or None."""
+        import ampsafe
+
+        for tracked in self._tracked.values():
+            if tracked.latest is None:
+                continue
+            args, kwargs = tracked.latest
+            model, b = tracked.model, self.backend
+            step = self.total_steps + self.scaler_steps  # the optimizer step that never came
+            restore = b.snapshot(model)
+            tracked.paused += 1
+            try:
+                watcher = ampsafe.watch(model, backward=False)
+                watcher.step_source = lambda step=step: step
+                with b.float32(), watcher:
+                    model(*args, **kwargs)
+            except ampsafe.NonFiniteError as exc:
+                self.exit_origin = _origin(exc, step, "replayed in float32 at exit")
+            except Exception as exc:  # the replay is diagnosis only: never turn an exit into a new failure
+                self._say(f"could not replay the last forward at exit: {type(exc).__name__}: {exc}")
+            finally:
+                tracked.paused -= 1
+                restore()
+                tracked.latest = None
+            if self.exit_origin is not None:
+                o = self.exit_origin
+                self._say(
+                    f"the script stopped before optimizer step {o['step']}; its last forward, replayed in float32: "
+                    f"{o['kind']} at {o['module'] or '<root>'}:{o['op']}"
+                    f"{', sample ' + str(o['sample']) if o.get('sample') is not None else ''}"
+                    f"{' (' + o['where'] + ')' if o.get('where') else ''}"
+                )
+                return self.exit_origin
+        return None
 
     def _names(self, optimizer, model) -> list[str]:
         found = self._offenders(optimizer)
@@ -191,7 +355,21 @@ class StepGuard:
             self.offender_names = []
         where = f"; non-finite gradients: {', '.join(self.offender_names[:5])}" if self.offender_names else ""
         more = f" (+{len(self.offender_names) - 5} more)" if len(self.offender_names) > 5 else ""
-        self._say(f"step {index}: non-finite loss or gradients, step skipped (parameters untouched){where}{more}")
+        try:
+            self.restored = self._restore(model)
+        except Exception as exc:  # restoring is best effort: the skip itself already protected the parameters
+            self.restored = []
+            self._say(f"step {index}: could not restore the model's buffers: {type(exc).__name__}: {exc}")
+        put_back = (
+            f"; {len(self.restored)} state tensor(s) its forward had changed restored: "
+            f"{', '.join(self.restored[:6])}{', …' if len(self.restored) > 6 else ''}"
+            if self.restored
+            else ""
+        )
+        self._say(
+            f"step {index}: non-finite loss or gradients, step skipped (parameters and optimizer state untouched"
+            f"{put_back}){where}{more}"
+        )
         if self.watch:
             self._replay(index, model)
         if self.in_a_row > self.max_skips:
@@ -208,8 +386,8 @@ class StepGuard:
         """``watch``: replay the latest forward under ``ampsafe.watch`` (state restored) and raise what it names."""
         from ..core.sentinel import UNKNOWN, nonfinite_error
 
-        capture = self._captures.get(id(model)) if model is not None else None
-        latest = capture.latest if capture is not None else None
+        tracked = self._tracked.get(id(model)) if model is not None else None
+        latest = tracked.latest if tracked is not None else None
         if latest is not None:
             import ampsafe
 
@@ -257,8 +435,27 @@ class StepGuard:
             "skipped_at": list(self.skipped_at[-100:]),
             "offenders": list(self.offender_names),
             "scaler_steps": self.scaler_steps,
+            "unchecked_steps": self.unchecked_steps,
             "max_skips": self.max_skips,
+            "restored": list(self.restored),
+            "exit_origin": self.exit_origin,
         }
+
+
+def _origin(exc, step: int, how: str) -> dict:
+    """A NonFiniteError as the summary and the report keep it (``where``: the input or tensor its message names)."""
+    where = re.search(r" \[(.+?)\]: kind=", str(exc))
+    return {
+        "step": step,
+        "phase": exc.phase,
+        "module": exc.module,
+        "op": exc.op,
+        "kind": exc.kind,
+        "sample": exc.sample,
+        "where": where.group(1) if where else "",
+        "how": how,
+        "message": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+    }
 
 
 def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: Callable, skipped: Any = None) -> None:
@@ -270,16 +467,20 @@ def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: 
 
     @functools.wraps(original)
     def guarded(self, *args, **kwargs):
-        return guard.step(
-            self,
-            lambda: original(self, *args, **kwargs),
-            loss_of(args, kwargs),
-            closure=closure_of(args, kwargs),
-            skipped=skipped,
-        )
+        def run(closure=None):  # the real step; with ``closure``, the step's closure replaced by it
+            if closure is None:
+                return original(self, *args, **kwargs)
+            if args:
+                return original(self, closure, *args[1:], **kwargs)
+            return original(self, *args, **{**kwargs, "closure": closure})
+
+        return guard.step(self, run, loss_of(args, kwargs), closure=closure_of(args, kwargs), skipped=skipped)
 
     guarded.__ampsafe_guard__ = True
     setattr(cls, name, guarded)
+
+
+TOP_CALLS_STEPS = 8  # optimizer steps (of any optimizer) during which top-level module calls are watched
 
 
 def install_torch(torch, guard: StepGuard, set_attr: Callable) -> str:
@@ -313,14 +514,26 @@ def install_torch(torch, guard: StepGuard, set_attr: Callable) -> str:
         return bool(ok.item())  # the one host sync
 
     guard._finite, guard._offenders = finite, nonfinite_params
+    # an optimizer's forward: train mode with autograd on (eval(), no_grad and inference_mode forwards are not)
+    guard.training = lambda model: model.training and torch.is_grad_enabled()
     Optimizer = torch.optim.Optimizer
     original_init = Optimizer.__init__
 
     def loss_of(args, kwargs):
         return None
 
-    def closure_of(args, kwargs):
-        return bool(args) or kwargs.get("closure") is not None
+    def closure_of(args, kwargs):  # step(closure) / step(closure=...); step(None) is a plain step (accelerate's)
+        closure = args[0] if args else kwargs.get("closure")
+        return closure if callable(closure) else None
+
+    def call_closure(closure):
+        with torch.enable_grad():  # as torch's optimizers call it (their step runs under no_grad)
+            return closure()
+
+    def is_loss(value) -> bool:
+        return isinstance(value, torch.Tensor)
+
+    guard.call_closure, guard.is_loss = call_closure, is_loss
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
@@ -329,6 +542,25 @@ def install_torch(torch, guard: StepGuard, set_attr: Callable) -> str:
         guard.new_optimizer(self)
 
     set_attr(Optimizer, "__init__", __init__)
+    # every step of a torch optimizer passes torch's global step pre-hooks: the ones neither guarded nor a
+    # scaler's are counted, so a summary never calls a run with unchecked steps unguarded
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from ..torch.callhooks import TOP_CALLS
+
+    # the module each step calls with its batch (TorchBackend.owner_of): watched over the first steps only, when
+    # models are resolved (global module hooks put every module call on torch's slow path)
+    TOP_CALLS.start()
+    guard.stop_tracking = TOP_CALLS.reset  # ampsafe.auto.uninstall
+    seen = [0]
+
+    def step_pre_hook(_optimizer, _args, _kwargs) -> None:
+        guard.saw_step()
+        seen[0] += 1
+        if seen[0] == TOP_CALLS_STEPS:
+            TOP_CALLS.stop()
+
+    guard.step_hook = register_optimizer_step_pre_hook(step_pre_hook)
     original_backward = torch.Tensor.backward
 
     @functools.wraps(original_backward)
@@ -351,6 +583,7 @@ def install_paddle(paddle, guard: StepGuard, set_attr: Callable) -> str:
         return not bool(found.item())  # the one host sync
 
     guard._finite, guard._offenders = finite, nonfinite_params
+    guard.training = lambda model: model.training and paddle.is_grad_enabled()
     Optimizer = paddle.optimizer.Optimizer
     original_init = Optimizer.__init__
 
@@ -361,7 +594,7 @@ def install_paddle(paddle, guard: StepGuard, set_attr: Callable) -> str:
         return args[0] if args else kwargs.get("loss")
 
     def no_closure(args, kwargs):
-        return False
+        return None
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 
 import torch
 from torch import nn
 
 from ..core import backend as core
 
-__all__ = ["TorchBackend", "BACKEND"]
+__all__ = ["TorchBackend", "BACKEND", "in_float32"]
+
+_float32 = threading.local()  # .depth: inside TorchBackend.float32() (a float32 replay or reference)
+
+
+def in_float32() -> bool:
+    """Inside :meth:`TorchBackend.float32` on this thread: an autocast a model enters by itself (accelerate wraps
+    ``forward`` in one) should stay off, so the replay really is float32 (``ampsafe.run.integrations``)."""
+    return getattr(_float32, "depth", 0) > 0
 
 
 class TorchBackend(core.AdapterModules):
@@ -37,7 +46,25 @@ class TorchBackend(core.AdapterModules):
         return [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]  # type(): no __class__ lookups
 
     def owner_of(self, optimizer, candidates=None):
-        return core.owner_of(self, optimizer, candidates)
+        """The module a training step calls with its batch: the latest module called at the top level (grad on,
+        training mode; :data:`~ampsafe.torch.callhooks.TOP_CALLS`, kept by ``ampsafe run``) that holds the
+        smallest covering module, else that smallest module. ultralytics' ``DetectionModel`` iterates its inner
+        ``nn.Sequential`` without calling it: the Sequential covers every parameter, yet only the
+        ``DetectionModel`` sees the batch, so only its inputs can be captured and replayed."""
+        owner = core.owner_of(self, optimizer, candidates)
+        if owner is None or candidates is not None:
+            return owner
+        from .callhooks import TOP_CALLS
+
+        for module in TOP_CALLS.modules():
+            if module is owner:
+                return owner
+            if any(m is owner for m in module.modules()):
+                inner = getattr(module, "module", None)  # DDP / DataParallel: the model they call
+                if type(module).__name__ in ("DistributedDataParallel", "DataParallel") and inner is not None:
+                    return inner
+                return module
+        return owner
 
     # -- state
     def state_slots(self, model) -> list[tuple[dict, str, torch.Tensor]]:
@@ -86,6 +113,8 @@ class TorchBackend(core.AdapterModules):
             stack.enter_context(torch.autocast("cpu", enabled=False))
             if torch.cuda.is_available():
                 stack.enter_context(torch.autocast("cuda", enabled=False))
+            _float32.depth = getattr(_float32, "depth", 0) + 1
+            stack.callback(lambda: setattr(_float32, "depth", _float32.depth - 1))
             yield
 
     def all_finite(self, t) -> bool:
@@ -111,7 +140,11 @@ class TorchBackend(core.AdapterModules):
 
     # -- hooks
     def forward_pre_hook(self, model, fn):
-        return model.register_forward_pre_hook(lambda m, args, kwargs: fn(args, kwargs), with_kwargs=True)
+        """Kept outside the module (:mod:`ampsafe.torch.callhooks`): ``torch.save(model)`` and ``deepcopy`` work,
+        and a copy (an EMA model, a checkpoint) neither carries the hook nor feeds it."""
+        from .callhooks import pre_hook
+
+        return pre_hook(model, fn)
 
     # -- the rest of the adapter package
     def trace(self, model, example_inputs, **options):

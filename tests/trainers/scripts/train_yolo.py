@@ -1,0 +1,93 @@
+"""An ordinary ultralytics script (knows nothing about ampsafe): ``YOLO("yolov8n.yaml").train(...)`` on four
+synthetic 64x64 images, on a CPU, saving its checkpoints.
+
+``--amp`` asks for ``amp=True``; ``--nan-step K`` makes the images of step K NaN (a ``preprocess_batch`` wrapper
+set from a callback, as user code would); ``--overflow`` multiplies the first conv's weight so that its output
+passes float16's 65504. Prints whether the trained model's parameters and buffers are finite, the trainer's AMP
+flag, its scaler class and scale, and the checkpoints written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+os.environ.setdefault("YOLO_OFFLINE", "1")
+warnings.filterwarnings("ignore")
+from PIL import Image  # noqa: E402
+from ultralytics import YOLO  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--amp", action="store_true")
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--nan-step", type=int, default=-1)
+parser.add_argument("--overflow", action="store_true")
+args = parser.parse_args()
+
+root = Path(tempfile.mkdtemp(prefix="yolo-"))
+for split in ("train", "val"):
+    (root / "images" / split).mkdir(parents=True)
+    (root / "labels" / split).mkdir(parents=True)
+    for i in range(4):
+        pixels = (np.random.default_rng(i).random((64, 64, 3)) * 255).astype(np.uint8)
+        Image.fromarray(pixels).save(root / "images" / split / f"{i}.jpg")
+        (root / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.3 0.3\n")
+(root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n  0: thing\n")
+
+steps = [0]
+
+
+def setup(trainer) -> None:
+    if args.overflow:
+        with torch.no_grad():
+            trainer.model.model[0].conv.weight.mul_(2e5)  # its output passes 65504 in float16
+    original = trainer.preprocess_batch
+
+    def preprocess_batch(batch):
+        batch = original(batch)
+        if steps[0] == args.nan_step:
+            batch["img"] = batch["img"].clone()
+            batch["img"][0, 0, 5, 5] = float("nan")
+        steps[0] += 1
+        return batch
+
+    trainer.preprocess_batch = preprocess_batch
+
+
+model = YOLO("yolov8n.yaml")
+model.add_callback("on_pretrain_routine_end", setup)
+model.train(
+    data=str(root / "data.yaml"),
+    epochs=args.epochs,
+    imgsz=64,
+    batch=2,
+    nbs=2,  # one optimizer step per batch
+    workers=0,
+    device="cpu",
+    amp=args.amp,
+    plots=False,
+    val=False,
+    project=str(root / "runs"),
+    name="r",
+    exist_ok=True,
+    verbose=False,
+    seed=0,
+)
+trainer = model.trainer
+net = trainer.model
+params = all(bool(torch.isfinite(p).all()) for p in net.parameters())
+buffers = all(bool(torch.isfinite(b).all()) for b in net.buffers() if b.is_floating_point())
+weights = sorted(p.name for p in (root / "runs" / "r" / "weights").glob("*.pt"))
+scaler = trainer.scaler
+print(
+    f"script: done, parameters finite: {params}, buffers finite: {buffers}, amp: {trainer.amp}, scaler: "
+    f"{type(scaler).__module__}.{type(scaler).__name__}, scale: {scaler.get_scale() if scaler.is_enabled() else None}"
+    f", checkpoints: {','.join(weights)}",
+    flush=True,
+)

@@ -1,0 +1,39 @@
+"""The FP32 guard sees every calling form of an optimizer step: ``step()``, ``step(None)`` (accelerate's), a
+closure (positional or keyword: Lightning's), and LBFGS, whose closure is re-evaluated inside its step."""
+
+from __future__ import annotations
+
+from trainer_helpers import ampsafe_run
+
+
+def test_every_step_form_is_guarded_and_the_closure_runs_once():
+    proc = ampsafe_run(script="closure_steps.py", script_args=["--nan-step", "2", "--steps", "5"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for form in ("plain", "none", "closure", "closure-kw"):  # 5 steps, 5 closure calls: none doubled
+        assert f"script: form={form} parameters finite: True closure calls: 5 " in out, out
+    for form in ("closure", "closure-kw"):  # a skipped closure step returns the closure's (NaN) loss, as a step does
+        line = next(line for line in out.splitlines() if f"form={form} " in line)
+        assert line.split("returned: ")[1].startswith("[") and ", nan, " in line, line
+    lbfgs = next(line for line in out.splitlines() if "form=lbfgs " in line)
+    assert "parameters finite: True" in lbfgs  # LBFGS re-evaluates its closure: those calls are its own
+    # 5 forms x 5 steps, the NaN step of each skipped
+    assert "FP32 guard on Sequential: 25 optimizer steps, 5 skipped (non-finite loss or gradients)" in out, out
+    assert "nothing was guarded" not in out
+
+
+def test_steps_that_ran_unchecked_are_said_plainly():
+    """A notebook that builds its optimizer before ``import ampsafe.auto``: its steps are counted as unchecked,
+    never summarised as "nothing was guarded"."""
+    import subprocess
+    import sys
+
+    from trainer_helpers import SCRIPTS
+
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "unchecked_steps.py")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no GradScaler; optimizer steps ran and none was checked by ampsafe" in proc.stdout, proc.stdout
+    assert "3 optimizer step(s) ran unchecked" in proc.stdout and "import ampsafe.auto first" in proc.stdout
+    assert "nothing was guarded" not in proc.stdout
