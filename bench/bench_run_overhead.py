@@ -3,7 +3,8 @@
 resnet18 (torchvision, random init), batch 8, SGD momentum, on this CPU:
 
 * **guard / capture** (FP32, 224 px): ``ampsafe.auto`` installed in process, as ``ampsafe run`` does in its
-  child; steps with the guard off (``guard.enabled = False``: the wrapped ``step`` passes straight through), on,
+  child; steps with the guard off (``guard.enabled = False``: the wrapped ``step`` and the model's forward hook
+  pass straight through), on (the step check, and the snapshot a skip restores from at the first forward), on,
   and on with an :class:`~ampsafe.core.capture.InputCapture` of the model (what every ampsafe scaler and the
   guard under ``--watch`` keep), interleaved round by round so that machine load hits all three alike. Budget:
   1% of a step. The guard's own check (fused gradient + loss check, one host sync) is timed alone too.
@@ -79,6 +80,7 @@ def guard_overhead(rounds: int, batch: int) -> dict:
     loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()
     checks = [_timed(lambda: guard._finite(optimizer, loss.detach())) for _ in range(30)]
+    snapshots = [_timed(lambda: backend_of(model).snapshot(model)) for _ in range(30)]
     assert guard.skipped_steps == 0
     hook_us = _capture_hook_us(backend_of, InputCapture)
     median = {v: statistics.median(t) for v, t in times.items()}
@@ -93,6 +95,8 @@ def guard_overhead(rounds: int, batch: int) -> dict:
         "check_ms_min": 1000 * min(checks),
         "check_ms_median": 1000 * statistics.median(checks),
         "check_pct_of_step": 100 * statistics.median(checks) / median["off"],
+        "snapshot_ms_median": 1000 * statistics.median(snapshots),
+        "snapshot_pct_of_step": 100 * statistics.median(snapshots) / median["off"],
         "capture_hook_us": hook_us,
         "capture_hook_pct_of_step": 100 * hook_us * 1e-6 / median["off"],
         "all_steps_s": times,
@@ -183,7 +187,10 @@ def to_markdown(info: dict, guard: dict, replay: dict) -> str:
     lines += [
         "",
         f"The guard's own check (fused gradient + loss check, one host sync): {guard['check_ms_median']:.2f} ms "
-        f"median, {guard['check_ms_min']:.2f} ms min: {guard['check_pct_of_step']:.2f}% of a step. The capture "
+        f"median, {guard['check_ms_min']:.2f} ms min: {guard['check_pct_of_step']:.2f}% of a step. The snapshot a "
+        "skip restores from (every buffer of the model, BatchNorm running statistics and counts, copied at the "
+        f"step's first forward): {guard['snapshot_ms_median']:.2f} ms median, {guard['snapshot_pct_of_step']:.2f}% "
+        "of a step (in the guard rows). The capture "
         f"keeps a reference to the forward's arguments (one pre-hook, no copies): {guard['capture_hook_us']:.1f} us "
         f"per forward ({guard['capture_hook_pct_of_step']:.4f}% of a step). On a shared 2-core VM single steps vary "
         "by +-15%, so the whole-step rows bound the overhead by that noise; the check and the hook, timed alone, "

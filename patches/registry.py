@@ -105,7 +105,9 @@ def already_safe_reason(ecosystem: str, name: str) -> str | None:
         return None
     version = ppdet_version()
     if version is None:
-        owner, source = "ppdet's", f"; read in ppdet {_READ_IN}'s sources, no ppdet is installed here"
+        # a source tree's ppdet (PaddleDetection's tools/ put it on sys.path) has no package metadata: the
+        # version in use is unknown here, not absent
+        owner, source = "ppdet's", f"; read in ppdet {_READ_IN}'s sources; the ppdet in use has no version metadata"
     else:
         owner, source = f"ppdet {version}'s", ""
     return (

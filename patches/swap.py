@@ -4,7 +4,8 @@
 PaddleOCR (``Architecture.Neck.name``, and each ``Architecture.Models.<m>.Neck`` of a distillation config):
 the one scalar is replaced *in the original text* at the position the YAML parser reports, so every other
 byte (key order, comments, anchors/aliases, even PaddleOCR's duplicate keys, which ruamel would drop on a
-round-trip dump while PyYAML keeps the last one) stays as it was. A trailing comment records the old name.
+round-trip dump while PyYAML keeps the last one) stays as it was. A trailing comment records the old name, and
+a comment header (:func:`ocr_header`) says how to run the file: PaddleOCR alone refuses the safe neck's name.
 
 DB heads (``DBHead``, and ``PFHeadLocal``, which subclasses it): the training step function
 ``reciprocal(1 + exp(-k * (x - y)))`` (k=50) runs ``exp`` in float16 at AMP level O2 (Paddle's float16 black
@@ -162,7 +163,19 @@ def _swap_ocr_file(path: Path, data: Mapping, mode: str) -> tuple[str, list[tupl
         change = _black_list_exp(lines, data, heads, {neck.lc.value("name")[0] for _, neck, _, _ in plan}, str(path))
         if change is not None:
             changes.append(change)
-    return "".join(lines), changes
+    return ocr_header(mode, [(old, new) for _, _, old, new in plan]) + "".join(lines), changes
+
+
+def ocr_header(mode: str, swaps: list[tuple[str, str]]) -> str:
+    """The comment a swapped PaddleOCR config starts with: PaddleOCR's builder refuses a neck it does not know
+    (``AssertionError: neck only support [...]``), so the file says how to run it."""
+    names = ", ".join(f"{old} -> {new}" for old, new in dict.fromkeys(swaps))
+    return (
+        f"# Written by `ampsafe swap-neck --mode {mode}` ({names}); the rest is the original file, unchanged.\n"
+        "# PaddleOCR must know the safe neck before it builds the model: run training as\n"
+        "#   ampsafe run -- python tools/train.py -c THIS_FILE\n"
+        "# or `import ampsafe.patches` (it registers the safe necks) before ppocr's build_model is called.\n"
+    )
 
 
 # PaddleOCR heads whose training forward runs DBHead.step_function, reciprocal(1 + exp(-k * (x - y))) with k=50

@@ -461,6 +461,8 @@ def _arm_watch(scaler) -> None:
     """
     entry = next(e for e in _state["scalers"] if e["scaler"] is scaler)
     entry.update(watch_backoffs=[], watch_model=None)
+    if _disabled_reason(scaler) is not None:  # its steps are the FP32 guard's, whose --watch replays a skipped one
+        return
     pending: list = []  # this step's backward event, decided at the scaler's update
 
     def on_event(error) -> None:

@@ -56,51 +56,11 @@ finally:
 '''
 
 
-def _disabled_text(reason: str) -> str:
-    return reason if reason.startswith("disabled") else f"disabled ({reason})"
+def format_summary(reports: list[dict], returncode: int | None = None) -> str:
+    """The exit summary (:func:`ampsafe.run.report.format_summary`: the records the report reads)."""
+    from .report import format_summary as summary
 
-
-def format_summary(reports: list[dict]) -> str:
-    """One line per scaler (its steps / skipped / floor hits / heals, or why it was disabled), one per FP32
-    guard that saw steps, and the bad detection targets."""
-    lines = []
-    scalers = [(r["pid"], s) for r in reports for s in r["scalers"]]
-    guards = [(r["pid"], g) for r in reports for g in r.get("guards", []) if g.get("total_steps")]
-    targets = [(r["pid"], t) for r in reports for t in r.get("targets", []) if t.get("bad_boxes")]
-    if scalers:
-        lines.append(f"ampsafe run summary: {len(scalers)} GradScaler(s)")
-    elif guards:
-        lines.append("ampsafe run summary: the script created no GradScaler; its optimizer steps were guarded")
-    elif any(g.get("unchecked_steps") for r in reports for g in r.get("guards", [])):
-        n = sum(g.get("unchecked_steps", 0) for r in reports for g in r.get("guards", []))
-        lines.append(
-            f"ampsafe run summary: no GradScaler; {n} optimizer steps ran and none was checked by ampsafe "
-            "(their optimizer's step is not a torch.optim.Optimizer step the guard wraps)"
-        )
-    else:
-        lines.append("ampsafe run summary: no GradScaler and no optimizer step (nothing was guarded)")
-    for pid, s in scalers:
-        head = f"  [{s['framework']}, pid {pid}] {s['class']}: "
-        if s.get("disabled_reason"):
-            guarded = " (its optimizer steps went through the FP32 guard)" if guards else ""
-            lines.append(head + _disabled_text(s["disabled_reason"]) + guarded)
-            continue
-        lines.append(
-            head + f"{s.get('total_steps', 0)} steps, {s.get('skipped_steps', 0)} skipped, "
-            f"{s.get('floor_hits', 0)} floor hits, {s.get('heals', 0)} heals, final scale {s['scale']}"
-        )
-    for pid, g in guards:
-        last = f" (steps {', '.join(map(str, g['skipped_at'][:8]))})" if g.get("skipped_at") else ""
-        lines.append(
-            f"  [{g['framework']}, pid {pid}] FP32 guard on {g.get('model') or 'the optimizer'}: "
-            f"{g['total_steps']} optimizer steps, {g['skipped_steps']} skipped (non-finite loss or gradients){last}"
-        )
-    for pid, t in targets:
-        lines.append(
-            f"  [{t['where']}, pid {pid}] {t['bad_boxes']} bad box(es) in {t['calls']} batch(es) checked "
-            f"({t['policy']}): {t['first']}"
-        )
-    return "\n".join(lines)
+    return summary(reports, returncode)
 
 
 def _config_path(command: list[str]) -> Path | None:
@@ -114,14 +74,21 @@ def _config_path(command: list[str]) -> Path | None:
 
 
 def options_from_config(path: Path) -> dict:
-    """The ``ampsafe:`` section of a YAML config (``{}`` when absent or unreadable as YAML)."""
+    """The ``ampsafe:`` section of a YAML config (``{}`` when absent, or when the file is not YAML this parser
+    reads: a config with the trainer's own tags still trains, and the line printed says its section was not read)."""
     from ruamel.yaml import YAML
 
     yaml = YAML(typ="safe", pure=True)
     yaml.allow_duplicate_keys = True
     try:
         data = yaml.load(path.read_text(encoding="utf-8"))
-    except Exception:
+    except Exception as exc:
+        first = (str(exc).splitlines() or [""])[0][:200]
+        print(
+            f"ampsafe run: {path} could not be read as YAML ({type(exc).__name__}: {first}); an `ampsafe:` section "
+            "in it is not applied, give the options on the command line",
+            flush=True,
+        )
         return {}
     section = data.get("ampsafe") if isinstance(data, dict) else None
     if section is None:
@@ -149,8 +116,10 @@ def _parser() -> argparse.ArgumentParser:
         "--watch",
         action="store_true",
         default=None,
-        help="NaN/Inf sentinel on the trained model; without a scaler, the first non-finite step stops the run "
-        "with NonFiniteError (op, module, pass, sample, kind)",
+        help="NaN/Inf sentinel on the trained model (from step 0; steps are optimizer steps). Under a dynamic loss "
+        "scale it stops with NonFiniteError (op, module, pass, sample, kind) on a non-finite forward value, a "
+        "backward overflow at the floor, or a gradient no smaller scale makes finite; routine backoffs are counted. "
+        "Without a scaler, the first skipped step stops the run the same way",
     )
     parser.add_argument(
         "--max-skips",

@@ -38,6 +38,11 @@ def test_every_upstream_config_is_in_the_expectation_table(upstream):
 def test_paddleocr_rewrite_changes_only_the_neck_name_lines_and_adds_the_black_list(upstream, tmp_path, rel):
     original = (upstream / rel).read_text().splitlines()
     rewritten = swap_neck(upstream / rel, out=tmp_path / "o.yml").read_text().splitlines()
+    # a comment header first: how to run the swapped file (ampsafe run, or import ampsafe.patches)
+    header = [i for i, line in enumerate(rewritten[:4]) if line.startswith("# ")]
+    assert header == [0, 1, 2, 3] and "ampsafe run -- python tools/train.py" in rewritten[2]
+    assert "import ampsafe.patches" in rewritten[3]
+    rewritten = rewritten[4:]
     # every rewritten upstream config has a DB head (DBHead / PFHeadLocal) and no black list: one line added
     (added,) = [i for i, line in enumerate(rewritten) if "amp_custom_black_list" in line]
     assert rewritten[added].startswith("  amp_custom_black_list: ['exp']  # ampsafe: ")

@@ -18,7 +18,7 @@ def test_nan_batch_is_skipped_and_parameters_stay_finite(tmp_path):
     assert (
         "FP32 guard on Sequential: 6 optimizer steps, 1 skipped (non-finite loss or gradients) (steps 3)" in proc.stdout
     )
-    assert "step 3: non-finite loss or gradients, step skipped (parameters untouched)" in proc.stderr
+    assert "step 3: non-finite loss or gradients, step skipped (parameters and optimizer state untouched" in proc.stderr
     assert "nothing to report" not in proc.stdout
 
 

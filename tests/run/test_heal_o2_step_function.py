@@ -20,7 +20,11 @@ def _steps(out: str) -> list[tuple[int, float]]:
 def test_O2_exp_overflow_heals_by_islanding_the_head_and_training_goes_on(tmp_path):
     proc = ampsafe_run("--emulate-fp16", "--report", str(tmp_path), "--", sys.executable, str(SCRIPT))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    heal = re.search(r"ampsafe heal at step (\d+): islanded 1 paths \((head \(risky [^)]*\))\)", proc.stderr)
+    heal = re.search(
+        r"ampsafe heal at step (\d+): islanded 1 module\(s\) \(head\) for the path\(s\) starting at "
+        r"(head \(risky [^)]*\))",
+        proc.stderr,
+    )
     assert heal is not None, proc.stderr[-3000:]
     assert "exp" in heal.group(2)
     healed_at = int(heal.group(1))
@@ -30,7 +34,9 @@ def test_O2_exp_overflow_heals_by_islanding_the_head_and_training_goes_on(tmp_pa
     assert [scale for step, scale in steps if step >= healed_at] == [8.0] * (8 - healed_at)
     assert re.search(r"GradScaler: 8 steps, \d+ skipped, 1 floor hits, 1 heals, final scale 8\.0", proc.stdout)
     report = (tmp_path / "report.md").read_text()
-    assert 'paths=["head"]' in report and "excluded_layers=[model.head]" in report
+    # the log line, report.json and both patch lines name the same module
+    assert 'ampsafe.patch(model, policy="island", paths=["head"])' in report
+    assert 'ampsafe.patch(model, policy="island", level="O2", paths=["head"])' in report
 
 
 def test_O2_exp_overflow_with_on_floor_raise_names_the_forward_and_the_op():

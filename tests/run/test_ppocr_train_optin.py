@@ -13,14 +13,31 @@ a few minutes on two cores. Needs PaddleOCR's runtime packages (scikit-image, im
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
 SRC = os.environ.get("PADDLEOCR_SRC")
+# what PaddleOCR's tools/train.py imports at start-up beyond ampsafe's own requirements (import name: package)
+_PPOCR_IMPORTS = {
+    "skimage": "scikit-image",
+    "imgaug": "imgaug",
+    "lmdb": "lmdb",
+    "rapidfuzz": "rapidfuzz",
+    "pyclipper": "pyclipper",
+    "shapely": "shapely",
+    "cv2": "opencv-python",
+}
+_MISSING = [pkg for mod, pkg in _PPOCR_IMPORTS.items() if importlib.util.find_spec(mod) is None]
 pytestmark = [
     pytest.mark.skipif(not SRC, reason="set PADDLEOCR_SRC to a PaddleOCR source checkout to run"),
+    pytest.mark.skipif(
+        bool(SRC and _MISSING),
+        reason=f"PaddleOCR's runtime packages are missing: {', '.join(_MISSING)} "
+        "(`make test-ppocr PADDLEOCR_SRC=...` installs that tree's requirements.txt into the venv)",
+    ),
     pytest.mark.slow,
 ]
 

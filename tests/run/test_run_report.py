@@ -60,7 +60,7 @@ def test_report_of_a_clean_fp32_run_says_nothing_to_change(tmp_path):
     assert (tmp_path / "scale.png").is_file()
 
 
-def test_paddle_heals_give_the_o2_excluded_layers_and_the_island_patch():
+def test_paddle_heals_give_the_island_patch_for_O1_and_after_decorate_for_O2():
     from ampsafe.run.report import permanent_fix, to_markdown
 
     report = {
@@ -69,6 +69,11 @@ def test_paddle_heals_give_the_o2_excluded_layers_and_the_island_patch():
             {
                 "class": "ampsafe.paddle.scaler.GradScaler",
                 "framework": "paddle",
+                "total_steps": 30,
+                "overflow_steps": 4,
+                "skipped_steps": 4,
+                "floor_hits": 2,
+                "heals": 2,
                 "heal_records": [
                     {"step": 9, "paths": ["neck.in2_conv", "head.binarize.conv1"]},
                     {"step": 20, "paths": ["backbone.stages.0.conv", "neck.in2_conv"]},
@@ -79,12 +84,11 @@ def test_paddle_heals_give_the_o2_excluded_layers_and_the_island_patch():
     fix = permanent_fix(report)
     paths = ["neck.in2_conv", "head.binarize.conv1", "backbone.stages.0.conv"]
     assert fix["patch"] == f'ampsafe.patch(model, policy="island", paths={json.dumps(paths)})'
-    assert (
-        "excluded_layers=[model.neck.in2_conv, model.head.binarize.conv1, model.backbone.stages[0].conv]"
-        in (fix["paddle_o2"])
-    )
+    # O2: the islands' compute in float32 (decorate's excluded_layers keeps only their parameters)
+    assert fix["paddle_o2"] == f'ampsafe.patch(model, policy="island", level="O2", paths={json.dumps(paths)})'
     markdown = to_markdown(report, fix)
     assert fix["patch"] in markdown and fix["paddle_o2"] in markdown and "level='O2'" in markdown
+    assert "excluded_layers" not in fix["paddle_o2"] and "Nothing to change" not in markdown
 
 
 def test_next_run_line_keeps_the_run_options_and_is_shell_quoted(upstream, tmp_path):

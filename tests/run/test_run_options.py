@@ -1,0 +1,68 @@
+"""``RunOptions``: one typed value for ``ampsafe run``'s options, validated once, the same in parent and child."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from ampsafe import ConfigError
+from ampsafe.run.options import ENV_OPTIONS, RunOptions
+
+
+def test_options_round_trip_through_the_child_environment():
+    options = RunOptions(on_floor="clamp", min_scale=4, watch=True, max_skips=3, report="out", emulate_fp16=True)
+    back = RunOptions.from_env({ENV_OPTIONS: options.to_env()})
+    assert back == options and back.min_scale == 4.0 and isinstance(back.min_scale, float)
+    assert RunOptions.from_env({}) == RunOptions(report=None)  # import ampsafe.auto outside ampsafe run
+
+
+def test_each_framework_gets_the_floor_in_its_own_words():
+    options = RunOptions(min_scale=2.0, on_floor="raise")
+    assert options.scaler_kwargs("torch") == {"min_scale": 2.0, "on_floor": "raise"}
+    assert options.scaler_kwargs("paddle") == {"min_loss_scaling": 2.0, "on_floor": "raise"}
+    assert options.scaler_text("paddle") == "min_loss_scaling=2.0, on_floor='raise'"
+
+
+def test_command_line_over_config_over_defaults():
+    args = argparse.Namespace(on_floor=None, min_scale=2.0, watch=None, max_skips=None, report=None, quiet=False)
+    options = RunOptions.from_cli(args, {"on_floor": "clamp", "min-scale": 8, "max_skips": 4})
+    assert (options.on_floor, options.min_scale, options.max_skips, options.report) == ("clamp", 2.0, 4, "ampsafe-run")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"min_scale": -1}, "min_scale must be >= 0"),
+        ({"min_scale": "big"}, "min_scale must be a number"),
+        ({"max_skips": 1.5}, "max_skips must be an int"),
+        ({"on_bad_target": "fix"}, "on_bad_target must be one of raise, drop"),
+        ({"watch": "yes"}, "watch must be true or false"),
+        ({"speed": 11}, r"unknown option\(s\) \['speed'\]"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_option(values, message):
+    with pytest.raises(ConfigError, match=message):
+        RunOptions.from_mapping(values)
+    with pytest.raises(ConfigError, match=ENV_OPTIONS):
+        RunOptions.from_env({ENV_OPTIONS: "{not json"})
+
+
+def test_install_after_import_applies_the_new_options():
+    code = (
+        "import torch, ampsafe.auto as auto\n"
+        "options = auto.install(on_floor='raise', min_scale=4.0)\n"
+        "assert (options.on_floor, options.min_scale) == ('raise', 4.0), options\n"
+        "s = torch.amp.GradScaler('cpu')\n"
+        "assert (s.policy.on_floor, s.policy.min_scale) == ('raise', 4.0), s.policy\n"
+        "try:\n"
+        "    auto.install(on_floor='sometimes')\n"
+        "except auto.ConfigError if hasattr(auto, 'ConfigError') else Exception as exc:\n"
+        "    assert 'on_floor must be one of' in str(exc)\n"
+        "assert auto.summary()['options']['on_floor'] == 'raise'\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
