@@ -7,6 +7,10 @@ first conv past 65504 in the *forward* pass, so a scaler without a floor (Paddle
 loss stalls, as in the user's log. The same run with ampsafe (a floored scaler plus one policy) trains.
 
 Torch (``--framework torch``): the same story on torchvision Faster R-CNN under real CPU float16 autocast.
+
+T5 (``--workload t5``): HF transformers' ``T5ForConditionalGeneration`` (the ``t5`` workload), resumed from FP32
+training a few steps before its ``DenseReluDense.wo`` output passes 65504 (HF issue #5651), under CPU float16
+autocast with CUDA's op lists (what ``ampsafe run --emulate-fp16`` runs).
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunTrace", "run_paddle", "run_torch", "main"]
+__all__ = ["RunTrace", "run_paddle", "run_torch", "run_t5", "main"]
 
 PADDLE_MODES = ("native", "convbn", "island", "heal")
 # FP32 first: this recipe's lr makes the loss jump by 100x from batch to batch in every precision (it is how the
 # brink is reached), so the torch table is read by its overflows and scales, with FP32's losses beside them.
 TORCH_MODES = ("fp32", "native", "island", "heal")
+# "amp": float16 autocast and no loss scaler at all (plain AMP); "native": torch.amp.GradScaler
+T5_MODES = ("fp32", "amp", "native", "island", "heal")
 
 
 @dataclass
@@ -275,6 +281,103 @@ def run_torch(
     return trace
 
 
+def run_t5(
+    mode: str,
+    *,
+    steps: int,
+    lr: float | None,
+    level: str,
+    seed: int,
+    init_scale: float = 1024.0,
+    warm: bool = True,
+    heal_options: dict | None = None,
+) -> RunTrace:
+    """Train the ``t5`` workload for ``steps`` steps in ``mode`` (see ``T5_MODES``) under emulated CUDA AMP.
+
+    The run resumes the recipe of :mod:`ampsafe.workloads.t5_brink` (its cached FP32 model and Adam state):
+    ``warm=True`` after its ``warm_steps`` (``wo`` still in range; AMP crosses 65504 by itself a few steps
+    later), ``warm=False`` at the brink (past 65504 from the first step). ``lr=None`` keeps the recipe's. The
+    forward runs under ``torch.autocast("cuda", dtype=torch.float16)`` with :func:`ampsafe.workloads.t5.
+    emulated_cuda_amp` (CPU autocast with CUDA's op lists); ``"fp32"`` runs without autocast, ``"amp"`` with
+    autocast and no loss scaler (every step applied, finite or not).
+    """
+    import torch
+
+    import ampsafe
+    from ampsafe.torch import GradScaler
+    from ampsafe.workloads import t5_brink
+    from ampsafe.workloads.t5 import emulated_cuda_amp
+
+    if mode not in T5_MODES:
+        raise ValueError(f"mode must be one of {', '.join(T5_MODES)}, got {mode!r}")
+    if level != "O1":
+        raise ValueError("the t5 demo runs torch autocast, which is O1: pass level='O1'")
+    trace = RunTrace(mode)
+
+    def island(workload) -> None:
+        scanned = ampsafe.scan(workload.model, workload.example_inputs, level=level, target="cuda")  # CUDA's lists
+        report = ampsafe.patch(workload.model, workload.example_inputs, policy="island", level=level, report=scanned)
+        trace.notes.append(f"island: {len(report.patched)} modules patched")
+
+    w, opt, first = t5_brink.brink_start(seed, patch_fn=island if mode == "island" else None, warm=warm)
+    trace.notes.insert(0, f"resumed after {first} FP32 steps")
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    model = w.model
+    ours = mode in ("island", "heal")
+    if ours:
+        scaler = GradScaler("cpu", init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise")
+        if mode == "heal":  # as run_torch: heal after 2 overflowing steps in a row, not only at the floor
+            options = {"patience": 2} if heal_options is None else heal_options
+            ampsafe.heal(model, scaler=scaler, level=level, target="cuda", **options)
+    else:
+        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, enabled=mode == "native")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 256x128 activations: more threads only synchronize (and spin on a shared machine)
+    t0 = time.perf_counter()
+    with emulated_cuda_amp(), contextlib.ExitStack() as restore:
+        restore.callback(torch.set_num_threads, threads)
+        for step in range(steps):
+            batch = w.batch(first + step)
+            scale = scaler.get_scale() if mode != "amp" else 1.0
+            skipped_before = scaler.stats.skipped_steps if ours else 0
+            with torch.autocast("cuda", dtype=torch.float16, enabled=mode != "fp32"):
+                loss = w.loss(batch)
+            scaler.scale(loss).backward()
+            if mode == "amp":  # plain AMP: the step is applied whatever the gradients hold
+                skipped = not all(bool(p.grad.isfinite().all()) for p in model.parameters() if p.grad is not None)
+                opt.step()
+            else:
+                scaler.step(opt)
+                if ours:
+                    scaler.update()
+                    skipped = scaler.stats.skipped_steps > skipped_before
+                else:  # torch's scaler skips exactly the steps with non-finite grads; read it before update()
+                    found = scaler._found_inf_per_device(opt) if scaler.is_enabled() else {}
+                    skipped = any(bool(v.item()) for v in found.values())
+                    scaler.update()
+            opt.zero_grad(set_to_none=True)
+            trace.scales.append(float(scale))
+            trace.losses.append(loss.item())
+            trace.overflowed.append(skipped)
+    trace.seconds = time.perf_counter() - t0
+    if mode == "amp":
+        bad = next((i for i, x in enumerate(trace.losses) if not math.isfinite(x)), None)
+        if bad is not None:
+            count = sum(not math.isfinite(x) for x in trace.losses)
+            trace.notes.append(f"loss non-finite from step {bad} on ({count} steps)")
+        if not all(bool(p.isfinite().all()) for p in model.parameters()):
+            trace.notes.append("parameters non-finite at the end")
+    if ours:
+        for heal in scaler.stats.heals:
+            trace.notes.append(
+                f"healed at step {heal.step}: {len(heal.paths)} modules, scale {heal.scale_before:g} -> "
+                f"{heal.scale_after:g}"
+            )
+    return trace
+
+
 # ------------------------------------------------------------------------------------------------ output
 
 
@@ -341,15 +444,59 @@ def _torch_setup(args) -> tuple:
     return modes, steps, lr, run_torch, opts, what
 
 
-# --framework -> its setup
+def _t5_setup(args) -> tuple:
+    """``(modes, steps, lr, runner, options, description)`` of the T5 demo (the t5 brink recipe, resumed warm)."""
+    from ampsafe.workloads.t5_brink import RECIPE
+
+    modes = args.modes or list(T5_MODES)
+    steps, lr = args.steps or 30, args.lr or RECIPE["lr"]
+    what = (
+        f"t5 (HF transformers T5ForConditionalGeneration, 2+2 blocks, d_model 128, 16 heads, d_ff 2048), random "
+        f"init, Zipf copy task, batch 8 x 32 tokens, Adam lr {lr:g}, resumed after {RECIPE['warm_steps']} FP32 steps "
+        f"(shared), CPU float16 autocast with CUDA's op lists (--emulate-fp16) {args.level}, loss scale from 1024"
+    )
+    return modes, steps, lr, run_t5, {}, what
+
+
+_VERSIONED = ("paddle", "torch", "torchvision", "transformers")  # the frameworks a demo ran, when imported
+
+
+def _machine() -> dict:
+    """Where the demo ran: float32 kernels differ between CPUs, and a trajectory near float16's edge shows it."""
+    import os
+    import platform
+    import sys
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    env = ("ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "OMP_NUM_THREADS")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        **{k: os.environ[k] for k in env if k in os.environ},
+        **{name: getattr(sys.modules[name], "__version__", "?") for name in _VERSIONED if name in sys.modules},
+    }
+
+
+# --framework -> its setup; --workload picks one by name
 _SETUPS = {"paddle": _paddle_setup, "torch": _torch_setup}
+_WORKLOADS = {"dbnet": ("paddle", _paddle_setup), "frcnn": ("torch", _torch_setup), "t5": ("torch", _t5_setup)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="ampsafe demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--framework", choices=list(_SETUPS), default="paddle")
+    ap.add_argument(
+        "--framework", choices=list(_SETUPS), default=None, help="paddle (dbnet, the default) or torch (frcnn)"
+    )
+    ap.add_argument("--workload", choices=list(_WORKLOADS), default=None, help="dbnet, frcnn or t5 (HF T5's wo)")
     ap.add_argument("--level", choices=["O1", "O2"], default="O1", help="AMP level to emulate (default O1)")
     ap.add_argument("--modes", nargs="*", help="runs to show (default: all for the framework)")
     ap.add_argument("--steps", type=int, default=None)
@@ -358,7 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("ampsafe-demo"), help="folder for the PNG plot and JSON")
     args = ap.parse_args(argv)
 
-    modes, steps, lr, runner, opts, what = _SETUPS[args.framework](args)
+    if args.workload is None:
+        args.framework = args.framework or "paddle"
+        setup, stem = _SETUPS[args.framework], f"demo-{args.framework}-{args.level}"
+    else:
+        framework, setup = _WORKLOADS[args.workload]
+        if args.framework not in (None, framework):
+            ap.error(f"--workload {args.workload} is a {framework} workload; drop --framework {args.framework}")
+        args.framework = framework
+        stem = f"demo-{args.framework}-{args.level}" if args.workload != "t5" else f"demo-t5-{args.level}"
+    modes, steps, lr, runner, opts, what = setup(args)
     print(f"ampsafe demo: {what}\n", flush=True)
     traces = []
     for mode in modes:
@@ -374,12 +530,17 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(traces))
     args.out.mkdir(parents=True, exist_ok=True)
-    png = plot(traces, args.out / f"demo-{args.framework}-{args.level}.png", what)
+    png = plot(traces, args.out / f"{stem}.png", what)
     import json
 
-    (args.out / f"demo-{args.framework}-{args.level}.json").write_text(
+    (args.out / f"{stem}.json").write_text(
         json.dumps(
-            {"setup": what, "runs": [t.summary() for t in traces], "traces": [t.__dict__ for t in traces]},
+            {
+                "setup": what,
+                "machine": _machine(),
+                "runs": [t.summary() for t in traces],
+                "traces": [t.__dict__ for t in traces],
+            },
             indent=2,
             default=str,
         )

@@ -38,3 +38,26 @@ def test_paddle_demo_native_collapses_and_island_trains_without_overflow(tmp_pat
     assert island["final_scale"] >= COLLAPSE * native["final_scale"]
     assert island["final_loss"] < island["first_loss"], island
     assert "AMP O1 emulated in float16" in data["setup"]
+
+
+T5_STEPS = 16
+# From the warm state (recipe step 6) native's wo first overflows at demo step 4-6 (FP32 crosses 65504 at recipe
+# step 10-12 on seeds 0-2) and every step after it overflows, so native runs 10-12 of 16 steps at halving scales;
+# island overflows on none.
+
+
+def test_t5_demo_native_collapses_at_wo_and_island_keeps_its_scale(tmp_path, brink_seed):
+    pytest.importorskip("transformers")
+    from ampsafe.demo import main
+
+    args = ["--workload", "t5", "--modes", "native", "island", "--steps", str(T5_STEPS), "--seed", str(brink_seed)]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "demo-t5-O1.json").read_text())
+    assert (tmp_path / "demo-t5-O1.png").stat().st_size > 10_000
+    runs = {r["mode"]: r for r in data["runs"]}
+    native, island = runs["native"], runs["island"]
+    start = data["traces"][0]["scales"][0]
+    assert native["first_overflow"] >= 1 and native["overflowing_steps"] >= MIN_NATIVE_OVERFLOWS, native
+    assert native["final_scale"] <= start / COLLAPSE, native
+    assert island["overflowing_steps"] == 0 and island["final_scale"] == start, island
+    assert "T5ForConditionalGeneration" in data["setup"] and data["machine"]["transformers"]

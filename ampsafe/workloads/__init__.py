@@ -4,7 +4,8 @@
     loss = w.loss(w.batch(step))
 
 ``dbnet`` (Paddle, PaddleOCR's DBNet rebuilt here), ``ppyolo`` (Paddle, built by PaddleDetection's own
-registry from the upstream configs) and ``frcnn`` (torchvision Faster R-CNN). The upstream configs they build
+registry from the upstream configs), ``frcnn`` (torchvision Faster R-CNN) and ``t5`` (HF transformers'
+``T5ForConditionalGeneration``, the ``wo`` overflow of HF issue #5651). The upstream configs they build
 from by default ship in ``data/upstream`` (see :mod:`.upstream`); ``heal_runs`` holds the self-healing runs
 (GrowNet, the frcnn brink) that the heal tests and bench share.
 """
@@ -22,6 +23,7 @@ _BUILDERS = {
     "dbnet": "ampsafe.workloads.dbnet",
     "ppyolo": "ampsafe.workloads.ppyolo",
     "frcnn": "ampsafe.workloads.frcnn",
+    "t5": "ampsafe.workloads.t5",
 }
 
 

@@ -1,0 +1,111 @@
+"""A heal said in HF transformers' own words: the ``_keep_in_fp32_modules`` entries of the modules that overflowed.
+
+HF models list the modules that stay float32 when the rest is cast to float16 (T5's ``["wo"]``, found by hand
+after the float16 overflows of HF issue #5651); ``from_pretrained(..., dtype=torch.float16)`` reads that list
+(``model._get_dtype_plan``) and searches each parameter name for its entries. When ampsafe heals an HF model,
+:func:`keep_in_fp32` names the modules whose own weights produced the overflowing values, so the report can give
+that line beside ``ampsafe.patch(..., paths=[...])`` and the fix survives without ampsafe.
+
+Only modules that hold parameters themselves and went past 65504 are named: HF's list acts on parameters, and
+a float32 weight also means a float32 output fed to the next layer. HF's T5 casts ``wo``'s input to ``wo``'s
+dtype; a layer whose code does not cast breaks the pure float16 forward when listed, so HF's list is a
+per-model contract, and this names the modules that overflowed, not that contract. Which ones did is measured,
+not read off the heal's paths (a path's range includes the ops after its start): forward hooks on the candidates
+during one float32 replay of the healer's last batch, right after the heal's step (:func:`follow`, a step callback;
+the scaler forgets the batch when its step ends). Duck-typed (no framework
+import): an HF model is one with ``_keep_in_fp32_modules`` and ``_get_dtype_plan``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["is_hf_model", "keep_in_fp32", "follow"]
+
+FP16_MAX = 65504.0
+_MEMO = "_ampsafe_hf_keep_in_fp32"  # on the scaler: {"done": heals measured, "names": modules found}
+
+
+def is_hf_model(model) -> bool:
+    """True for an HF transformers ``PreTrainedModel`` (it has the dtype-plan attributes ``from_pretrained`` reads)."""
+    return model is not None and hasattr(model, "_keep_in_fp32_modules") and hasattr(model, "_get_dtype_plan")
+
+
+def _healer(scaler):
+    return getattr(scaler, "heal_hook", None) or getattr(scaler, "_healer", None)
+
+
+def _measure(scaler) -> None:
+    """Measure the heals ``scaler`` made since the last call, on the healer's last batch, into its memo."""
+    healer = _healer(scaler)
+    heals = getattr(healer, "heals", None) or []
+    memo = scaler.__dict__.setdefault(_MEMO, {"done": 0, "names": []})
+    model = getattr(healer, "model", None)
+    if len(heals) <= memo["done"] or not is_hf_model(model):
+        return
+    inputs = healer.last_inputs
+    if inputs is None:
+        return  # the step's batch is gone: the next step's callback measures on its batch
+    modules = dict(model.named_modules())
+    owners: list[str] = []
+    for record in heals[memo["done"] :]:
+        for path in [*record.get("paths", ()), *record.get("patched", ())]:
+            module = modules.get(path)
+            if path and path not in owners and module is not None and any(True for _ in module.parameters(False)):
+                owners.append(path)
+    amax = _output_amax(healer.backend, model, {path: modules[path] for path in owners}, inputs) if owners else {}
+    # NaN counts as past the range
+    memo["names"] += [p for p in owners if p not in memo["names"] and not amax.get(p, 0.0) <= FP16_MAX]
+    memo["done"] = len(heals)
+
+
+def follow(scaler):
+    """A step callback for ``scaler.add_step_callback``: after each update, while the step's batch is still
+    the healer's last one, measure any new heal (see :func:`keep_in_fp32`)."""
+
+    def measure(decision) -> None:
+        try:
+            _measure(scaler)
+        except Exception:  # noqa: BLE001 - a report's extra line never stops training
+            pass
+
+    return measure
+
+
+def keep_in_fp32(scaler) -> list[str] | None:
+    """The ``_keep_in_fp32_modules`` entries for ``scaler``'s heals, or None when its healer's model is not HF's.
+
+    Each entry is a module path relative to the healed model (HF searches parameter names for it): of the modules
+    the heals started a path at or islanded, those that hold parameters of their own and whose own output passes
+    65504 when the heal's batch (or the next step's, under :func:`follow`) is replayed in float32. A heal also
+    islands what lies downstream of the overflow and what comes within its margin of the edge: those are the patch
+    line's, not this list's. In heal order, each once.
+    """
+    healer = _healer(scaler)
+    if not is_hf_model(getattr(healer, "model", None)) or not getattr(healer, "heals", None):
+        return None
+    _measure(scaler)  # heals not measured yet, if the batch is still there
+    return list(scaler.__dict__.get(_MEMO, {}).get("names", []))
+
+
+def _output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
+    """path -> the largest |output| of that module in one float32 replay of ``inputs`` (model state put back)."""
+    from .._framework import call
+
+    amax: dict[str, float] = {}
+
+    def hook(path):
+        def record(module, args, output):
+            if getattr(output, "is_floating_point", lambda: False)() and output.numel():
+                amax[path] = max(amax.get(path, 0.0), float(output.detach().abs().max()))
+
+        return record
+
+    handles = [module.register_forward_hook(hook(path)) for path, module in modules.items()]
+    restore = backend.snapshot(model)
+    try:
+        with backend.float32():
+            call(model, inputs)
+    finally:
+        restore()
+        for handle in handles:
+            handle.remove()
+    return amax
