@@ -1,13 +1,16 @@
 """The FP32 guard sees every calling form of an optimizer step: ``step()``, ``step(None)`` (accelerate's), a
-closure (positional or keyword: Lightning's), and LBFGS, whose closure is re-evaluated inside its step."""
+closure (positional or keyword: Lightning's), and LBFGS, whose closure is re-evaluated inside its step. The run's
+records are the run's: a loop that loads its GradScaler's state mid-run (a checkpoint reload) keeps the run's
+counters, the reload is an event, and the counters are not in the scaler's saved state."""
 
 from __future__ import annotations
 
 from trainer_helpers import ampsafe_run
 
 
-def test_every_step_form_is_guarded_and_the_closure_runs_once():
-    proc = ampsafe_run(script="closure_steps.py", script_args=["--nan-step", "2", "--steps", "5"])
+def test_every_step_form_is_guarded_and_a_scaler_reload_keeps_the_runs_counters():
+    # one process: closure_steps.py, then scaler_reload.py
+    proc = ampsafe_run(script="steps_and_reload.py", script_args=["--nan-step", "2", "--steps", "5"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for form in ("plain", "none", "closure", "closure-kw"):  # 5 steps, 5 closure calls: none doubled
@@ -18,8 +21,15 @@ def test_every_step_form_is_guarded_and_the_closure_runs_once():
     lbfgs = next(line for line in out.splitlines() if "form=lbfgs " in line)
     assert "parameters finite: True" in lbfgs  # LBFGS re-evaluates its closure: those calls are its own
     # 5 forms x 5 steps, the NaN step of each skipped
-    assert "FP32 guard on Sequential: 25 optimizer steps, 5 skipped (non-finite loss or gradients)" in out, out
+    assert ": 25 optimizer steps, 5 skipped (non-finite loss or gradients) (steps 2, 7, 12, 17, 22)" in out, out
     assert "nothing was guarded" not in out
+    # scaler_reload.py: 9 steps, every third one overflowing; the reload after step 5 (back to step 1's state)
+    # resets no counter, and the saved state holds no run counters
+    assert "script: done, total_steps 9, skipped 3" in out, out
+    assert "GradScaler: 9 steps, 3 skipped" in out, out
+    assert "loaded its GradScaler's state (a checkpoint reload) after step 5: scale 256.0 -> 1024.0" in proc.stderr
+    keys = next(line for line in out.splitlines() if line.startswith("script: state_dict keys "))
+    assert "'scale'" in keys and "stats" not in keys, keys
 
 
 def test_steps_that_ran_unchecked_are_said_plainly():

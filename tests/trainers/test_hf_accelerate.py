@@ -1,41 +1,67 @@
 """HF ``Trainer`` and accelerate under ``ampsafe run``: a GPT-2 ``Trainer`` run with a NaN loss keeps finite
 parameters (accelerate's ``optimizer.step(None)`` is guarded); ``--emulate-fp16`` makes ``fp16=True`` /
-``mixed_precision="fp16"`` train in float16 with ampsafe's scaler on a CPU, which heals a forward overflow, and
-the report's patch line applies to the model the script built."""
+``mixed_precision="fp16"`` train in float16 with ampsafe's scaler on a CPU, which heals the layers the run's own
+training drives past 65504, and the report's patch line applies to the model the script built."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from trainer_helpers import ampsafe_run, needs, patch_line
+from trainer_helpers import ampsafe_run, float16_rerun_overflows, load_growth, needs, patch_line
 
 needs("accelerate")
 pytestmark = pytest.mark.slow
 
 
-def test_hf_trainer_gpt2_nan_loss_at_step_3_is_skipped_and_parameters_stay_finite():
+def test_hf_trainer_gpt2_nan_loss_is_skipped_and_fp16_under_emulate_fp16_heals_its_own_overflow(tmp_path):
     needs("transformers")
-    proc = ampsafe_run(script="train_hf.py", script_args=["--nan-step", "3", "--steps", "8"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "script: done, parameters finite: True, trainer steps: 8, scaler: None" in proc.stdout, proc.stdout
-    assert ": 8 optimizer steps, 1 skipped (non-finite loss or gradients) (steps 3)" in proc.stdout, proc.stdout
-    assert "nothing was guarded" not in proc.stdout
-
-
-def test_hf_trainer_fp16_under_emulate_fp16_uses_ampsafes_scaler():
-    needs("transformers")
+    report = tmp_path / "rep"
     proc = ampsafe_run(
-        "--emulate-fp16", script="train_hf.py", script_args=["--fp16", "--nan-step", "3", "--steps", "6"]
+        "--emulate-fp16",
+        "--min-scale",
+        "2048",
+        "--report",
+        str(report),
+        script="train_hf.py",
+        script_args=["--runs", "fp32:1e-3:8:3,fp16:2:16"],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    # FP32: accelerate's optimizer.step(None) is guarded; the NaN loss of step 3 is skipped and counted
+    assert "script: done (fp32), parameters finite: True, trainer steps: 8, scaler: None" in out, out
+    assert ": 8 optimizer steps, 1 skipped (non-finite loss or gradients) (steps 3)" in out, out
+    assert "nothing was guarded" not in out
+    # fp16=True: the accelerate integration gives the Trainer its CUDA float16 path with ampsafe's scaler; at lr 2
+    # the run's own training overflows float16 (c_proj outputs past 65504): skipped to the floor, healed
     assert "--emulate-fp16 [accelerate]: Accelerator(mixed_precision='fp16') on a CPU takes its CUDA float16" in (
         proc.stderr
     )
-    assert "script: done, parameters finite: True, trainer steps: 6, scaler: GradScaler" in proc.stdout, proc.stdout
-    # the NaN step is the scaler's: skipped and counted by it, not by the FP32 guard
-    assert "ampsafe.torch.scaler.GradScaler: 6 steps, 1 skipped" in proc.stdout, proc.stdout
+    assert "script: done (fp16), parameters finite: True, trainer steps: 16, scaler: GradScaler" in out, out
+    heals = re.search(r"ampsafe\.torch\.scaler\.GradScaler: 16 steps, \d+ skipped, \d+ floor hits, (\d+) heals", out)
+    assert heals and int(heals.group(1)) >= 1, out
+    assert "ampsafe heal at step" in proc.stderr and "scale restored to 65536.0" in proc.stderr, proc.stderr[-3000:]
+    line = patch_line((report / "report.md").read_text())
+    _apply_to_a_fresh_gpt2(line)
 
 
-def test_accelerate_fp16_under_emulate_fp16_heals_a_forward_overflow(tmp_path):
+def _apply_to_a_fresh_gpt2(line: str) -> None:
+    """The printed line on the ``GPT2LMHeadModel`` a user builds: its paths are relative to it (not to the inner
+    ``GPT2Model``), and every one is islanded."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import ampsafe
+
+    paths = re.findall(r'"([^"]*)"', line.split("paths=", 1)[1])
+    assert paths and all(p == "lm_head" or p.startswith("transformer.") for p in paths), line
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    result = eval(line, {"ampsafe": ampsafe, "model": model})  # noqa: S307 - the report's own line
+    assert sorted(result.patched) == sorted(paths) and not result.skipped, result
+    for path in paths:
+        assert type(model.get_submodule(path)).__name__.startswith("FP32Island"), path
+
+
+def test_accelerate_fp16_under_emulate_fp16_heals_its_own_overflow_and_the_patch_line_applies(tmp_path):
     report = tmp_path / "rep"
     proc = ampsafe_run(
         "--emulate-fp16",
@@ -44,27 +70,33 @@ def test_accelerate_fp16_under_emulate_fp16_heals_a_forward_overflow(tmp_path):
         "--report",
         str(report),
         script="train_accelerate.py",
-        script_args=["--mixed-precision", "fp16", "--overflow", "--steps", "10"],
+        script_args=["--mixed-precision", "fp16", "--steps", "12"],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--emulate-fp16 [accelerate]: Accelerator(mixed_precision='fp16') on a CPU takes its CUDA float16" in (
+        proc.stderr
+    )
     out = proc.stdout
-    assert "parameters finite: True, embed dtype: float16" in out, out  # float16 before the heal islanded it
-    assert "scaler: ampsafe.auto.GradScaler, scale: 65536.0" in out, out
-    assert "1 heals" in out and "scale restored to 65536.0" in proc.stderr
+    assert "parameters finite: True, embed dtype: float16" in out, out  # float16 training, as on a GPU
+    assert "scaler: ampsafe.auto.GradScaler" in out, out
+    # growth.py's head passes 65504 at step 4: skipped down to the floor, healed, the scale restored
+    assert "GradScaler: 12 steps, 6 skipped, 1 floor hits, 1 heals" in out, out
+    assert "(skipped steps 4, 5, 6, 7, 8, 9)" in out, out
+    assert "ampsafe heal at step 9" in proc.stderr and "scale restored to 65536.0" in proc.stderr, proc.stderr[-3000:]
     line = patch_line((report / "report.md").read_text())
     _apply_to_the_scripts_model(line)
 
 
 def _apply_to_the_scripts_model(line: str) -> None:
-    """The printed line on the model ``train_accelerate.py`` builds (same names): every path patched."""
+    """The printed line on the model ``train_accelerate.py`` builds: every path patched, and the same training
+    in float16 runs again without an overflow."""
     import torch
 
     import ampsafe
 
-    model = torch.nn.Sequential()
-    model.add_module("embed", torch.nn.Linear(16, 64))
-    model.add_module("norm", torch.nn.LayerNorm(64))
-    model.add_module("head", torch.nn.Linear(64, 1))
+    torch.manual_seed(0)
+    model = load_growth().chain()
     result = eval(line, {"ampsafe": ampsafe, "model": model})  # noqa: S307 - the report's own line
-    assert "embed" in result.patched and not result.skipped, result
-    assert type(model.embed).__name__.startswith("FP32Island")
+    assert "head" in result.patched and not result.skipped, result
+    assert type(model.head).__name__.startswith("FP32Island")
+    assert float16_rerun_overflows(model) == []

@@ -1,36 +1,49 @@
-"""ultralytics' own trainer under ``ampsafe run``: ``--watch`` resolves the ``DetectionModel`` the trainer calls
-(not its inner ``nn.Sequential``) and its checkpoints (``deepcopy`` of the EMA, ``torch.save``) are written; a
-NaN batch is skipped by the FP32 guard; ``--emulate-fp16`` with ``amp=True`` trains in float16 with ampsafe's
-scaler, and a forward overflow is healed instead of raising."""
+"""ultralytics' own trainer under ``ampsafe run``: under ``--watch`` the FP32 guard guards the ``DetectionModel``
+the trainer calls (not its inner ``nn.Sequential``), the checkpoints (``deepcopy`` of the EMA, ``torch.save``)
+are written, and a NaN batch is skipped with parameters and buffers finite, then named by the watch;
+``--emulate-fp16`` with ``amp=True`` trains in float16 with ampsafe's scaler, and a forward overflow is healed
+instead of raising.
+
+The overflow here is put in by the script (``--overflow`` multiplies the first conv's weight), not grown by
+training as in the other frameworks' tests (``growth.py``): every conv of an ultralytics model is followed by a
+BatchNorm and its detection loss saturates, so no few-step CPU run of it grows a layer past 65504."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from trainer_helpers import ampsafe_run, needs
+from trainer_helpers import ampsafe_run, needs, patch_line
 
 needs("ultralytics")
 pytestmark = pytest.mark.slow
 
 
-def test_watch_saves_checkpoints_and_guards_the_called_detection_model():
-    proc = ampsafe_run("--watch", script="train_yolo.py", script_args=["--nan-step", "-1"])
+def test_watch_guards_the_detection_model_saves_checkpoints_and_a_nan_batch_is_skipped():
+    # two steps per epoch: the checkpoints of epoch 1 are written under --watch; the NaN batch is step 2
+    proc = ampsafe_run("--watch", script="train_yolo.py", script_args=["--nan-step", "2", "--epochs", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "checkpoints: best.pt,last.pt" in proc.stdout, proc.stdout
+    out = proc.stdout
     assert "guarding the optimizer steps of DetectionModel (FP32 guard)" in proc.stderr, proc.stderr[-3000:]
+    assert "step 2: non-finite loss or gradients, step skipped (parameters and optimizer state untouched" in (
+        proc.stderr
+    )
+    assert "FP32 guard on DetectionModel: 3 optimizer steps, 1 skipped (non-finite loss or gradients) (steps 2)" in out
+    # --watch stops the run at the first skip and names where the NaN came from: the batch, at the first conv
+    assert "script: training stopped: NonFiniteError: first non-finite value of the forward pass comes from " in out
+    assert "model.0.conv:conv2d" in out and "kind='input'" in out, out
+    assert "script: done, parameters finite: True, buffers finite: True" in out, out
+    assert "checkpoints: best.pt,last.pt" in out, out
 
 
-def test_nan_batch_is_skipped_and_parameters_stay_finite():
-    proc = ampsafe_run(script="train_yolo.py", script_args=["--nan-step", "2"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "script: done, parameters finite: True" in proc.stdout, proc.stdout
-    assert "step 2: non-finite loss or gradients, step skipped" in proc.stderr
-
-
-def test_amp_under_emulate_fp16_heals_a_forward_overflow_instead_of_raising():
+def test_amp_under_emulate_fp16_heals_a_forward_overflow_instead_of_raising(tmp_path):
+    report = tmp_path / "rep"
     proc = ampsafe_run(
         "--emulate-fp16",
         "--min-scale",
         "8192",
+        "--report",
+        str(report),
         script="train_yolo.py",
         script_args=["--amp", "--overflow", "--epochs", "4"],
     )
@@ -41,3 +54,28 @@ def test_amp_under_emulate_fp16_heals_a_forward_overflow_instead_of_raising():
     out = proc.stdout
     assert "parameters finite: True, buffers finite: True, amp: True, scaler: ampsafe.auto.GradScaler" in out, out
     assert "checkpoints: best.pt,last.pt" in out
+    line = patch_line((report / "report.md").read_text())
+    paths = re.findall(r'"([^"]*)"', line.split("paths=", 1)[1])
+    if "" in paths:
+        pytest.xfail(
+            f"the heal islands the root module ({line}): scan's risky path '' comes from the loss ops computed in "
+            "DetectionModel.forward itself; the planner should island the real start path (model.0.conv)"
+        )
+    _apply_to_a_fresh_yolo_model(line, paths)
+
+
+def _apply_to_a_fresh_yolo_model(line: str, paths: list[str]) -> None:
+    """The printed line on ``YOLO("yolov8n.yaml").model``, the ``DetectionModel`` a user holds: every path is a
+    real submodule and is islanded."""
+    import os
+
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    from ultralytics import YOLO
+
+    import ampsafe
+
+    model = YOLO("yolov8n.yaml").model
+    result = eval(line, {"ampsafe": ampsafe, "model": model})  # noqa: S307 - the report's own line
+    assert set(paths) <= set(result.patched) and not result.skipped, result
+    for path in paths:
+        assert type(model.get_submodule(path)).__name__.startswith("FP32Island"), path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -12,6 +13,14 @@ import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCRATCH = tempfile.mkdtemp(prefix="ampsafe-trainers-")  # the default ./ampsafe-run/ report lands here
+
+
+def load_growth():
+    """``scripts/growth.py``, the shared recipe whose own training overflows float16 (imported by path)."""
+    spec = importlib.util.spec_from_file_location("growth", SCRIPTS / "growth.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def ampsafe_run(*args: str, script: str, script_args=(), timeout: int = 300) -> subprocess.CompletedProcess:
@@ -30,3 +39,27 @@ def patch_line(text: str) -> str:
     found = re.search(r"ampsafe\.patch\(model, [^\n`]*\)", text)
     assert found, text[-3000:]
     return found.group(0)
+
+
+def float16_rerun_overflows(net, steps: int = 12) -> list[int]:
+    """The steps at which ``net`` (a ``growth.chain()``, patched or not) overflows when ``growth.py``'s recipe
+    trains it again in float16: CPU autocast and torch's own scaler, in this process, without ``ampsafe run``."""
+    import torch
+
+    growth = load_growth()
+    torch.manual_seed(0)
+    optimizer = growth.optimizer(net.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    x, y = growth.data(steps)
+    overflowed = []
+    for step in range(steps):
+        batch = slice(growth.BATCH * step, growth.BATCH * (step + 1))
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = net(x[batch])
+        if not bool(torch.isfinite(out).all()):
+            overflowed.append(step)
+        optimizer.zero_grad()
+        scaler.scale(growth.loss(out, y[batch])).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return overflowed

@@ -1,8 +1,9 @@
 """An ordinary accelerate script (knows nothing about ampsafe): ``Accelerator(mixed_precision=...)`` on a CPU.
 
-``--overflow`` scales the first Linear's weight so that its output passes float16's 65504 (a forward overflow
-under fp16 autocast); ``--nan-step K`` puts a NaN in the batch of step K. Prints parameters finite, the dtype
-the prepared model's first Linear computed in, the accelerator's scaler and its scale.
+The model, data and optimizer are ``growth.py``'s: under fp16 autocast the training itself drives ``head`` past
+float16's 65504 at step 4. ``--nan-step K`` puts a NaN in the batch of step K; ``--seed`` seeds the model's init
+and the data. Prints parameters finite, the dtype the prepared model's ``embed`` computed in, the accelerator's
+scaler and its scale.
 """
 
 from __future__ import annotations
@@ -10,36 +11,29 @@ from __future__ import annotations
 import argparse
 import warnings
 
+import growth  # beside this script
 import torch
 from accelerate import Accelerator
-from torch import nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mixed-precision", default="no")
 parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--nan-step", type=int, default=-1)
-parser.add_argument("--overflow", action="store_true")
+parser.add_argument("--seed", type=int, default=0, help="the model's init and the data")
 args = parser.parse_args()
 warnings.filterwarnings("ignore")
 
-torch.manual_seed(0)
-model = nn.Sequential()
-model.add_module("embed", nn.Linear(16, 64))
-model.add_module("norm", nn.LayerNorm(64))
-model.add_module("head", nn.Linear(64, 1))
-if args.overflow:
-    with torch.no_grad():
-        model.embed.weight.mul_(3e5)  # |output| ~ 1e5: inf in float16
+torch.manual_seed(args.seed)
+model = growth.chain()
 dtypes = set()
 model.embed.register_forward_hook(lambda _m, _i, out: dtypes.add(str(out.dtype).replace("torch.", "")))
-optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+optimizer = growth.optimizer(model.parameters())
 accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=True)
 model, optimizer = accelerator.prepare(model, optimizer)
+x, y = growth.data(args.steps, args.nan_step, args.seed)
 for step in range(args.steps):
-    x, y = torch.randn(8, 16), torch.randn(8, 1)
-    if step == args.nan_step:
-        x[3, 2] = float("nan")
-    loss = nn.functional.mse_loss(model(x).float(), y)
+    batch = slice(growth.BATCH * step, growth.BATCH * (step + 1))
+    loss = growth.loss(model(x[batch]), y[batch])
     optimizer.zero_grad()
     accelerator.backward(loss)
     optimizer.step()
