@@ -26,6 +26,7 @@ from .errors import (
     NonFiniteError,
     UnsupportedModelError,
 )
+from .healing import fronts as _healing_fronts
 
 __version__ = "0.1.0"
 
@@ -69,6 +70,17 @@ _LAZY = {
     "Rewrite": ("ampsafe.policies.rewrite", "Rewrite"),
 }
 _SUBPACKAGES = {"torch", "paddle", "workloads", "patches", "core", "policies"}
+
+
+def _heal_fronts():
+    """What a heal calls above its layer (``ampsafe.healing`` never imports the front): scan, then patch."""
+    from .patching import patch
+    from .scanner import scan
+
+    return scan, patch
+
+
+_healing_fronts.wire(_heal_fronts)
 
 
 def __getattr__(name: str):

@@ -22,6 +22,7 @@ from .core.report import PatchReport, ScanReport
 from .errors import ConfigError
 from .policies import PatchContext, PolicyConfig, handler, resolve
 from .policies._swap import protection_of, unswap
+from .scanner import scan
 
 __all__ = ["patch", "unpatch", "protection_of", "island_layers", "patched_modules"]
 
@@ -86,6 +87,7 @@ def patch(
         margin_bits=margin_bits,
         example_inputs=example_inputs,
         config=config,
+        scan=scan,
     )
     plan = handler(config)(ctx)
     applied = []

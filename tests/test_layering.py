@@ -155,3 +155,55 @@ def test_no_import_cycle_among_ampsafe_modules():
 def test_the_cycle_finder_finds_a_cycle():
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# The layers, lowest first: core <- the adapters (torch, paddle), policies and healing <- the fronts. ``_framework``
+# is the registry (it may import the backends). What a lower layer needs from a front (healing: scan and patch;
+# a policy: scan) is handed down to it, never imported, not even inside a function.
+LOWER_LAYERS = ("core", "torch", "paddle", "policies", "healing")
+FRONTS = ("scanner", "patching", "sentinel", "run", "demo", "cli", "auto", "scan_cli", "benchcmd")
+
+
+def _all_imports(name: str, source: str, known: dict) -> set[str]:
+    """Every ``ampsafe`` module ``name`` imports anywhere in ``source`` (function bodies included); the package
+    ``ampsafe`` itself when a name is taken from it."""
+    package = name if known.get(name, Path()).name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "ampsafe"}
+            continue
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")
+            target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if target.split(".")[0] != "ampsafe":
+            continue
+        out |= {f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names}
+    return out
+
+
+def _is_front(module: str) -> bool:
+    parts = module.split(".")
+    return module == "ampsafe" or (len(parts) > 1 and parts[1] in FRONTS)
+
+
+def test_no_lower_layer_imports_a_front_even_inside_a_function():
+    known = _modules()
+    wrong = {}
+    for name, path in known.items():
+        if name.split(".")[1:2] and name.split(".")[1] in LOWER_LAYERS:
+            fronts = sorted(t for t in _all_imports(name, path.read_text(encoding="utf-8"), known) if _is_front(t))
+            if fronts:
+                wrong[name] = fronts
+    assert not wrong, f"lower layers import the front: {wrong}"
+
+
+def test_the_layer_check_sees_imports_inside_functions():
+    known = _modules()
+    source = "def heal():\n    from ..scanner import scan\n    import ampsafe.patching\n    from .. import sentinel\n"
+    found = _all_imports("ampsafe.healing.healer", source, known)
+    assert {t for t in found if _is_front(t)} == {"ampsafe.scanner", "ampsafe.patching", "ampsafe.sentinel"}

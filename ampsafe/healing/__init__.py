@@ -8,10 +8,11 @@
     ampsafe.heal(model, scaler=scaler, patience=2)                       # or: after 2 overflowing steps in a row
     paths = ampsafe.heal(model, lambda: (images,))                       # custom loops: heal now, on this batch
 
-At a heal the last batch (kept by a forward pre-hook) is replayed: non-finite inputs -> error naming the sample;
-non-finite output (or ``loss_fn`` loss) in float32 -> error (a numerical failure); else ``scan`` finds the paths
-within ``margin_bits`` of 65504, ``patch(policy="island", paths=...)`` islands them, running statistics that
-the overflowing forwards poisoned are reset, and the scaler restarts from the scale before the collapse.
+At a heal the last batch (kept by a forward pre-hook) is looked at once: non-finite inputs -> error naming the
+sample; then one ``scan`` of it (its float32 forward also shows whether the output, or the ``loss_fn`` loss, is
+finite: if not -> error, a numerical failure) finds the paths within ``margin_bits`` of 65504,
+``patch(policy="island", paths=...)`` islands them, running statistics that the overflowing forwards poisoned
+are reset, and the scaler restarts from the scale before the collapse.
 
 Why it can work: islands keep parameter identity, so the optimizer and its state go on untouched; only the
 overflowing paths pay for float32. Why it gives up: an overflow that is not in the model (non-finite data) or
@@ -22,18 +23,34 @@ the same error or islands the union of the paths found on any rank.
 A bare scaler (no ``ampsafe.heal`` call) resolves its model at its first step (``Backend.owner_of``), keeps
 the inputs of its latest forward, and heals through the same :class:`Healer`; before any floor heal or error it
 replays the batch once under the sentinel and reports the pass it measured (forward: module, op, float32
-magnitude; backward: the parameters; data: the sample).
+magnitude; backward: the parameters; data: the sample), as one :class:`~ampsafe.core.verdict.HealVerdict` that
+the floor error, the heal and its log line read.
 
-Inside: :mod:`~ampsafe.healing.evidence` (what the replay measures), :mod:`~ampsafe.healing.healer` (the
+Inside: :mod:`~ampsafe.healing.evidence` (what the batch shows), :mod:`~ampsafe.healing.healer` (the
 decision), :mod:`~ampsafe.healing.attach` (``heal``: to a scaler, or now), :mod:`~ampsafe.healing.verdict` (the
 floor's measured verdict), :mod:`~ampsafe.healing.scaler` (what the GradScalers inherit: model resolution,
-capture, built-in heal, ``patience``). All of it goes through the model's :class:`~ampsafe.core.backend.Backend`.
+capture, built-in heal, ``patience``), :mod:`~ampsafe.healing.fronts` (``scan`` and ``patch``, handed down by
+the package ``ampsafe``: this layer never imports the front). All of it goes through the model's
+:class:`~ampsafe.core.backend.Backend`. The names below load on first use, so wiring the fronts stays light.
 """
 
 from __future__ import annotations
 
-from .attach import heal
-from .evidence import nonfinite_sample, restore_scale
-from .healer import Healer
+import importlib
 
 __all__ = ["heal", "Healer", "nonfinite_sample", "restore_scale"]
+
+_LAZY = {
+    "heal": "attach",
+    "Healer": "healer",
+    "nonfinite_sample": "evidence",
+    "restore_scale": "evidence",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

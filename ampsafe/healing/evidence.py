@@ -1,8 +1,9 @@
-"""What a heal's replay of the last batch proves: bad data, a numerical error, or float16 range.
+"""What a heal's look at the last batch proves: bad data, a numerical error, or float16 range.
 
 Why apart from the healer: these are the facts the heal decides on, each measured on the model's Backend
-(float32 without autocast or emulation, model state put back), so the verdicts read the same for torch and
-Paddle and can be tested on their own.
+(model state put back), so the verdicts read the same for torch and Paddle and can be tested on their own.
+The float32 facts come from the heal's one scan of the batch (:class:`ScanProbe` watches the scan's float32
+forward), not from replays of their own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from .._framework import call, imported_backends
 
-__all__ = ["nonfinite_sample", "restore_scale", "float32_replay", "repair_running_stats"]
+__all__ = ["nonfinite_sample", "restore_scale", "repair_running_stats", "post_hook", "ScanProbe", "float32_replay"]
 
 
 _NEVER_NONFINITE = np.zeros(0, np.float32)
@@ -84,20 +85,92 @@ def repair_running_stats(backend, model) -> list[str]:
     return repaired
 
 
-def float32_replay(backend, model, inputs, loss_fn: Optional[Callable[[Any], Any]]) -> Optional[str]:
+def post_hook(module, fn):
+    """A forward post-hook ``fn(output)`` on a torch module or Paddle layer (duck-typed, no framework test)."""
+    register = getattr(module, "register_forward_hook", None) or module.register_forward_post_hook
+    return register(lambda _m, _inputs, output: fn(output))
+
+
+def _abs_max(backend, output) -> Optional[float]:
+    seen = [
+        float(np.nanmax(np.abs(a))) for a in map(backend.to_numpy, backend.tensors(output)) if a is not None and a.size
+    ]
+    return max(seen) if seen else None
+
+
+class ScanProbe:
+    """What the heal's scan shows besides its paths: whether the model's float32 output (and loss) is finite, and
+    the float32 magnitude of one module's output (a forward verdict's module). Hooks on the model while the scan's
+    forward runs, so the batch is not run again for these facts.
+
+    ``wrap(loss_fn)``: the loss function to hand the scan when it measures the backward (the loss it computes is
+    the one checked). Without it, ``loss_fn`` is applied to the kept output in float32 after the scan.
+    """
+
+    def __init__(self, backend, model, module: Optional[str] = None):
+        self.backend, self.output, self.loss = backend, None, None
+        self.magnitudes: list[float] = []
+        self._handles = [post_hook(model, self._keep_output)]
+        target = backend.modules(model).get(module) if module is not None else None
+        if target is not None:
+            self._handles.append(post_hook(target, self._keep_magnitude))
+
+    def _keep_output(self, output) -> None:
+        self.output = output
+
+    def _keep_magnitude(self, output) -> None:
+        # measured now: an in-place op after the module (a ReLU) would change the output it returned
+        amax = _abs_max(self.backend, output)
+        if amax is not None:
+            self.magnitudes.append(amax)
+
+    def wrap(self, loss_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def loss_of(output):
+            self.loss = loss_fn(output)
+            return self.loss
+
+        return loss_of
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @property
+    def magnitude(self) -> Optional[float]:
+        """max |output| of the module over its calls in the scan (None: not measured)."""
+        return max(self.magnitudes) if self.magnitudes else None
+
+    def nonfinite(self, loss_fn: Optional[Callable[[Any], Any]]) -> Optional[str]:
+        """What was non-finite in float32 ("the model's output" / "the loss"), or None when it was finite."""
+        if self.output is None:
+            return None
+        if any(not np.isfinite(a).all() for a in _arrays(self.output, self.backend)):
+            return "the model's output"
+        loss = self.loss
+        if loss is None and loss_fn is not None:
+            with self.backend.float32():
+                loss = loss_fn(self.output)
+        if loss is not None and any(not np.isfinite(a).all() for a in _arrays(loss, self.backend)):
+            return "the loss"
+        return None
+
+
+def float32_replay(
+    backend, model, inputs, loss_fn, module: Optional[str] = None
+) -> tuple[Optional[str], Optional[float]]:
     """Run ``model`` on ``inputs`` in float32 (no autocast, no emulation, no grad, model state put back).
 
-    Returns what was non-finite ("the model's output" / "the loss"), or None when float32 is finite.
+    Returns (what was non-finite: "the model's output" / "the loss", or None) and the float32 max |output| of
+    ``module`` (None when not asked for). Only when a scan saw a non-finite value: a scan under float16
+    emulation runs emulated (its tracer reads the level off the same switch), so there it is not float32.
     """
+    probe = ScanProbe(backend, model, module)
     restore = backend.snapshot(model)
-    with backend.float32():
-        try:
-            out = call(model, inputs)
-            loss = loss_fn(out) if loss_fn is not None else None
-        finally:
-            restore()
-    if any(not np.isfinite(a).all() for a in _arrays(out, backend)):
-        return "the model's output"
-    if loss is not None and any(not np.isfinite(a).all() for a in _arrays(loss, backend)):
-        return "the loss"
-    return None
+    try:
+        with backend.float32():
+            call(model, inputs)
+            return probe.nonfinite(loss_fn), probe.magnitude
+    finally:
+        probe.remove()
+        restore()

@@ -1,23 +1,32 @@
-"""The healer a scaler calls at the loss-scale floor: replay the last batch, decide, island what overflows.
+"""The healer a scaler calls at the loss-scale floor: look at the last batch, decide, island what overflows.
 
 Why a class of its own: it holds the only state of a heal (the last inputs, the heals so far) and makes every
 decision collectively (verdicts all-gathered through the model's Backend), so all ranks raise the same error
-or island the same union of paths. The facts it decides on come from :mod:`ampsafe.healing.evidence`.
+or island the same union of paths. It decides on one :class:`~ampsafe.core.verdict.HealVerdict`: the floor's
+measured verdict (the scaler's replay under the sentinel, :mod:`ampsafe.healing.verdict`) completed by one scan
+of the batch (paths, ops, float32 finiteness and magnitude: :class:`~ampsafe.healing.evidence.ScanProbe`).
+A heal runs the model at most twice (the sentinel's replay and the scan), plus one backward when the verdict
+says the backward overflowed and a ``loss_fn`` lets the scan measure it; a third, float32 run only when the
+scan saw a non-finite value (a numerical error, or a scan under float16 emulation, which runs emulated).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from .._framework import backend_of, unwrap
 from ..core.capture import InputCapture
-from ..core.graph import FP16_MAX
 from ..core.report import RiskOp, RiskPath
 from ..core.scale import HealPlan
+from ..core.verdict import HealVerdict
 from ..errors import ConfigError, LossScaleFloorError
-from .evidence import float32_replay, nonfinite_sample, repair_running_stats, restore_scale
+from ..policies._swap import protection_of
+from .evidence import ScanProbe, float32_replay, nonfinite_sample, repair_running_stats, restore_scale
+from .fronts import fronts
+from .verdict import not_replayed
 
 __all__ = ["Healer"]
 
@@ -32,7 +41,8 @@ class Healer:
     ``max_heals``: give up with :class:`LossScaleFloorError` after that many heals. ``loss_fn(output)``:
     optional; lets the float32 check look at the loss and the search find paths whose *gradients* overflow.
     ``capture``: an :class:`~ampsafe.core.capture.InputCapture` of ``model`` to replay from (a scaler lends
-    its own); without it the healer captures the inputs itself.
+    its own); without it the healer captures the inputs itself. ``scan`` / ``patch``: what finds the paths
+    and islands them (``ampsafe.scan`` / ``ampsafe.patch`` unless given: :mod:`ampsafe.healing.fronts`).
 
     Every check is collective: each rank replays its own last batch, the verdicts are all-gathered, and every
     rank raises the same error or patches the same union of paths, so the replicas stay identical.
@@ -48,6 +58,8 @@ class Healer:
         max_heals: int = 3,
         loss_fn: Optional[Callable] = None,
         capture: Optional[InputCapture] = None,
+        scan: Optional[Callable] = None,
+        patch: Optional[Callable] = None,
     ):
         if not isinstance(max_heals, int) or max_heals < 0:
             raise ConfigError(f"max_heals must be an int >= 0, got {max_heals!r}")
@@ -62,6 +74,7 @@ class Healer:
         self._given: Any = None  # inputs set by hand (``heal(model, batch_fn)``), else the capture's
         self._own_capture = capture is None
         self.capture = InputCapture(self.backend, self.model) if capture is None else capture
+        self._scan, self._patch = scan, patch
 
     @property
     def last_inputs(self) -> Any:
@@ -84,63 +97,105 @@ class Healer:
         if self._own_capture:
             self.capture.remove()
 
+    @property
+    def scan(self) -> Callable:
+        return self._scan if self._scan is not None else fronts().scan
+
+    @property
+    def patch(self) -> Callable:
+        return self._patch if self._patch is not None else fronts().patch
+
     def find(self, inputs, loss_scale: Optional[float] = None) -> list[RiskPath]:
         """The unprotected paths that overflow (or come within ``margin_bits`` of it) on ``inputs``.
 
         With ``loss_fn`` and nothing near the edge in the forward, the backward at ``loss_scale`` is searched too.
         """
-        return self._search(inputs, loss_scale)[0]
+        return list(self._search(inputs, HealVerdict("scanned"), loss_scale).paths)
 
-    def _search(self, inputs, loss_scale: Optional[float]) -> tuple[list[RiskPath], list[RiskOp]]:
-        """:meth:`find`'s paths, and the unprotected risky non-conv/matmul ops (Paddle O2 runs DBHead's
-        step-function ``exp`` in float16: no conv/matmul path overflows there, the ``exp`` does)."""
-        from ..scanner import scan
+    def _search(self, inputs, verdict: HealVerdict, loss_scale: Optional[float], off_floor: bool = False):
+        """``verdict`` with what one scan of ``inputs`` found: the unprotected risky paths and the unprotected risky
+        non-conv/matmul ops (Paddle O2 runs DBHead's step-function ``exp`` in float16: no conv/matmul path
+        overflows there, the ``exp`` does), whether float32 is finite, the forward module's float32 magnitude.
 
-        report = scan(self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits)
-        found = [p for p in report.paths if p.risky and (not p.protected or self._open_layers(p))]
+        One scan: with the backward (``loss_fn`` at ``loss_scale``) when the measured verdict is not a forward
+        overflow, else the forward alone. A batch nobody replayed (a heal off the floor, or on a given batch)
+        gets the backward scan only when the forward has nothing near the edge (never off the floor, which
+        heals forward overflows only).
+        """
+        backward = self.loss_fn is not None and bool(loss_scale)
+        measured = verdict.where not in ("scanned", "not replayed")
+        both = backward and measured and verdict.where != "forward"
+        module = verdict.module if verdict.where == "forward" and verdict.amax_fp32 is None else None
+        report, probe = self._scanned(inputs, loss_scale if both else None, module)
+        open_or_new = [p for p in report.paths if p.risky and (not p.protected or self._open_layers(p))]
         ops = [o for o in report.risky_ops if not o.protected_by]
-        if not found and not ops and self.loss_fn is not None and loss_scale:
-            report = scan(
-                self.model,
-                inputs,
-                level=self.level,
-                target=self.target,
-                margin_bits=self.margin_bits,
-                loss_fn=self.loss_fn,
-                loss_scale=loss_scale,
+        bad, magnitude = probe.nonfinite(self.loss_fn), probe.magnitude
+        if bad is not None or (magnitude is not None and not math.isfinite(magnitude)):
+            # non-finite in the scan: float32 decides (a scan under float16 emulation runs emulated)
+            bad, magnitude = float32_replay(self.backend, self.model, inputs, self.loss_fn, module)
+        if not open_or_new and not ops and not bad and backward and not measured and not off_floor:
+            report, _ = self._scanned(inputs, loss_scale, None)
+            open_or_new = [p for p in report.paths if p.overflows_in and not p.protected]
+        found = replace(verdict, paths=tuple(open_or_new), ops=tuple(ops), float32_nonfinite=bad)
+        if module is not None and magnitude is not None:
+            found = replace(found, amax_fp32=magnitude)
+        return found
+
+    def _scanned(self, inputs, loss_scale: Optional[float], module: Optional[str]):
+        """(scan report, probe) of one scan of ``inputs``, with the backward at ``loss_scale`` if given."""
+        probe = ScanProbe(self.backend, self.model, module)
+        loss = {"loss_fn": probe.wrap(self.loss_fn), "loss_scale": loss_scale} if loss_scale else {}
+        try:
+            report = self.scan(
+                self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits, **loss
             )
-            found = [p for p in report.paths if p.overflows_in and not p.protected]
-        return found, ops
+        finally:
+            probe.remove()
+        return report, probe
 
     def _open_layers(self, path: RiskPath) -> list[str]:
         """The layers of an islanded path that still run in float16: an island's float32 output that grew past
         65504 overflows again where a float16 consumer casts it, so those consumers join the island."""
-        from ..patching import patched_modules
-
-        islands = [m for m, how in patched_modules(self.model).items() if how == "island"]
+        islands = [m for m, module in self.backend.modules(self.model).items() if protection_of(module) == "island"]
         return [
             layer
             for layer in path.layers
             if not any(layer == q or layer.startswith(q + ".") or q == "" for q in islands)
         ]
 
-    def _local_verdict(self, loss_scale: Optional[float]) -> tuple[str, Any]:
-        """("data", (input, sample)) | ("float32", what) | ("paths", ({start: RiskPath}, {"module:op": RiskOp}))
-        for this rank's last batch."""
-        if self.last_inputs is None:
-            return "nothing", None
-        bad = nonfinite_sample(self.last_inputs, self.backend)
-        if bad is not None:
-            return "data", bad
-        what = float32_replay(self.backend, self.model, self.last_inputs, self.loss_fn)
-        if what is not None:
-            return "float32", what
-        found, ops = self._search(self.last_inputs, loss_scale)
-        return "paths", ({p.start: p for p in found}, {f"{o.module}:{o.op}": o for o in ops})
+    def _same_batch(self, scaler) -> bool:
+        """Whether the scaler's measured verdict is about this healer's model and batch (the same tensors)."""
+        if self._given is not None or getattr(scaler, "model", None) is not self.model:
+            return False
+        theirs, mine = getattr(getattr(scaler, "capture", None), "latest", None), self.capture.latest
+        if theirs is None or mine is None:
+            return False
+        (a1, k1), (a2, k2) = theirs, mine
+        return (
+            len(a1) == len(a2)
+            and all(x is y for x, y in zip(a1, a2))
+            and k1.keys() == k2.keys()
+            and all(k1[k] is k2[k] for k in k1)
+        )
+
+    def _local_verdict(self, measured: Optional[HealVerdict], loss_scale: Optional[float], off_floor: bool):
+        """This rank's :class:`HealVerdict` of its last batch: the measured one (its data already checked) or a
+        data check, completed by the scan."""
+        inputs = self.last_inputs
+        if inputs is None:
+            return not_replayed("the model has not run a forward since the healer was attached")
+        if measured is None or not measured.replayed:
+            bad = nonfinite_sample(inputs, self.backend)
+            if bad is not None:
+                return HealVerdict("data", input=bad[0], sample=bad[1])
+            measured = HealVerdict("scanned")
+        elif measured.where == "data":
+            return measured
+        return self._search(inputs, measured, loss_scale, off_floor)
 
     def __call__(self, scaler=None, info=None, *, off_floor: bool = False) -> Optional[HealPlan]:
         """Heal on the last batch (the scaler's hook). ``off_floor=True`` (a streak of overflows above the floor):
-        heal only when the replayed forward pass overflows, else return ``None`` (also when no heals are left),
+        heal only when the scanned forward pass overflows, else return ``None`` (also when no heals are left),
         so the scaler goes on backing off: a backward-only overflow is what loss scaling is for."""
         step = getattr(info, "step", len(self.heals))
         history = getattr(info, "scale_history", ())
@@ -154,80 +209,69 @@ class Healer:
                 **err,
             )
         floor = float(history[-1]) if history else None
-        with self.capture.paused():  # the replays below are not the step's forward
-            local = self._local_verdict(floor)
+        measured = getattr(info, "verdict", None)
+        measured = measured if measured is not None and self._same_batch(scaler) else None
+        with self.capture.paused():  # the scan below is not the step's forward
+            local = self._local_verdict(measured, floor, off_floor)
         verdicts = self.backend.all_gather(local)  # every rank decides alike
         many = len(verdicts) > 1
         where = (lambda r: f"rank {r}: ") if many else (lambda r: "")
-        if all(kind == "nothing" for kind, _ in verdicts):
-            raise LossScaleFloorError(
-                "ampsafe.heal has no batch to replay: the model has not run a forward since the healer was attached",
-                **err,
+
+        def fail(message: str) -> LossScaleFloorError:
+            exc = LossScaleFloorError(message, **err)
+            if measured is not None:  # the floor error says what this rank's scan added to the measured verdict
+                exc.verdict = local
+            return exc
+
+        if all(not v.replayed for v in verdicts):
+            raise fail(
+                "ampsafe.heal has no batch to replay: the model has not run a forward since the healer was attached"
             )
-        for rank, (kind, detail) in enumerate(verdicts):
-            if kind == "data":
-                raise LossScaleFloorError(
-                    f"not healed: the overflow is not in the model: {where(rank)}input {detail[0]} of the batch of "
-                    f"step {step} is non-finite at sample {detail[1]}. Fix the data (ampsafe.check_targets / ampsafe.watch "
-                    "name such samples).",
-                    **err,
+        for rank, v in enumerate(verdicts):
+            if v.where == "data":
+                raise fail(
+                    f"not healed: the overflow is not in the model: {where(rank)}input {v.input} of the batch of "
+                    f"step {step} is non-finite at sample {v.sample}. Fix the data (ampsafe.check_targets / "
+                    "ampsafe.watch name such samples)."
                 )
-        for rank, (kind, detail) in enumerate(verdicts):
-            if kind == "float32":
-                raise LossScaleFloorError(
-                    f"not healed: {where(rank)}{detail} is non-finite in float32 too on the replayed batch: a "
-                    "numerical error (log/sqrt/division of a bad value, a diverging learning rate), not a float16 "
-                    "range problem, so FP32 islands would not fix it. Run the step under ampsafe.watch(model) "
-                    "to name the op.",
-                    **err,
+        for rank, v in enumerate(verdicts):
+            if v.float32_nonfinite:
+                raise fail(
+                    f"not healed: {where(rank)}{v.float32_nonfinite} is non-finite in float32 too on the replayed "
+                    "batch: a numerical error (log/sqrt/division of a bad value, a diverging learning rate), not a "
+                    "float16 range problem, so FP32 islands would not fix it. Run the step under "
+                    "ampsafe.watch(model) to name the op."
                 )
-        by_start: dict[str, RiskPath] = {}
-        by_op: dict[str, RiskOp] = {}
-        for kind, detail in verdicts:
-            if kind == "paths":
-                paths, ops = detail
-                for start, path in paths.items():
-                    old = by_start.get(start)
-                    if old is None or _amax(path) > _amax(old):
-                        by_start[start] = path
-                for key, op in ops.items():
-                    old = by_op.get(key)
-                    if old is None or _amax(op) > _amax(old):
-                        by_op[key] = op
-        names = sorted(by_start)
+        found = _merged(local, verdicts)
+        names = sorted(p.start for p in found.paths)
+        by_op = {f"{o.module}:{o.op}": o for o in found.ops}
         op_keys = sorted(by_op)
-        amax = {n: by_start[n].amax for n in names}
-        amax.update({k: by_op[k].amax for k in op_keys})
-        forward = any(by_start[n].overflows_in == "forward" for n in names) or any(
-            _amax(by_op[k]) > FP16_MAX for k in op_keys
-        )
-        if off_floor and not forward:
+        if off_floor and not found.forward_overflow:
             # near the edge is not over it: this streak is a backward overflow, which a smaller scale fixes
             log.info("ampsafe heal at step %s: the forward pass is in range; the scaler backs off", step)
             return None
         if not names and not op_keys:
-            raise LossScaleFloorError(
+            raise fail(
                 "not healed: the replayed batch is finite in float32 and nothing in the model comes within "
                 f"{self.margin_bits:g} bits of float16's max on it (on any rank); the non-finite values come from "
                 "elsewhere (the loss, a custom op, the optimizer). Run the step under ampsafe.watch(model) to name "
-                "the op.",
-                **err,
+                "the op."
             )
         # a risky op is islanded with the module whose forward runs it (the smallest one the trace names)
         op_modules = [m for m in dict.fromkeys(by_op[k].module for k in op_keys) if m not in names]
         if "" in op_modules:
-            raise LossScaleFloorError(
+            raise fail(
                 f"not healed: {', '.join(k for k in op_keys if by_op[k].module == '')} overflows float16 in the "
                 "model's own forward (no submodule runs it), and an FP32 island of the whole model is no AMP at all. "
-                "Move the op into a submodule, or keep it in float32 (Paddle: auto_cast(custom_black_list=[...]))",
-                **err,
+                "Move the op into a submodule, or keep it in float32 (Paddle: auto_cast(custom_black_list=[...]))"
             )
-        from ..patching import patch
-
+        by_start = {p.start: p for p in found.paths}
         targets = [by_start[n] for n in names] + op_modules
-        result = patch(self.model, policy="island", level=self.level, paths=targets)
+        result = self.patch(self.model, policy="island", level=self.level, paths=targets)
         reset = repair_running_stats(self.backend, self.model)
         restored = restore_scale(history)
+        amax = {n: by_start[n].amax for n in names}
+        amax.update({k: by_op[k].amax for k in op_keys})
         record = {
             "step": step,
             "paths": names + op_modules,
@@ -236,22 +280,44 @@ class Healer:
             "amax": amax,
             "scale": restored,
             "reset_running_stats": reset,
+            "verdict": found,
         }
         self.heals.append(record)
         risky: dict[str, list[str]] = {}
         for k in op_keys:
             risky.setdefault(by_op[k].module, []).append(by_op[k].op)
         listed = names + [f"{m} (risky {', '.join(ops)})" for m, ops in risky.items() if m not in names]
+        islanded = tuple(result.patched) or tuple(names + op_modules)
+        # the modules named here are the ones the scaler records, report.json keeps and the report's patch line
+        # gives: one list, so the permanent fix is the heal that was logged
         log.warning(
-            "ampsafe heal at step %s: islanded %d paths (%s), max amax %s; scale restored to %s%s",
+            "ampsafe heal at step %s: islanded %d module(s) (%s) for %s, max amax %s; scale restored to %s%s",
             step,
-            len(names) + len(op_modules),
-            ", ".join(listed),
+            len(islanded),
+            ", ".join(islanded),
+            f"the path(s) starting at {', '.join(listed)}",
             _fmt_max(amax),
             restored,
             f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
         )
-        return HealPlan(tuple(result.patched) or tuple(names + op_modules), restored)
+        return HealPlan(islanded, restored)
+
+
+def _merged(local: HealVerdict, verdicts: list) -> HealVerdict:
+    """``local`` with the paths and ops of every rank: per path start (per ``module:op``) the largest amax."""
+    by_start: dict[str, RiskPath] = {}
+    by_op: dict[str, RiskOp] = {}
+    for v in verdicts:
+        for path in v.paths:
+            old = by_start.get(path.start)
+            if old is None or _amax(path) > _amax(old):
+                by_start[path.start] = path
+        for op in v.ops:
+            key = f"{op.module}:{op.op}"
+            old = by_op.get(key)
+            if old is None or _amax(op) > _amax(old):
+                by_op[key] = op
+    return replace(local, paths=tuple(by_start.values()), ops=tuple(by_op.values()))
 
 
 def _amax(found: RiskPath | RiskOp) -> float:

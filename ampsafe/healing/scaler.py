@@ -7,9 +7,11 @@ At its first ``step`` / ``minimize`` the scaler resolves its model (``model=`` i
 module whose parameters cover the optimizer's: :meth:`Backend.owner_of`) and keeps the inputs of that model's
 latest forward (:class:`~ampsafe.core.capture.InputCapture`, by reference, dropped after every ``update()``).
 At the floor it replays that batch once under the sentinel (:func:`ampsafe.healing.verdict.measure`) and says
-which pass overflowed; with ``on_floor="heal"`` it then heals through a :class:`~ampsafe.healing.Healer` (the
-one ``ampsafe.heal`` attaches: replay, island what overflows, restore the scale; collective under
-torch.distributed / paddle.distributed). Both adapters subclass :class:`HealingScaler`; they supply the
+which pass overflowed (a :class:`~ampsafe.core.verdict.HealVerdict`); with ``on_floor="heal"`` it then heals
+through a :class:`~ampsafe.healing.Healer` (the one ``ampsafe.heal`` attaches: it completes that verdict with
+one scan, islands what overflows, restores the scale; collective under torch.distributed /
+paddle.distributed). ``patience`` (the scaler's, or the one ``ampsafe.heal(..., patience=)`` attaches) is
+counted here, once for both. Both adapters subclass :class:`HealingScaler`; they supply the
 framework's precision state (``_amp_state``, ``_replay_context``) and call ``_resolve`` / ``_end_step``.
 """
 
@@ -22,16 +24,17 @@ from typing import Any, Callable, Optional
 from .._framework import unwrap
 from ..core.capture import InputCapture
 from ..core.scale import FloorInfo, ScalerBase, StepDecision
+from ..core.verdict import HealVerdict
 from ..errors import ConfigError
 from .healer import Healer
-from .verdict import Verdict, measure
+from .verdict import measure, not_replayed
 
 __all__ = ["HealingScaler", "check_patience"]
 
 log = logging.getLogger("ampsafe.heal")
 
 
-def check_patience(patience, on_floor: str) -> Optional[int]:
+def check_patience(patience, on_floor: str = "heal") -> Optional[int]:
     """``patience`` validated: an int >= 1 (overflowing steps in a row before a heal) or None."""
     if patience is None:
         return None
@@ -53,6 +56,7 @@ class HealingScaler(ScalerBase):
 
     disabled_reason: Optional[str] = None
     _patience: Optional[int] = None
+    _attached_patience: Optional[int] = None  # ``ampsafe.heal(..., patience=)``: left behind by pickling, as the hook
     _resolved: Any = None
     _resolve_done: bool = False
     _unresolved_why: str = ""
@@ -63,6 +67,7 @@ class HealingScaler(ScalerBase):
 
     def _init_healing(self, patience) -> None:
         self._patience = check_patience(patience, self._core.policy.on_floor)
+        self._attached_patience = None
         self._resolved, self._resolve_done, self._unresolved_why = None, False, ""
         self._capture = self._healer = None
         self._streak, self._in_range = 0, False
@@ -113,11 +118,11 @@ class HealingScaler(ScalerBase):
         index = {id(p): i for i, p in enumerate(self._backend().parameters(self._resolved))}
         return sorted(offenders, key=lambda pair: -index.get(id(pair[0]), -1))
 
-    def measure_floor(self, info: FloorInfo) -> Verdict:
-        """Replay the last batch once under the sentinel: what overflowed (see :mod:`ampsafe.healing.verdict`)."""
+    def measure_floor(self, info: FloorInfo, magnitude: bool = True) -> HealVerdict:
+        """Replay the last batch once under the sentinel: what overflowed (see :mod:`ampsafe.healing.verdict`).
+        ``magnitude=False``: a Healer's scan measures the float32 magnitude instead of a replay of its own."""
         if self._resolved is None:
-            why = self._unresolved_why or "the scaler took no step yet, so it has no model"
-            return Verdict("not replayed", f"not replayed: {why}")
+            return not_replayed(self._unresolved_why or "the scaler took no step yet, so it has no model")
         loss_finite = None if info.scale_independent is None else not info.scale_independent
         try:
             with self._capture.paused():
@@ -128,15 +133,21 @@ class HealingScaler(ScalerBase):
                     replay_context=lambda: self._replay_context(self._capture.state),
                     offenders=info.offenders,
                     loss_finite=loss_finite,
+                    magnitude=magnitude,
                 )
         except Exception as exc:  # noqa: BLE001 - the replay is evidence: its failure is reported, not raised
-            return Verdict(
-                "not replayed", f"not replayed: the replay of the last batch raised {type(exc).__name__}: {exc}"
-            )
+            return not_replayed(f"the replay of the last batch raised {type(exc).__name__}: {exc}")
 
     def _measured(self, info: FloorInfo) -> FloorInfo:
-        verdict = self.measure_floor(info)
-        return replace(info, verdict=verdict.text, where=verdict.where)
+        return replace(info, verdict=self.measure_floor(info, magnitude=not self._healer_scans()))
+
+    def _healer_scans(self) -> bool:
+        """Whether a Healer of the resolved model heals this floor and scans the batch (it measures the float32
+        magnitude then, so the sentinel's replay is the only other run of the batch)."""
+        if self._core.policy.on_floor != "heal" or self._resolved is None:
+            return False
+        hook = self.heal_hook if self.heal_hook is not None else self._builtin_heal_hook()
+        return isinstance(hook, Healer) and len(hook.heals) < hook.max_heals and hook._same_batch(self)
 
     def _builtin_heal_hook(self) -> Optional[Callable]:
         """The Healer of the resolved model, sharing the scaler's capture (built at the first heal)."""
@@ -150,16 +161,22 @@ class HealingScaler(ScalerBase):
         return self._unresolved_why or "the scaler took no step yet, so it has no model to heal"
 
     # -- patience: heal a streak of forward overflows before the floor -------------------------------------------------
+    def attach_patience(self, patience: int) -> None:
+        """``ampsafe.heal(model, scaler=self, patience=N)``: heal after N overflowing steps in a row, unless the
+        scaler was built with its own ``patience`` (that one counts). Not pickled, like the heal hook."""
+        self._attached_patience = check_patience(patience)
+
     def _on_decision(self, decision: Optional[StepDecision]) -> None:
         """After the floor handling of one update: count overflows in a row and heal after ``patience``."""
-        if self._patience is None or decision is None:
+        patience = self._patience if self._patience is not None else self._attached_patience
+        if patience is None or decision is None:
             return
         heals = self._core.stats.heals
         if not decision.found_inf or (heals and heals[-1].step == decision.step):
             self._streak, self._in_range = 0, False  # a clean step, or healed at the floor just now
             return
         self._streak += 1
-        if self._streak < self._patience or self._in_range:
+        if self._streak < patience or self._in_range:
             return
         self._streak = 0
         healer = self.heal_hook if isinstance(self.heal_hook, Healer) else None
@@ -180,6 +197,7 @@ class HealingScaler(ScalerBase):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state.update(_resolved=None, _resolve_done=False, _capture=None, _healer=None, _streak=0, _in_range=False)
+        state.update(_attached_patience=None)
         return state
 
     # -- adapters ------------------------------------------------------------------------------------------------------

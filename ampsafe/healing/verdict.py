@@ -6,46 +6,34 @@ the captured inputs of the model's last forward are checked (the data), then rep
 in the step's own precision (the forward: module, op, and the float32 magnitude of that module's output), and
 otherwise the gradients the step really had name the backward. Model state (buffers, normalization
 statistics) is put back after each replay (:meth:`Backend.snapshot`). Framework-neutral: the precision of the
-replay comes from the scaler (``replay_context``), everything else from the model's Backend.
+replay comes from the scaler (``replay_context``), everything else from the model's Backend. The result is a
+:class:`~ampsafe.core.verdict.HealVerdict`; when a heal follows, its scan supplies the float32 magnitude
+(``magnitude=False`` here), so the batch runs once under the sentinel and once in the scan.
 """
 
 from __future__ import annotations
 
 import logging
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..core.graph import FP16_MAX
-from .evidence import nonfinite_sample
+from ..core.verdict import MAX_NAMED, HealVerdict
+from .evidence import nonfinite_sample, post_hook
 
-__all__ = ["Verdict", "measure", "replay_inputs", "MAX_NAMED"]
-
-MAX_NAMED = 8  # parameters named in a backward verdict; the rest are counted
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the replay measured. ``where``: ``"forward"``, ``"backward"``, ``"data"``, ``"loss"`` (the model's
-    forward was finite, the loss ``scale()`` saw was not), ``"none"`` (nothing non-finite reproduced on this
-    process) or ``"not replayed"`` (no captured inputs). ``text``: the sentence the floor error carries."""
-
-    where: str
-    text: str
-    module: Optional[str] = None
-    op: Optional[str] = None
-    kind: Optional[str] = None
-    amax_fp32: Optional[float] = None
-    sample: Optional[int] = None
-    params: tuple = ()
+__all__ = ["HealVerdict", "measure", "replay_inputs", "not_replayed", "MAX_NAMED"]
 
 
 def replay_inputs(latest) -> Any:
     """``example_inputs`` (as ``_framework.call`` takes them) from an ``InputCapture.latest`` pair."""
     args, kwargs = latest
     return dict(kwargs) if kwargs and not args else tuple(args)
+
+
+def not_replayed(reason: str) -> HealVerdict:
+    """The verdict when there was nothing to replay (``reason``: why)."""
+    return HealVerdict("not replayed", reason=reason)
 
 
 @contextmanager
@@ -58,12 +46,6 @@ def _quiet(name: str):
         yield
     finally:
         logger.setLevel(old)
-
-
-def _post_hook(module, fn):
-    """A forward post-hook ``fn(output)`` on a torch module or Paddle layer (duck-typed, no framework test)."""
-    register = getattr(module, "register_forward_hook", None) or module.register_forward_post_hook
-    return register(lambda _m, _inputs, output: fn(output))
 
 
 def _run(model, latest) -> Any:
@@ -85,7 +67,7 @@ def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
             if a is not None and a.size:
                 seen.append(float(np.nanmax(np.abs(a))))
 
-    handle = _post_hook(module, keep)
+    handle = post_hook(module, keep)
     restore = backend.snapshot(model)
     try:
         with backend.float32():
@@ -110,13 +92,6 @@ def _forward_event(backend, model, latest, replay_context: Callable[[], Any]):
     return next((e for e in watch.events if getattr(e, "phase", "") == "forward"), None)
 
 
-def _named(names: list) -> str:
-    text = ", ".join(names[:MAX_NAMED])
-    if len(names) > MAX_NAMED:
-        text += f" and {len(names) - MAX_NAMED} more"
-    return text
-
-
 def measure(
     backend,
     model,
@@ -126,70 +101,33 @@ def measure(
     offenders: tuple = (),
     loss_finite: Optional[bool] = None,
     model_label: str = "",
-) -> Verdict:
+    magnitude: bool = True,
+) -> HealVerdict:
     """Replay the batch of ``latest`` (``InputCapture.latest``) and return what was measured.
 
     ``replay_context()``: the step's precision (autocast / float16 emulation, no grad); ``offenders``: names of
     the parameters whose gradients the step found non-finite, from the loss backwards; ``loss_finite``: whether
-    the losses ``scale()`` saw were finite (None: not seen).
+    the losses ``scale()`` saw were finite (None: not seen). ``magnitude=False``: leave the float32 magnitude of
+    a forward verdict's module to the heal that follows (its scan runs the batch in float32 anyway).
     """
     label = model_label or type(model).__name__
     if latest is None:
-        return Verdict(
-            "not replayed",
-            f"not replayed: no inputs of the resolved model ({label}) were captured since the last update(), so "
+        return not_replayed(
+            f"no inputs of the resolved model ({label}) were captured since the last update(), so "
             "which pass overflowed was not measured (a custom loop whose forward does not call that module; "
-            "pass model= to the scaler to name the module the loop runs)",
+            "pass model= to the scaler to name the module the loop runs)"
         )
     bad = nonfinite_sample(latest, backend)
     if bad is not None:
-        return Verdict(
-            "data",
-            f"the data: input {bad[0]} of the last batch is non-finite at sample {bad[1]} (before the model ran)",
-            sample=bad[1],
-        )
+        return HealVerdict("data", input=bad[0], sample=bad[1])
     event = _forward_event(backend, model, latest, replay_context or nullcontext)
     if event is not None:
-        where = event.module or "<root>"
-        amax = _float32_amax(backend, model, event.module, latest)
-        if amax is None:
-            magnitude = ""
-        elif not np.isfinite(amax):
-            magnitude = "; it is non-finite in float32 too"
-        elif amax > FP16_MAX:
-            magnitude = f"; in float32 its output reaches |x| = {amax:.4g} (float16's max is {FP16_MAX:g})"
-        else:  # e.g. DBHead's step function: exp overflows, the module's output is a bounded map
-            magnitude = (
-                f"; in float32 {where}'s output stays within |x| <= {amax:.4g}: the overflow is inside it, at "
-                f"its {event.op}"
-            )
-        sample = f", first in sample {event.sample}" if event.sample is not None else ""
-        return Verdict(
-            "forward",
-            f"the forward pass: the first non-finite value comes from {where}:{event.op} (kind "
-            f"{event.kind!r}{sample}){magnitude}",
-            module=event.module,
-            op=event.op,
-            kind=event.kind,
-            amax_fp32=amax,
-            sample=event.sample,
+        amax = _float32_amax(backend, model, event.module, latest) if magnitude else None
+        return HealVerdict(
+            "forward", module=event.module, op=event.op, kind=event.kind, amax_fp32=amax, sample=event.sample
         )
     if loss_finite is False:
-        return Verdict(
-            "loss",
-            "the loss: the model's forward pass replayed finite, yet the loss passed to scale() was non-finite, so "
-            "the overflow is in the loss computation after the model; no loss scale can fix this",
-        )
+        return HealVerdict("loss")
     if offenders:
-        return Verdict(
-            "backward",
-            f"the backward pass: the model's forward pass replayed finite, and the gradients of {len(offenders)} "
-            f"parameter{'s' if len(offenders) != 1 else ''} overflowed (from the loss backwards): "
-            f"{_named(list(offenders))}",
-            params=tuple(offenders),
-        )
-    return Verdict(
-        "none",
-        "nothing reproduced on this process: the model's forward pass replayed finite and no gradient the "
-        "optimizer holds here was non-finite (they were on another rank, or outside the optimizers)",
-    )
+        return HealVerdict("backward", params=tuple(offenders))
+    return HealVerdict("none")

@@ -63,7 +63,9 @@ class Plan:
 @dataclass
 class PatchContext:
     """What a handler may read. ``modules``: path -> module of the unwrapped model; ``outer``: the model as
-    the user passed it (DDP wrapper included); ``config``: the policy's typed config (``ConvBN(act=...)``)."""
+    the user passed it (DDP wrapper included); ``config``: the policy's typed config (``ConvBN(act=...)``);
+    ``scan``: how to scan the model when no report was given (``ampsafe.patch`` hands ``ampsafe.scan`` down:
+    the policies never import the front)."""
 
     model: Any
     outer: Any
@@ -76,6 +78,7 @@ class PatchContext:
     margin_bits: float = 4.0
     example_inputs: Any = None
     config: PolicyConfig | None = None
+    scan: Callable | None = None
 
     def scan_report(self, why: str) -> ScanReport:
         """The scan report, running ``ampsafe.scan`` on ``example_inputs`` when none was given."""
@@ -85,11 +88,11 @@ class PatchContext:
                     f"{why}: pass example_inputs (a tuple of model arguments) so ampsafe can scan the model, "
                     "or report=ampsafe.scan(...), or paths=[module paths]"
                 )
-            from ..scanner import scan
-
+            if self.scan is None:
+                raise ConfigError(f"{why}: no scan was handed to this PatchContext; pass report= or paths=")
             restore = self.adapter.save_buffers(self.model)  # a traced train-mode forward moves BN statistics
             try:
-                self.report = scan(self.model, self.example_inputs, level=self.level, margin_bits=self.margin_bits)
+                self.report = self.scan(self.model, self.example_inputs, level=self.level, margin_bits=self.margin_bits)
             finally:
                 restore()
         return self.report

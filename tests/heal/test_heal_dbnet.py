@@ -12,6 +12,7 @@ import logging
 import math
 
 import pytest
+from heal_counts import heal_costs
 
 pytestmark = pytest.mark.trajectory
 
@@ -30,10 +31,15 @@ def runs():
     logger.addHandler(logged)
     try:
         built: list = []
-        heal = run_paddle("heal", heal_options={"patience": 2}, workload_out=built, **RECIPE)
+        with heal_costs() as costs:
+            heal = run_paddle("heal", heal_options={"patience": 2}, workload_out=built, **RECIPE)
+        heal.costs = costs
     finally:
         logger.removeHandler(logged)
-    heal.healed_paths = logged.records[0].args[2].split(", ") if logged.records else []
+    # the log line's arguments: step, count, the islanded modules, "the path(s) starting at <starts>", ...
+    heal.islanded = logged.records[0].args[2].split(", ") if logged.records else []
+    starts = logged.records[0].args[3].removeprefix("the path(s) starting at ") if logged.records else ""
+    heal.healed_paths = starts.split(", ") if starts else []
     heal.patched = ampsafe.patching.patched_modules(built[0].model)
     island = run_paddle("island", **RECIPE)
     return heal, island
@@ -77,3 +83,14 @@ def test_dbnet_healed_paths_are_neck_and_head_first_convs_not_backbone(runs):
     assert {"head.binarize.conv1", "head.thresh.conv1"} <= set(paths)
     assert all(p.startswith("neck.") or p in ("head.binarize.conv1", "head.thresh.conv1") for p in paths)
     assert heal.patched and not any(p.startswith("backbone") for p in heal.patched)
+    assert set(heal.islanded) == set(heal.patched)  # the log line names what was islanded
+
+
+@pytest.mark.slow
+def test_dbnet_heal_runs_the_model_at_most_twice_and_no_backward(runs):
+    """The patience check replays nothing under the sentinel: one scan of the batch (the float32 run that checks
+    a non-finite scan under emulation is the second)."""
+    heal, _ = runs
+    checks = heal.costs.calls
+    assert heal.costs.heals and all(c.method == "_on_decision" for c in checks), checks
+    assert all(c.forwards <= 2 and c.backwards == 0 for c in checks), checks

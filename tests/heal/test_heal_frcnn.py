@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from heal_counts import heal_costs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
@@ -26,13 +27,14 @@ INIT_SCALE = 4.0  # floor 1.0: overflows at 4 and 2 back off, the third is the f
 @pytest.fixture(scope="module")
 def healed_run(brink_seed):
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    run = train_frcnn_heal(STEPS, init_scale=INIT_SCALE, seed=brink_seed)
+    with heal_costs() as costs:
+        run = train_frcnn_heal(STEPS, init_scale=INIT_SCALE, seed=brink_seed)
     scaler = run["scaler"]
     print(
         f"\nfrcnn heal (seed {brink_seed}): losses {[round(x, 2) for x in run['losses']]}, skipped {run['skipped']}, "
         f"forward non-finite {run['forward_nonfinite']}, heals {scaler.stats.heals}"
     )
-    return dict(run, model=run["workload"].model)
+    return dict(run, model=run["workload"].model, costs=costs)
 
 
 def test_heal_fires_at_the_floor_on_frcnn_brink(healed_run):
@@ -71,3 +73,11 @@ def test_no_forward_overflow_after_heal_on_frcnn_brink(healed_run):
 
 def test_heal_keeps_parameter_identity(healed_run):
     assert [id(p) for p in healed_run["model"].parameters()] == healed_run["params_before"]
+
+
+def test_heal_at_the_floor_runs_the_model_twice_and_no_backward(healed_run):
+    """The sentinel's replay names the pass, one scan finds the paths (and shows float32 finite and the module's
+    magnitude): no float32 run of their own."""
+    costs = healed_run["costs"]
+    assert costs.heals and all(c.method == "_on_floor" for c in costs.heals), costs.calls
+    assert all(c.forwards <= 2 and c.backwards == 0 for c in costs.calls), costs.calls

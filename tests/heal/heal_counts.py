@@ -1,0 +1,86 @@
+"""Counting what a heal costs: the model's forwards and backwards inside each floor or patience check.
+
+A forward pre-hook on the scaler's model (the module its optimizer covers: every replay and scan of the batch
+runs it) and a gradient hook on each of its trainable parameters are registered for the duration of each
+``_on_floor`` / ``_on_decision`` call of an ampsafe GradScaler (torch or Paddle: the same hook names), so the
+training step's own forward and backward are not counted. Duck-typed over the frameworks on purpose: it counts
+through the frameworks' own public hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from ampsafe.healing.scaler import HealingScaler
+
+
+@dataclass
+class HealCost:
+    """One floor or patience check that ran the model: its step, forwards, backwards, and whether it healed."""
+
+    method: str
+    forwards: int
+    backwards: int
+    healed: bool
+
+
+@dataclass
+class HealCosts:
+    calls: list[HealCost] = field(default_factory=list)
+
+    @property
+    def heals(self) -> list[HealCost]:
+        return [c for c in self.calls if c.healed]
+
+
+def _trainable(param) -> bool:
+    return bool(getattr(param, "requires_grad", not getattr(param, "stop_gradient", True)))
+
+
+def _counted(method: str, original, costs: HealCosts):
+    def wrapper(self, *args, **kwargs):
+        model = getattr(self, "model", None) or getattr(self.heal_hook, "model", None)
+        if model is None:
+            return original(self, *args, **kwargs)
+        forwards, grads = [0], {}
+
+        def on_forward(_module, _inputs):
+            forwards[0] += 1
+
+        def on_grad(key):
+            def hook(_grad):
+                grads[key] = grads.get(key, 0) + 1
+
+            return hook
+
+        handles = [model.register_forward_pre_hook(on_forward)]
+        handles += [p.register_hook(on_grad(i)) for i, p in enumerate(model.parameters()) if _trainable(p)]
+        heals = len(self.stats.heals)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+            if forwards[0] or grads:
+                healed = len(self.stats.heals) > heals
+                costs.calls.append(HealCost(method, forwards[0], max(grads.values(), default=0), healed))
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def heal_costs():
+    """Yield a :class:`HealCosts` that fills while the block trains (every ampsafe GradScaler is counted)."""
+    costs = HealCosts()
+    own = {name: vars(HealingScaler).get(name) for name in ("_on_floor", "_on_decision")}
+    for name in own:
+        setattr(HealingScaler, name, _counted(name, getattr(HealingScaler, name), costs))
+    try:
+        yield costs
+    finally:
+        for name, original in own.items():
+            if original is None:
+                delattr(HealingScaler, name)  # inherited again
+            else:
+                setattr(HealingScaler, name, original)
