@@ -259,11 +259,18 @@ class Healer:
             )
         # a risky op is islanded with the module whose forward runs it (the smallest one the trace names)
         op_modules = [m for m in dict.fromkeys(by_op[k].module for k in op_keys) if m not in names]
-        if "" in op_modules:
+        if any(m != "" for m in names + op_modules):
+            # what the root's own forward computes (a loss inside the model, as ultralytics' DetectionModel) reads
+            # the submodules' outputs: islanding those is the fix, islanding the root is no AMP at all
+            names = [n for n in names if n != ""]
+            op_modules = [m for m in op_modules if m != ""]
+            op_keys = [k for k in op_keys if by_op[k].module != ""]
+        elif "" in names + op_modules:
+            root_ops = [k for k in op_keys if by_op[k].module == ""] or [p.start_op for p in found.paths]
             raise fail(
-                f"not healed: {', '.join(k for k in op_keys if by_op[k].module == '')} overflows float16 in the "
-                "model's own forward (no submodule runs it), and an FP32 island of the whole model is no AMP at all. "
-                "Move the op into a submodule, or keep it in float32 (Paddle: auto_cast(custom_black_list=[...]))"
+                f"not healed: {', '.join(root_ops)} overflows float16 in the model's own forward (no submodule "
+                "runs it), and an FP32 island of the whole model is no AMP at all. Move the op into a submodule, "
+                "or keep it in float32 (Paddle: auto_cast(custom_black_list=[...]))"
             )
         by_start = {p.start: p for p in found.paths}
         targets = [by_start[n] for n in names] + op_modules
