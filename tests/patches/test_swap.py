@@ -157,5 +157,5 @@ def test_cli_refusal_exits_nonzero_with_the_message(upstream, tmp_path, capsys):
 def test_flow_style_and_quoted_names_are_rewritten_in_place(tmp_path):
     src = tmp_path / "flow.yml"
     src.write_text('Architecture:\n  Neck: {name: "RSEFPN", out_channels: 96}  # mine\n  Head: {name: DBHead}\n')
-    out = swap_neck(src, out=tmp_path / "o.yml").read_text()
+    out = swap_neck(src, out=tmp_path / "o.yml").read_text().split("\n", 4)[4]  # after the how-to-run header
     assert out == 'Architecture:\n  Neck: {name: "AmpSafeRSEFPN", out_channels: 96}  # mine\n  Head: {name: DBHead}\n'

@@ -26,11 +26,18 @@ def det_text(upstream) -> str:
     return text
 
 
+def _body(text: str) -> str:
+    """The swapped file after its how-to-run header (four comment lines, checked in test_swap)."""
+    lines = text.splitlines(keepends=True)
+    assert lines[0].startswith("# Written by `ampsafe swap-neck") and all(x.startswith("# ") for x in lines[:4])
+    return "".join(lines[4:])
+
+
 def _swap(tmp_path, text: str, name: str = "det.yml"):
     src = tmp_path / name
     src.write_text(text, encoding="utf-8")
     out, changes = _swap_file(src, "convbn", tmp_path / f"out_{name}")
-    return out.read_text(encoding="utf-8"), changes
+    return _body(out.read_text(encoding="utf-8")), changes
 
 
 def _paddleocr_load(text: str):
@@ -44,7 +51,7 @@ def _with_black_list(text: str, entry: str) -> str:
 
 def test_upstream_det_mv3_db_gets_exp_on_one_added_line_and_nothing_else(upstream, tmp_path, det_text):
     out = swap_neck(upstream / DET, out=tmp_path / "det.yml")
-    text = out.read_text(encoding="utf-8")
+    text = _body(out.read_text(encoding="utf-8"))
     cfg = _paddleocr_load(text)
     assert cfg["Global"]["amp_custom_black_list"] == ["exp"]
     assert cfg["Architecture"]["Neck"]["name"] == "AmpSafeDBFPN"
