@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 FP16_MAX = 65504.0
+# A value at or below -MASK_LIMIT is a mask's fill value (finfo(float32).min, finfo(bfloat16).min, -inf): HF's
+# additive attention masks hold finfo.min. No activation a model computes gets near 2**100 without having left
+# float16's range long before, so the lanes measured apart below it are what the model computes.
+MASK_LIMIT = 2.0**100
 
 
 class OpKind(str, Enum):
@@ -25,6 +29,7 @@ class OpKind(str, Enum):
     REDUCTION = "reduction"  # sum, mean, max over axes: the path goes on
     LOSS = "loss"  # a loss function: ends a path, unnormalized
     OTHER = "other"  # anything else (indexing, comparisons, casts): the path goes on
+    FILL = "fill"  # empty/empty_like/bernoulli_/uniform_/fill_...: its values do not come from its inputs' values
 
 
 START_KINDS = frozenset({OpKind.CONV, OpKind.MATMUL})
@@ -53,6 +58,8 @@ class Node:
     low_precision: bool = False
     amax: float | None = None
     grad_amax: float | None = None  # abs-max of d(loss*scale)/d(output), when measured
+    # abs-max over the lanes that are not a mask's fill value (see MASK_LIMIT); None when no lane was one
+    lane_amax: float | None = None
 
     @property
     def label(self) -> str:
@@ -115,7 +122,10 @@ def headroom_bits(amax: float | None, limit: float = FP16_MAX) -> float | None:
 def path_flags(kind: OpKind, in_ids, on_path: set[int]) -> tuple[bool, bool]:
     """(on a path, carries it on) for an op's outputs, as the tracers decide what to measure: a conv/matmul
     starts a path; an op fed by one is on it; a normalizing, bounded or loss op ends it (its output still
-    counts for the path)."""
+    counts for the path). A fill op (``empty_like`` then ``bernoulli_``, how dropout records) is on no path: it
+    reads its input's shape, not its values, and its output before the fill is uninitialized memory."""
+    if kind is OpKind.FILL:
+        return False, False
     if kind in START_KINDS:
         return True, True
     fed = any(tid in on_path for tid in in_ids)

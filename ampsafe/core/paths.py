@@ -5,6 +5,11 @@ A *path* starts at a conv/matmul output and follows its consumers through ops th
 (normalized) or at the next conv/matmul, a loss or the model output (unnormalized). Every tensor on the
 path, the outputs of the ops that end it included, counts for its float16 headroom: in the DBNet seed the
 first value past 65504 is the output of the head conv that *ends* the unnormalized DBFPN concat path.
+A mask's fill value (``finfo.min``, ``-inf``) on a path is not a value when it ends in a masked softmax, an
+``exp`` or SDPA's ``attn_mask`` (:class:`_MaskLanes`): HF's additive attention masks hold ``finfo(float32).min``.
+At O1 a value an op computes in float32 counts only if it is cast to float16 later (:class:`_CastsLow`): a
+transformer's residual stream stays float32 under autocast, so a big sublayer output joining it does not flag
+every earlier path that feeds it.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ def _walk(graph: Graph, start: Node, consumers: dict[int, list[int]]) -> _Walk:
             _add_unique(walk.ends, LOSS)
             walk.normalized = False
         for idx in consumers.get(tid, ()):
-            if idx in seen_nodes or idx <= start.index:
+            if idx in seen_nodes or idx <= start.index or graph.nodes[idx].kind is OpKind.FILL:
                 continue
             seen_nodes.add(idx)
             node = graph.nodes[idx]
@@ -87,6 +92,103 @@ def _walk(graph: Graph, start: Node, consumers: dict[int, list[int]]) -> _Walk:
     return walk
 
 
+# Ops that take a mask's fill value (finfo.min, -inf) and give back what the mask meant: exp(-inf) = 0, a masked
+# softmax, a bounded op. SDPA takes its additive mask as an input, not as a value of its path.
+_MASK_SINKS = frozenset({"softmax", "log_softmax", "exp", "sigmoid", "tanh"})
+_MASK_CARRIERS = frozenset({OpKind.ELEMENTWISE, OpKind.OTHER})
+_SDPA_DATA_INPUTS = 3  # query, key, value: a tensor after them in an SDPA node is its attn_mask
+
+
+class _MaskLanes:
+    """Whether a node's mask lanes (values at or below ``-MASK_LIMIT``) all end where a mask is meant to end.
+
+    They may ride elementwise and layout ops (the scale, a cast, ``where``, ``masked_fill``, the add of a
+    position bias) and must then reach a masked softmax, an ``exp``, a bounded op, SDPA's ``attn_mask``, or a
+    non-floating result (a cast to an index). Reaching a matmul, a norm, a reduction, a loss or the model's
+    output means they are values like any other, and count.
+    """
+
+    def __init__(self, graph: Graph, consumers: dict[int, list[int]]):
+        self.graph = graph
+        self.consumers = consumers
+        self.memo: dict[int, bool] = {}
+
+    def absorbed(self, node: Node) -> bool:
+        return all(self._tensor(t, set()) for t in node.outputs)
+
+    def _tensor(self, tid: int, seen: set) -> bool:
+        if tid in self.memo:
+            return self.memo[tid]
+        if tid in seen:
+            return True
+        seen.add(tid)
+        g = self.graph
+        ok = tid not in g.outputs and tid != g.loss
+        for idx in self.consumers.get(tid, ()) if ok else ():
+            c = g.nodes[idx]
+            if c.kind is OpKind.FILL or c.op in _MASK_SINKS or c.kind is OpKind.BOUNDED:
+                continue
+            if c.op == "scaled_dot_product_attention":
+                ok = tid not in c.inputs[:_SDPA_DATA_INPUTS]
+            elif c.kind in _MASK_CARRIERS:
+                ok = all(self._tensor(t, seen) for t in c.outputs)
+            else:
+                ok = False
+            if not ok:
+                break
+        self.memo[tid] = ok
+        return ok
+
+
+def _node_amax(node: Node, lanes: _MaskLanes | None) -> float | None:
+    """The node's abs-max, its mask lanes left out when they end where a mask is meant to end."""
+    if node.lane_amax is None or lanes is None or not lanes.absorbed(node):
+        return node.amax
+    return node.lane_amax
+
+
+class _CastsLow:
+    """Whether a float32 value on a path reaches float16: only then can it overflow there.
+
+    At O1 a path's op may run in float32 (autocast promotes float16 and float32 inputs to float32: T5's residual
+    stream adds float16 sublayer outputs to float32 embeddings) and its value stays float32 until a consumer casts
+    it, which a low-precision op does (a conv/matmul, an elementwise op whose inputs are all float16). Views and
+    ops bounded by their input (unmeasured) pass the value on unchanged; the model's output and loss count, since
+    the caller may cast them.
+    """
+
+    def __init__(self, graph: Graph, consumers: dict[int, list[int]]):
+        self.graph = graph
+        self.consumers = consumers
+        self.memo: dict[int, bool] = {}
+
+    def counts(self, node: Node) -> bool:
+        if node.low_precision or node.kind in START_KINDS or self.graph.level != "O1":
+            return True
+        return any(self._tensor(t, set()) for t in node.outputs)
+
+    def _tensor(self, tid: int, seen: set) -> bool:
+        if tid in self.memo:
+            return self.memo[tid]
+        if tid in seen:
+            return False
+        seen.add(tid)
+        g = self.graph
+        hit = tid in g.outputs or tid == g.loss
+        for idx in self.consumers.get(tid, ()) if not hit else ():
+            c = g.nodes[idx]
+            if c.kind is OpKind.FILL:
+                continue
+            if c.low_precision or c.kind in START_KINDS:
+                hit = True
+            elif c.amax is None:  # a view or an op bounded by its input: the same float32 values go on
+                hit = any(self._tensor(t, seen) for t in c.outputs)
+            if hit:
+                break
+        self.memo[tid] = hit
+        return hit
+
+
 def _verdict(amax, grad_amax, margin_bits: float, loss_scale) -> tuple[float | None, bool, str | None]:
     room = headroom_bits(amax)
     overflows_in = None
@@ -105,13 +207,17 @@ def find_paths(graph: Graph, *, margin_bits: float = 4.0, loss_scale: float | No
 
 def _paths_with_nodes(graph: Graph, margin_bits: float, loss_scale) -> list[tuple[RiskPath, list[int]]]:
     consumers = graph.consumers()
+    lanes = _MaskLanes(graph, consumers)
+    casts = _CastsLow(graph, consumers)
     out = []
     for node in graph.nodes:
         if node.kind not in START_KINDS:
             continue
         walk = _walk(graph, node, consumers)
         nodes = [graph.nodes[i] for i in walk.nodes]
-        amax = _max(n.amax for n in nodes)
+        amaxes = [_node_amax(n, lanes) if casts.counts(n) else None for n in nodes]
+        amax = _max(amaxes)
+        peak = next((n.label for n, a in zip(nodes, amaxes) if a is not None and _max([a]) == amax), "")
         grad = _max(n.grad_amax for n in nodes)
         room, risky, overflows_in = _verdict(amax, grad, margin_bits, loss_scale)
         path = RiskPath(
@@ -126,6 +232,7 @@ def _paths_with_nodes(graph: Graph, margin_bits: float, loss_scale) -> list[tupl
             overflows_in=overflows_in,
             grad_amax=grad,
             start_op=node.op,
+            peak=peak,
         )
         out.append((path, walk.nodes))
     return out
@@ -137,16 +244,18 @@ def find_risky_ops(graph: Graph, *, margin_bits: float = 4.0, covered: set[int] 
     ``covered``: node indices already reported through a risky path (not repeated here).
     """
     found: dict[tuple[str, str], RiskOp] = {}
+    lanes = _MaskLanes(graph, graph.consumers())
     for node in graph.nodes:
         if not node.low_precision or node.kind in START_KINDS or node.index in covered or node.amax is None:
             continue
-        room = headroom_bits(node.amax)
+        amax = _node_amax(node, lanes)
+        room = headroom_bits(amax)
         if room is None or room >= margin_bits:
             continue
         key = (node.module, node.op)
         prev = found.get(key)
-        if prev is None or _max([prev.amax, node.amax]) != prev.amax:
-            found[key] = RiskOp(module=node.module, op=node.op, amax=node.amax, headroom_bits=room)
+        if prev is None or _max([prev.amax, amax]) != prev.amax:
+            found[key] = RiskOp(module=node.module, op=node.op, amax=amax, headroom_bits=room)
     return list(found.values())
 
 
@@ -174,6 +283,8 @@ def merge_paths(paths, *, margin_bits: float = 4.0, loss_scale: float | None = N
         m.ends = tuple(dict.fromkeys(m.ends + p.ends))
         m.ops = tuple(dict.fromkeys(m.ops + p.ops))
         m.normalized = m.normalized and p.normalized
+        if p.amax is not None and _max([m.amax, p.amax]) != m.amax:
+            m.peak = p.peak
         m.amax = _max([m.amax, p.amax])
         m.grad_amax = _max([m.grad_amax, p.grad_amax])
     for m in merged.values():

@@ -20,6 +20,11 @@ from .graph import START_KINDS, Graph, OpKind, amax_value, path_flags
 
 __all__ = ["TraceHooks", "Recorder", "trace"]
 
+_LANE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.OTHER})
+# What a norm written as plain ops (an RMSNorm's ``x.pow(2).mean()``) computes to normalize: float32 statistics of
+# its input, not values of the path that ends there (x**2 would double the input's exponent).
+_NORM_STATISTICS = frozenset({"pow", "square", "mean", "var", "std", "var_mean", "std_mean", "rsqrt", "sqrt", "sum"})
+
 
 class TraceHooks(Protocol):
     """What the recorder needs from a framework, for one trace of one model (``Backend.trace_hooks``)."""
@@ -64,6 +69,10 @@ class TraceHooks(Protocol):
     def abs_max(self, t):
         """max |t| as a 0-d device tensor (no host sync)."""
 
+    def lane_abs_max(self, t):
+        """max |t| over the lanes that are not a mask's fill value (``t <= -MASK_LIMIT``: ``finfo.min``, ``-inf``),
+        as a 0-d device tensor; NaN lanes count. Optional: a framework without it measures every lane."""
+
     def maximum(self, a, b): ...
 
     def no_grad(self) -> ContextManager: ...
@@ -105,7 +114,7 @@ class Recorder:
         self.ids = hooks.id_map()  # tensor -> (tensor id, version when that id was given)
         self.next_id = 0
         self.half: dict[int, bool] = {}
-        self.pending: list[tuple[object, list]] = []  # (node, [0-dim abs-max tensors])
+        self.pending: list[tuple] = []  # (node, [0-d abs-max tensors], [0-d lane abs-maxes] or None)
         self.grads: dict[int, object] = {}  # tensor id -> abs-max of its gradient (0-d tensor)
         self.hooked: set[int] = set()
         self.handles: list = []
@@ -114,6 +123,8 @@ class Recorder:
         self.unseen: set[str] = set()  # modules where a grad-carrying tensor came from an unseen kernel
         self.on_path: set[int] = set()  # tensors a conv/matmul path runs through
         self.watched: set[int] = set()  # those plus the outputs of the ops that end a path: their gradients count
+        self.laned: set[int] = set()  # tensors measured with their mask lanes apart (lane_abs_max)
+        self.opaque = 0  # > 0 while an op recorded as one node (SDPA) runs its inner ops: they are not recorded
 
     # tensor ids ---------------------------------------------------------------------------------------
     def _new(self, t, half: bool) -> int:
@@ -177,14 +188,20 @@ class Recorder:
         self.graph.outputs = {tid for tid in map(self.lookup, outputs) if tid is not None}
 
     # the recorder --------------------------------------------------------------------------------------
-    def record(self, op: str, kind: OpKind, func, args, kwargs):
-        """Run ``func(*args, **kwargs)`` as canonical ``op`` of ``kind`` and record it; returns its output."""
+    def record(self, op: str, kind: OpKind, func, args, kwargs, *, probe: Callable | None = None):
+        """Run ``func(*args, **kwargs)`` as canonical ``op`` of ``kind`` and record it; returns its output.
+
+        ``probe()``: 0-d abs-max tensors of values the op computes but never returns (SDPA's QK logits, which
+        flash kernels never materialize); they count for the node's ``amax``.
+        """
         h = self.hooks
         inputs = h.float_leaves((args, kwargs))
-        if not inputs:
+        if not inputs or self.opaque:
             return func(*args, **kwargs)
         module, owner = h.current_module()
-        if kind not in START_KINDS and h.is_norm_module(owner):
+        statistic = False
+        if kind not in START_KINDS and kind is not OpKind.FILL and h.is_norm_module(owner):
+            statistic = op in _NORM_STATISTICS
             kind = OpKind.NORM
         in_ids = [self.tid_of(t) for t in inputs]
         versions = [h.version(t) for t in inputs]
@@ -223,18 +240,31 @@ class Recorder:
             dtype=dtype,
             low_precision=low,
         )
-        if produced and h.measured(op):
-            measured = produced[:1] if kind is OpKind.NORM else produced
+        if produced and kind is not OpKind.FILL and not statistic and h.measured(op):
+            measured = [t for t in (produced[:1] if kind is OpKind.NORM else produced) if h.numel(t)]
+            lane_max = getattr(h, "lane_abs_max", None)
             with h.no_grad():
-                maxima = [h.abs_max(t) for t in measured if h.numel(t)]
+                maxima = [h.abs_max(t) for t in measured]
+                if probe is not None:
+                    maxima += list(probe())
+                # mask lanes (finfo.min, -inf) enter through an input from off the path (the mask) and ride
+                # elementwise ops from there; a conv/matmul output, or an op fed only by path values, has none
+                laned = lane_max and kind in _LANE_KINDS
+                laned = laned and any(tid not in self.on_path or tid in self.laned for tid in in_ids)
+                lanes = [lane_max(t) for t in measured] if laned else None
+                if laned:
+                    self.laned.update(out_ids)
             if maxima:
-                self.pending.append((node, maxima))
+                self.pending.append((node, maxima, lanes))
         return out
 
     def finish(self) -> None:
         """Turn the device-side maxima into floats (one pass at the end, not a sync per op); drop the hooks."""
-        for node, maxima in self.pending:
+        for node, maxima, lanes in self.pending:
             node.amax = amax_value(max(float(m) for m in maxima))
+            if lanes:
+                lane = amax_value(max(float(m) for m in lanes))
+                node.lane_amax = lane if lane < node.amax else None
         self.pending.clear()
         if self.grads:
             producer = self.graph.producers()

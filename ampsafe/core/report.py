@@ -16,7 +16,8 @@ class RiskPath:
     ``normalized``: every branch ends at a normalization or bounded op. ``amax``: float32 max |activation|
     seen on the path, the outputs of the ending ops included. ``overflows_in``: ``"forward"`` (no loss scale
     fixes it), ``"backward"`` (a smaller scale does) or None. ``protected``: already an FP32 island, rescaled
-    or rewritten by ``ampsafe.patch`` (``protected_by`` names the policy).
+    or rewritten by ``ampsafe.patch`` (``protected_by`` names the policy). ``peak``: the op whose output holds
+    ``amax``.
     """
 
     start: str
@@ -31,6 +32,9 @@ class RiskPath:
     grad_amax: float | None = None
     start_op: str = ""
     protected_by: str | None = None
+    # the op (``module:op``) whose output holds ``amax``: the starting op itself, or where another value joined
+    # the path (a residual add carrying a later block's overflow), so the module that really overflows is named
+    peak: str = ""
 
     @property
     def protected(self) -> bool:

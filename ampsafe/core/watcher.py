@@ -106,6 +106,9 @@ class WatchPass:
         self.bad_inputs: list[tuple[str, int | None, int]] = []  # (where, sample, ops.key of the tensor)
         self.forward_event: NonFiniteError | None = None
         self.backward_event: NonFiniteError | None = None
+        # origins not reported yet (see WatchBase.defers_origin): ops.key of a non-finite tensor -> its origin
+        self.carried: dict = {}
+        self.candidates: list[NonFiniteError] = []
 
     @property
     def done(self) -> bool:
@@ -143,8 +146,15 @@ class WatchBase(Guard, Monitor):
     events: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     step_count: int = 0
+    # the step number of a pass: the optimizer steps done so far (``ampsafe run`` passes its scaler's count);
+    # without it, training forwards are counted (eval(), no_grad and inference_mode forwards are not)
+    step_source: Callable[[], int] | None = None
 
     ops: ClassVar[type[TensorOps]] = TensorOps
+    # An origin is reported when a non-finite value it made reaches what always counts (the model's output, a
+    # scalar loss, a backward, a parameter), not when the op runs: T5's position bucketing takes log(0) and
+    # throws those lanes away with torch.where. Adapters that call carry() / reaches() set it.
+    defers_origin: ClassVar[bool] = False
     _input_label: ClassVar[str] = "args"  # how unnamed model inputs are spelled in messages ("args[0]")
     _grad_what: ClassVar[str] = "a gradient norm"  # what the guard's fused check read, for its message
 
@@ -233,9 +243,13 @@ class WatchBase(Guard, Monitor):
         self._depth += 1
         if self._depth > 1:
             return
-        step = self._forward_count - 1 if self._replaying else self._forward_count
+        if self.step_source is not None:
+            step = self.step_source()
+        else:
+            step = self._forward_count - 1 if self._replaying else self._forward_count
         if not self._replaying:
-            self._forward_count += 1
+            if self._training_forward():
+                self._forward_count += 1
             if self.guard and self._snapshot is None:
                 self._snapshot = self._take_snapshot()
             if self.monitored(step):
@@ -252,7 +266,8 @@ class WatchBase(Guard, Monitor):
             finally:
                 self._suspended -= 1
 
-    def _root_post(self) -> None:
+    def _root_post(self, output=None) -> None:
+        """``output``: what the root forward returned (an adapter that defers origins passes it)."""
         if self._suspended:
             return
         self._depth = max(self._depth - 1, 0)
@@ -266,6 +281,8 @@ class WatchBase(Guard, Monitor):
         p = self._pass
         if self._full is not None and p is not None and self._pass_open():
             self._phase = "loss"
+            if output is not None:
+                self.reaches(output)
             if p.bad_inputs and not p.done:  # the bad data never reached a floating op: blame the input
                 where, sample, _ = p.bad_inputs[0]
                 err = nonfinite_error(
@@ -367,8 +384,47 @@ class WatchBase(Guard, Monitor):
             step=p.step,
             reason=rerun_error if kind == UNKNOWN else "",
         )
+        if self.defers_origin and kind not in (INPUT, PARAMETER):
+            p.candidates.append(err)
+            for t in outputs:
+                if not ops.finite(t):
+                    p.carried[ops.key(t)] = err
+            return
         p.forward_event = err
         self.report(err)
+
+    def carry(self, inputs: list, outputs: list) -> bool:
+        """Non-finite ``outputs`` made from a non-finite input an origin is known for carry that origin on.
+        False when no bad input carries one (then the op is checked as an origin itself)."""
+        p, ops = self._pass, self.ops
+        bad = [t for t in inputs if not ops.finite(t)]
+        err = next((p.carried[ops.key(t)] for t in bad if ops.key(t) in p.carried), None)
+        if err is None and p.candidates:
+            # made by ops the watch could not see, from an origin it knows: not the data, not a parameter
+            outside = {b[2] for b in p.bad_inputs} | set(self._param_keys)
+            err = p.candidates[-1] if not any(ops.key(t) in outside for t in bad) else None
+        if err is None:
+            return False
+        for o in outputs:
+            if not ops.finite(o):
+                p.carried[ops.key(o)] = err
+        return True
+
+    def reaches(self, tensors) -> None:
+        """``tensors`` reach what always counts (the model's output, the loss, a backward, a parameter): report the
+        origin of the first non-finite one. Origins whose values nothing carried there are never reported."""
+        p, ops = self._pass, self.ops
+        if p is None or p.done or not p.candidates:
+            return
+        self._suspended += 1
+        try:
+            bad = next((t for t in self._float_tensors(tensors) if not ops.finite(t)), None)
+        finally:
+            self._suspended -= 1
+        if bad is not None:
+            err = p.carried.get(ops.key(bad)) or p.candidates[0]
+            p.forward_event = err
+            self.report(err)
 
     def _origin_where(self, kind: str, bad_in: list) -> tuple[str, int | None]:
         """(where, sample) of an input or parameter origin: the model input the op read (matched by data),
@@ -385,6 +441,10 @@ class WatchBase(Guard, Monitor):
         return where, sample
 
     # -- what adapters supply (see the class docstring)
+    def _training_forward(self) -> bool:
+        """Whether the forward starting now is a training one (a step's): adapters read the mode and autograd."""
+        return True
+
     def _root_handles(self) -> list:  # pragma: no cover - adapters
         raise NotImplementedError
 

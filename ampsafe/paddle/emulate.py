@@ -29,7 +29,7 @@ _MARK = "_ampsafe_fp16"
 _X_ONLY = frozenset({"batch_norm", "layer_norm", "sync_batch_norm"})
 # ops whose forward and backward move values without arithmetic: no re-rounding needed at their outputs.
 _EXACT = frozenset(
-    "reshape transpose flatten squeeze unsqueeze slice strided_slice concat stack split split_with_num "
+    "reshape transpose flatten squeeze unsqueeze slice strided_slice concat stack split split_with_num unbind "
     "pad pad3d flip roll".split()
 )
 

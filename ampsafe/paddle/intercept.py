@@ -6,8 +6,9 @@ C function ``paddle._C_ops.exp`` (bound by identity in several modules), and lay
 ``_C_ops`` kernel call, so that is the level intercepted here: every binding of the listed ``_C_ops``
 functions (in ``paddle._C_ops``, in any ``paddle.*`` module that imported one by name, and in the
 ``paddle.Tensor`` class), the activations layers built with ``act=`` reach through ``paddle._legacy_C_ops``
-(``LEGACY_ACTIVATIONS``), plus the arithmetic dunders of ``paddle.Tensor``. One op here is one op Paddle AMP sees
-(``F.conv2d`` with a bias is ``conv2d`` then ``add``, exactly as on a GPU).
+(``LEGACY_ACTIVATIONS``), plus the arithmetic dunders of ``paddle.Tensor``, and the Python attention functions
+(``F.scaled_dot_product_attention``, ``flash_attention``: ``ATTENTION_FUNCTIONS``) as one op each. One op here is
+one op Paddle AMP sees (``F.conv2d`` with a bias is ``conv2d`` then ``add``, exactly as on a GPU).
 
 Wrappers are installed when the outermost :func:`op_mode` is entered and removed in ``finally`` when it
 exits, so code outside pays nothing. While a mode handles an op, ops it runs itself (and the kernels inside
@@ -17,6 +18,7 @@ the op) are not intercepted again.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import threading
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ __all__ = [
     "canonical_op",
     "KERNEL_OPS",
     "LEGACY_ACTIVATIONS",
+    "ATTENTION_FUNCTIONS",
     "module_stack",
     "current_module",
     "fp32_region",
@@ -44,7 +47,7 @@ matmul bmm addmm einsum linear linear_v2 add subtract divide scale maximum minim
 clip relu relu6 leaky_relu sigmoid hardsigmoid hardswish swish silu gelu tanh mish softplus elu selu prelu
 exp expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos erf logsumexp cumsum cumprod
 sum mean max min prod amax amin std var
-concat stack split split_with_num reshape transpose flatten squeeze unsqueeze slice strided_slice expand tile
+concat stack split split_with_num unbind reshape transpose flatten squeeze unsqueeze slice strided_slice expand tile
 pad pad3d gather gather_nd index_select roll flip where
 pool2d pool3d max_pool2d_with_index adaptive_pool2d
 batch_norm layer_norm group_norm instance_norm sync_batch_norm
@@ -89,6 +92,18 @@ LEGACY_ACTIVATIONS: dict[str, str] = {
     "elu": "elu",
 }
 
+# Python-level attention functions intercepted as one op each ((module, attribute) -> canonical op): on a GPU they
+# reach one fused kernel (``flash_attn``, white-listed) that never stores the QK logits, and on a CPU they fall
+# back to ``_math_attention``'s matmul / add / softmax / matmul. One op in every mode says what the fused kernel
+# does whichever backend runs: the tracer records one node (its logits measured by a float32 probe), the float16
+# emulator rounds its inputs and output as a white-listed kernel's, the sentinel names it.
+ATTENTION_FUNCTIONS: dict[tuple[str, str], str] = {
+    ("paddle.nn.functional.sdpa", "scaled_dot_product_attention"): "scaled_dot_product_attention",
+    ("paddle.nn.functional.flash_attention", "flash_attention"): "flash_attention",
+}
+
+_ATTENTION_NAMES = tuple(sorted({attr for _, attr in ATTENTION_FUNCTIONS}))
+
 # canonical name -> the op type Paddle's AMP lists use (the fluid name: TransToFluidOpName in Paddle's C++).
 _AMP_TYPE = {
     "add": "elementwise_add",
@@ -113,6 +128,8 @@ _AMP_TYPE = {
     "squeeze": "squeeze2",
     "unsqueeze": "unsqueeze2",
     "flatten": "flatten_contiguous_range",
+    "scaled_dot_product_attention": "flash_attn",
+    "flash_attention": "flash_attn",
 }
 
 # Tensor dunder -> canonical op (None: depends on the operands, see _dunder_op).
@@ -218,9 +235,22 @@ def _bindings() -> list[tuple[object, str, object, str]]:
             continue
         by_id[id(fn)] = op
         found.append((ops, kernel, fn, op))
+    attention: dict[int, str] = {}
+    for (module_name, attr), op in ATTENTION_FUNCTIONS.items():
+        fn = getattr(sys.modules.get(module_name) or _import(module_name), attr, None)
+        if fn is not None and not getattr(fn, "_ampsafe_intercept", False):
+            by_id[id(fn)] = attention[id(fn)] = op  # found below in its own module and where paddle re-exports it
     # functions paddle re-exports by identity (paddle.exp is _C_ops.exp, F.sigmoid is _C_ops.sigmoid, ...)
     for name, module in list(sys.modules.items()):
-        if module is None or module is ops or not (name == "paddle" or name.startswith("paddle.")):
+        if module is None or module is ops:
+            continue
+        if not (name == "paddle" or name.startswith("paddle.")):
+            # user code that imported an attention function by its own name (PaddleNLP, PaddleOCR, scripts)
+            namespace = getattr(module, "__dict__", None) or {}
+            for attr in _ATTENTION_NAMES:
+                value = namespace.get(attr)
+                if value is not None and id(value) in attention:
+                    found.append((module, attr, value, attention[id(value)]))
             continue
         if "libpaddle" in name or "_pir_ops" in name:
             continue
@@ -246,6 +276,14 @@ def _bindings() -> list[tuple[object, str, object, str]]:
         if value is not None:
             found.append((paddle.Tensor, attr, value, op if op is not None else _pow_op))
     return found
+
+
+def _import(name: str):
+    """The module ``name``, or None where this Paddle has no such module."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def _install() -> None:

@@ -23,7 +23,7 @@ import paddle
 
 from .._framework import call
 from ..core import record
-from ..core.graph import Graph, OpKind
+from ..core.graph import MASK_LIMIT, Graph, OpKind
 from . import amp_lists, intercept
 from .backend import BACKEND
 
@@ -40,7 +40,16 @@ _KINDS = {
         "conv3d",
         "conv3d_transpose",
     },
-    OpKind.MATMUL: {"matmul", "bmm", "addmm", "einsum", "linear", "mul_matmul"},
+    OpKind.MATMUL: {
+        "matmul",
+        "bmm",
+        "addmm",
+        "einsum",
+        "linear",
+        "mul_matmul",
+        "scaled_dot_product_attention",
+        "flash_attention",
+    },
     OpKind.NORM: {"batch_norm", "sync_batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm"},
     OpKind.BOUNDED: {"sigmoid", "hardsigmoid", "tanh", "softmax", "log_softmax", "relu6", "sin", "cos", "erf"},
     OpKind.LOSS: {
@@ -57,9 +66,14 @@ _KIND_OF = {op: kind for kind, ops in _KINDS.items() for op in ops}
 # outputs bounded by their input's abs-max or by 1: not worth a reduction each
 _NON_EXPANDING = {"relu", "relu6", "max_pool2d_with_index", "sigmoid", "hardsigmoid", "tanh", "softmax", "clip"}
 _VIEWS = {"reshape", "transpose", "flatten", "squeeze", "unsqueeze", "slice", "strided_slice", "split"}
-_VIEWS |= {"split_with_num", "expand"}
+_VIEWS |= {"split_with_num", "unbind", "expand"}
 
 _ALIASING_METHODS = ("_use_gpudnn",)
+
+# Paddle's nn.MultiHeadAttention / TransformerEncoder turn a bool or int attn_mask into ``(mask - 1) * 1e9``
+# (``paddle.nn.layer.transformer._convert_attention_mask``): its -1e9 is a mask's fill value too. No value a model
+# computes reaches 2**28 without having left float16's range 12 bits before.
+PADDLE_MASK_LIMIT = min(MASK_LIMIT, 2.0**28)
 
 # sublayers that normalize with running statistics written as plain ops (frozen BN variants in ppdet/ppocr)
 NORM_LAYER_TYPES = frozenset({"FrozenBatchNorm2d", "FrozenBatchNorm", "FrozenBN", "BatchNormAct", "LayerNorm2d"})
@@ -144,6 +158,13 @@ class _Hooks:
     no_grad = staticmethod(paddle.no_grad)
     maximum = staticmethod(paddle.maximum)
     abs_max = staticmethod(BACKEND.abs_max)
+
+    @staticmethod
+    def lane_abs_max(t):
+        """max |t| over the lanes that are not a mask's fill value (``finfo.min``, ``-inf``, Paddle's -1e9)."""
+        t = t.detach()
+        return BACKEND.abs_max(paddle.where(t <= -PADDLE_MASK_LIMIT, paddle.zeros_like(t), t))
+
     check_level = staticmethod(amp_lists.check_level)
 
     @staticmethod
@@ -256,7 +277,45 @@ class _OpRecorder(intercept.OpMode):
         self.recorder = recorder
 
     def __call__(self, op, func, args, kwargs):
+        if op in _ATTENTION:
+            probe = lambda: [_logits_amax(op, args, kwargs)]  # noqa: E731
+            return self.recorder.record(op, OpKind.MATMUL, func, args, kwargs, probe=probe)
         return self.recorder.record(op, op_kind(op, args, kwargs), func, args, kwargs)
+
+
+# (positional names, the scale's keyword) of the attention functions intercept records as one op
+_ATTENTION = {
+    "scaled_dot_product_attention": (("query", "key", "value", "attn_mask", "dropout_p", "is_causal"), "scale"),
+    "flash_attention": (("query", "key", "value", "dropout", "causal", "return_softmax"), "softmax_scale"),
+}
+_PROBE_ELEMENTS = 1 << 22  # logits per chunk of the float32 probe (16 MiB), whatever the sequence length
+
+
+def _logits_amax(op: str, args: tuple, kwargs: dict):
+    """max |q k^T * scale| of an attention call, computed in float32 outside AMP (a 0-d tensor, no host sync).
+
+    Why a probe: the fused kernel never stores these logits, and they are what would leave float16's range in a
+    kernel that does (the math fallback stores ``matmul``'s output). Inputs are ``[batch, seq, heads, head_dim]``
+    or unbatched ``[seq, heads, head_dim]``; grouped-query keys are repeated to the query's heads.
+    """
+    names, scale_key = _ATTENTION[op]
+    bound = {**dict(zip(names, args)), **kwargs}
+    q, k = bound["query"], bound["key"]
+    scale = bound.get(scale_key)
+    with intercept.fp32_region(), paddle.amp.auto_cast(enable=False):
+        q, k = q.detach().astype("float32"), k.detach().astype("float32")
+        if q.ndim == 3:
+            q, k = q.unsqueeze(0), k.unsqueeze(0)
+        q, k = q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3])
+        if k.shape[1] != q.shape[1] and k.shape[1] and q.shape[1] % k.shape[1] == 0:
+            k = paddle.repeat_interleave(k, q.shape[1] // k.shape[1], axis=1)
+        scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+        step = max(1, _PROBE_ELEMENTS // max(1, q.shape[1] * q.shape[2] * k.shape[2]))
+        best = paddle.zeros([], dtype="float32")
+        for i in range(0, q.shape[0], step):
+            logits = paddle.matmul(q[i : i + step] * scale, k[i : i + step], transpose_y=True)
+            best = paddle.maximum(best, BACKEND.abs_max(logits).astype("float32"))
+    return best
 
 
 @contextmanager

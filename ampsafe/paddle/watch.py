@@ -6,6 +6,12 @@ born), so at each forward the watcher makes sure it is the innermost mode, pushi
 was entered inside it. "Ran in low precision" means: a float16/bfloat16 dtype, or an output the emulator
 marks as float16; the float32 re-run happens inside ``fp32_region()``, which the emulator leaves alone.
 
+An op's non-finite output is an origin, reported only when a value it made reaches what always counts (the
+model's output, a scalar loss, a backward, a parameter written in place): SVTR's Local mixers add a ``-inf``
+buffer to their logits and the softmax gives those lanes back as zeros; such lanes are no event. A non-finite
+gradient in a pass that had a forward origin names that origin (an ``exp`` that overflowed to inf behind a
+``reciprocal`` leaves the forward finite and its gradient, 0 * inf, NaN).
+
 Backward: tensor hooks on every op output and parameter; the first gradient that arrives non-finite names the
 op(s) that consumed that tensor in the forward (their backward produced it). Hooks die with the step's graph;
 parameter hooks are removed when the block exits.
@@ -68,6 +74,22 @@ def _float_tensors(obj) -> list:
     return float_tensors(obj, _Ops)
 
 
+# ops whose trailing outputs are backward caches a forward need not fill: batch_norm returns (out, mean_out,
+# variance_out, saved_mean, saved_variance, reserve_space), and in eval mode the last three are uninitialized memory
+_VALUE_OUTPUTS = {"batch_norm": 3, "sync_batch_norm": 3}
+# outputs that share memory with a parameter the op updates in place (the running mean and variance; Paddle does not
+# bump the parameters' inplace_version for that write)
+_RUNNING_STATS = {"batch_norm": slice(1, 3), "sync_batch_norm": slice(1, 3)}
+
+
+def _value_outputs(op: str, out):
+    """The outputs of ``op`` that hold values the forward computed."""
+    count = _VALUE_OUTPUTS.get(op)
+    if count is not None and isinstance(out, (list, tuple)):
+        return out[:count]
+    return out
+
+
 def _np(t) -> np.ndarray:
     return _Ops.to_numpy(t)
 
@@ -99,11 +121,19 @@ class _Restore:
             vars(self.model).pop("forward", None)
 
 
+def _ran_low(outputs: list) -> bool:
+    """An op's outputs are float16/bfloat16, or float16 values an emulator rounded (emulated AMP on a CPU)."""
+    return any(t.dtype in _LOW for t in outputs) or any(e.is_fp16(t) for e in _emulators() for t in outputs)
+
+
 class _Pass(WatchPass):
     def __init__(self, step: int):
         super().__init__(step)
         self.hooked: dict[int, object] = {}  # id -> tensor (kept alive so ids stay unique)
         self.consumers: dict[int, list[tuple[str, str]]] = {}  # tensor id -> [(module, op)] that read it
+        # tensor ids read by an op that ran in float16 (real, or rounded by an emulator): their gradients come
+        # back through that op's float16 backward, so an inf there is a float16 overflow, not a float32 error
+        self.low_reads: set[int] = set()
 
 
 class _Mode(intercept.OpMode):
@@ -125,9 +155,12 @@ class _Mode(intercept.OpMode):
                     if id(t) in p.hooked or id(t) in w._param_keys:
                         p.consumers.setdefault(id(t), []).append((module, op))
             out = func(*args, **kwargs)
-            floats = _float_tensors(out)
+            floats = _float_tensors(_value_outputs(op, out))
+            if w.backward and floats and _ran_low(floats):
+                p.low_reads.update(id(t) for t in inputs if id(t) in p.hooked or id(t) in w._param_keys)
             if floats and not all(_finite(t) for t in floats):
-                w._forward_origin(op, func, args, kwargs, inputs, floats, module)
+                written = floats[_RUNNING_STATS[op]] if op in _RUNNING_STATS else []
+                w._forward_origin(op, func, args, kwargs, inputs, floats, module, written=written)
             elif floats and w.backward:
                 w._hook_outputs(op, module, floats)
             return out
@@ -139,6 +172,7 @@ class Watch(WatchBase):
     """``ampsafe.watch`` for a ``paddle.nn.Layer`` (build it with :func:`ampsafe.watch`)."""
 
     ops = _Ops
+    defers_origin = True
     _input_label = "inputs"
     _grad_what = "a gradient"
 
@@ -147,6 +181,7 @@ class Watch(WatchBase):
         self._extra: ExitStack = ExitStack()
         self._mode = _Mode(self)
         self._pending: NonFiniteError | None = None
+        self._buffer_names: dict[int, str] = {}  # id -> name of the model's buffers that nothing trains
 
     # ------------------------------------------------------------------------------------------ context
     def _root_handles(self) -> list:
@@ -157,13 +192,18 @@ class Watch(WatchBase):
 
         def forward(*inputs, **kwargs):
             self._root_pre(inputs, {})
+            output = None
             try:
-                return original(*inputs, **kwargs)
+                output = original(*inputs, **kwargs)
+                return output
             finally:
-                self._root_post()
+                self._root_post(output)
 
         model.forward = forward
         return [_Restore(model, original if had_own else None)]
+
+    def _training_forward(self) -> bool:
+        return self.model.training and paddle.is_grad_enabled()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         super().__exit__(exc_type, exc, tb)
@@ -172,6 +212,8 @@ class Watch(WatchBase):
         return False
 
     def _full_hooks(self) -> ExitStack:
+        trainable = {id(t) for t in self.model.parameters() if not t.stop_gradient}
+        self._buffer_names = {id(t): n for n, t in self.model.named_buffers() if id(t) not in trainable}
         stack = ExitStack()
         stack.enter_context(intercept.module_stack(self.model))
         stack.enter_context(intercept.op_mode(self._mode))
@@ -210,10 +252,16 @@ class Watch(WatchBase):
         return self._phase == "forward"  # a raise already closed it (see report)
 
     # ------------------------------------------------------------------------------------------ forward origin
-    def _forward_origin(self, op: str, func, args, kwargs, inputs: list, outputs: list, module: str) -> None:
+    def _forward_origin(
+        self, op: str, func, args, kwargs, inputs: list, outputs: list, module: str, *, written: list = ()
+    ) -> None:
+        """``written``: outputs that are parameters the op wrote in place (BatchNorm's running statistics)."""
         p = self._pass
         input_ok = [_finite(t) for t in inputs]
         inputs_finite = all(input_ok)
+        if not inputs_finite and (self.carry(inputs, outputs) or self._mask_buffers(op, module, inputs, outputs)):
+            self._reached(outputs, written)
+            return
         if not inputs_finite and op in MOVEMENT_OPS and p.bad_inputs:
             return  # a view or copy of bad data: the first op computing with it is reported
         emulators = _emulators()
@@ -231,6 +279,37 @@ class Watch(WatchBase):
             dtype=dtype,
             rerun_error=rerun_error,
         )
+        self._reached(outputs, written)
+
+    def _mask_buffers(self, op: str, module: str, inputs: list, outputs: list) -> bool:
+        """Non-finite buffers are masks when nothing trains them (SVTR's Local mixer adds a ``-inf`` buffer to its
+        logits before the softmax): their lanes are carried like an op's, and reported only if they reach what
+        always counts. A trainable parameter that is non-finite is an event at once."""
+        bad = [t for t in inputs if not _finite(t)]
+        names = [self._buffer_names.get(id(t)) for t in bad]
+        if not bad or not all(names):
+            return False
+        p = self._pass
+        err = core.nonfinite_error(
+            phase="forward",
+            module=module,
+            op=op,
+            kind=core.PARAMETER,
+            where=", ".join(sorted(set(names))),
+            stats={"inputs": [core.tensor_stats(_np(t)) for t in bad[:4]]},
+            step=p.step,
+        )
+        p.candidates.append(err)
+        for t in bad:
+            p.carried[id(t)] = err
+        return self.carry(inputs, outputs)
+
+    def _reached(self, outputs: list, written: list) -> None:
+        """Report now when the non-finite values went into a parameter or buffer (in place: BatchNorm's running
+        mean), or into a scalar computed after the root forward (the loss): both always count."""
+        into_param = any(not _finite(t) for t in written)
+        if into_param or (self._phase == "loss" and any(t.size == 1 for t in outputs)):
+            self.reaches(outputs)
 
     def _origin_where(self, kind: str, bad_in: list) -> tuple[str, int | None]:
         """The first bad model input (ids of transient Paddle tensors are no reliable match), or the
@@ -292,10 +371,18 @@ class Watch(WatchBase):
         try:
             if _finite(grad):
                 return
+            if p.candidates:  # a forward value no later value carried went into this gradient (0 * inf): name it
+                err = p.candidates[0]
+                p.forward_event = err
+                if self.on_nonfinite == "raise":
+                    self._pending = err
+                else:
+                    self.report(err)
+                return
             consumers = p.consumers.get(tid, [])
             module, op = consumers[-1] if consumers else producer
             has_inf = bool(paddle.isinf(grad).any())
-            low = low or grad.dtype in _LOW
+            low = low or grad.dtype in _LOW or tid in p.low_reads
             kind = core.OVERFLOW if low and has_inf else core.NUMERICAL
             read_by = ", ".join(f"{m or '<root>'}:{o}" for m, o in consumers) or "?"
             where = f"gradient of {producer[0] or '<root>'}:{producer[1]}'s output, read by {read_by}"
@@ -306,7 +393,9 @@ class Watch(WatchBase):
                 kind=kind,
                 sample=core.first_nonfinite_row(_np(grad), p.batch_size),
                 stats={"outputs": [core.tensor_stats(_np(grad))], "producer": producer, "consumers": consumers},
-                dtype="float16 (emulated)" if low and _emulators() else str(grad.dtype).replace("paddle.", ""),
+                dtype=(  # the emulator's block has closed by the backward: a low float32 gradient was an emulated one
+                    "float16 (emulated)" if low and grad.dtype not in _LOW else str(grad.dtype).replace("paddle.", "")
+                ),
                 where=where,
                 step=p.step,
             )
@@ -327,6 +416,8 @@ class Watch(WatchBase):
         watch = self
 
         def backward(tensor, *args, **kwargs):
+            if watch._pass is not None and watch._phase != "idle" and not watch._suspended:
+                watch.reaches([tensor])  # a non-finite value the backward starts from always counts
             try:
                 result = original(tensor, *args, **kwargs)
             except Exception:

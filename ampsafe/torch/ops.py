@@ -23,6 +23,8 @@ __all__ = [
     "NORM_MODULE_TYPES",
     "VIEW_OPS",
     "NON_EXPANDING_OPS",
+    "FILL_OPS",
+    "PLAIN_NORM_SUFFIXES",
 ]
 
 # aten name (overload packet, trailing "_" of in-place variants removed) -> canonical name
@@ -236,6 +238,38 @@ _ELEMENTWISE = {
     "addcdiv",
     "lerp",
 }
+# ops whose output values do not come from their floating inputs' values: they allocate (``empty_like`` reads only
+# a shape) or overwrite in place with constants or random draws. In train mode dropout records as
+# ``empty_like -> bernoulli_ -> div -> mul``: the ``empty_like`` output is uninitialized memory, never a value.
+FILL_OPS = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "new_empty",
+        "empty_strided",
+        "new_empty_strided",
+        "bernoulli",
+        "uniform",
+        "normal",
+        "fill",
+        "zero",
+        "random",
+        "exponential",
+        "geometric",
+        "cauchy",
+        "log_normal",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+    }
+)
+
 # ops that only re-label storage: their values equal (a subset of) their input's, so measuring them is waste
 VIEW_OPS = frozenset(
     {
@@ -294,6 +328,10 @@ NORM_MODULE_TYPES = frozenset(
     }
 )
 
+# Transformer norms written as plain ops (HF's ``T5LayerNorm``, ``LlamaRMSNorm``, ``Qwen2RMSNorm``...): by the
+# class name's ending, since every model family defines its own.
+PLAIN_NORM_SUFFIXES = ("RMSNorm", "RmsNorm", "LayerNorm")
+
 
 def _base_name(func) -> str:
     name = func._overloadpacket.__name__
@@ -312,6 +350,7 @@ def _classify(func) -> tuple[str, OpKind]:
     if name.startswith("upsample") or name.startswith("_upsample"):
         return "interpolate", OpKind.ELEMENTWISE
     for names, kind in (
+        (FILL_OPS, OpKind.FILL),
         (_MATMUL, OpKind.MATMUL),
         (_NORM, OpKind.NORM),
         (_BOUNDED, OpKind.BOUNDED),

@@ -16,20 +16,22 @@ example inputs. The graph's ``notes`` say so when it matters.
 
 from __future__ import annotations
 
+import math
 import random
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .._framework import call
 from ..core import record
-from ..core.graph import Graph
+from ..core.graph import MASK_LIMIT, Graph, OpKind
 from . import modstack
 from .backend import BACKEND
-from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, VIEW_OPS, canonical, runs_in_fp16
+from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, PLAIN_NORM_SUFFIXES, VIEW_OPS, canonical, runs_in_fp16
 
 __all__ = ["trace", "trace_hooks", "preserved", "modules", "output_tensors"]
 
@@ -38,7 +40,8 @@ def _is_norm_module(module) -> bool:
     """A module that normalizes with plain ops (``x * scale + bias`` from running stats)."""
     if module is None:
         return False
-    if type(module).__name__ in NORM_MODULE_TYPES:
+    name = type(module).__name__
+    if name in NORM_MODULE_TYPES or name.endswith(PLAIN_NORM_SUFFIXES):
         return True
     return BACKEND.norm_stats(module) is not None
 
@@ -60,9 +63,10 @@ def _dedupe(tensors: list) -> list:
 
 
 def _written_args(func, args, kwargs) -> list:
-    """Tensors an op writes into (in-place self, ``out=``, BatchNorm running stats)."""
+    """Tensors an op writes into (in-place self, ``out=``, BatchNorm running stats); none for a Python function."""
     out = []
-    for i, arg in enumerate(func._schema.arguments):
+    schema = getattr(func, "_schema", None)
+    for i, arg in enumerate(schema.arguments if schema is not None else ()):
         info = arg.alias_info
         if info is None or not info.is_write:
             continue
@@ -130,6 +134,12 @@ class _Hooks:
         return torch.maximum(lo.abs(), hi.abs())
 
     @staticmethod
+    def lane_abs_max(t):
+        t = t.detach()
+        lo, hi = torch.aminmax(torch.where(t <= -MASK_LIMIT, 0.0, t))
+        return torch.maximum(lo.abs(), hi.abs())
+
+    @staticmethod
     def grad_hook(t, fn):
         if not t.requires_grad or t.grad_fn is None:
             return None
@@ -166,7 +176,7 @@ class _Hooks:
     @contextmanager
     def recording(self, model, recorder, want_grads: bool):
         with torch.set_grad_enabled(want_grads and torch.is_grad_enabled()), modstack.module_stack(model):
-            with _DispatchRecorder(recorder):
+            with _DispatchRecorder(recorder), _AttentionRecorder(recorder):
                 yield
 
     @staticmethod
@@ -200,10 +210,85 @@ class _DispatchRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not any(_is_float(t) for t in tree_leaves((args, kwargs))):
+        if self.recorder.opaque or not any(_is_float(t) for t in tree_leaves((args, kwargs))):
             return func(*args, **kwargs)
         op, kind = canonical(func, args)
         return self.recorder.record(op, kind, func, args, kwargs)
+
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_PROBE_ELEMENTS = 1 << 22  # logits per chunk of the float32 probe (16 MiB), whatever the sequence length
+
+
+class _AttentionRecorder(TorchFunctionMode):
+    """Records ``F.scaled_dot_product_attention`` as one op, whichever kernel runs it, with its QK logits measured.
+
+    Why: the flash and efficient kernels never materialize the logits ``q @ k^T * scale`` whose float16 range is
+    the risk, and the math fallback (train mode with dropout, some masks) spreads them over a dozen aten ops
+    where the additive mask's ``finfo.min`` lanes look like values. One node, started like a matmul, with the
+    logits' abs-max from a float32 probe (:func:`_logits_amax`) counted in its ``amax``, says what autocast's
+    float16 SDPA would hold; the mask is an input of that node and never a value on its path.
+    """
+
+    def __init__(self, recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not _SDPA or self.recorder.opaque:
+            return func(*args, **kwargs)
+        recorder = self.recorder
+
+        def run(*a, **kw):
+            recorder.opaque += 1
+            try:
+                return func(*a, **kw)
+            finally:
+                recorder.opaque -= 1
+
+        return recorder.record(
+            "scaled_dot_product_attention",
+            OpKind.MATMUL,
+            run,
+            args,
+            kwargs,
+            probe=lambda: [self._probe(args, kwargs)],
+        )
+
+    def _probe(self, args, kwargs):
+        self.recorder.opaque += 1
+        try:
+            with ExitStack() as stack:
+                for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+                    stack.enter_context(torch.autocast(device, enabled=False))
+                return _logits_amax(*_sdpa_qk(args, kwargs))
+        finally:
+            self.recorder.opaque -= 1
+
+
+def _sdpa_qk(args, kwargs) -> tuple:
+    """(query, key, scale, enable_gqa) of an ``F.scaled_dot_product_attention`` call."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+    bound = dict(zip(names, args)) | kwargs
+    return bound["query"], bound["key"], bound.get("scale"), bool(bound.get("enable_gqa", False))
+
+
+def _logits_amax(q, k, scale, gqa: bool):
+    """max |q @ k^T * scale| computed in float32, in chunks of the batch and head dims (no host sync)."""
+    q, k = q.detach().float(), k.detach().float()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if q.dim() >= 3 and k.dim() >= 3 and k.shape[-3] != q.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # grouped-query attention
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    q = q.expand(*lead, *q.shape[-2:]).reshape(-1, *q.shape[-2:])
+    k = k.expand(*lead, *k.shape[-2:]).reshape(-1, *k.shape[-2:])
+    step = max(1, _PROBE_ELEMENTS // max(1, q.shape[-2] * k.shape[-2]))
+    best = torch.zeros((), device=q.device)
+    for i in range(0, q.shape[0], step):
+        logits = torch.bmm(q[i : i + step] * scale, k[i : i + step].transpose(-1, -2))
+        best = torch.maximum(best, logits.abs().amax())
+    return best
 
 
 def _version(t) -> int:

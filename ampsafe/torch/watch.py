@@ -3,7 +3,9 @@
 Forward: a ``TorchFunctionMode`` sees every functional op, tensor method and operator at the autograd level
 (after ``torch.autocast`` picked its dtype), checks each floating output with one ``isfinite().all()``, and
 keeps the first op whose inputs were finite and whose outputs were not. Re-running that op in float32 with
-autocast off says overflow or numerical error. Owners come from ``ampsafe.torch.modstack``.
+autocast off says overflow or numerical error. Owners come from ``ampsafe.torch.modstack``. That origin is
+reported once its non-finite values reach the model's output, a scalar of the loss, a backward or a parameter
+(``WatchBase.defers_origin``): lanes a ``where``, ``clamp`` or cast to an index throws away are no event.
 
 Backward: a hook on the autograd node (``grad_fn``) of every op output: the first node that turned finite
 incoming gradients into non-finite ones (for its inputs or its weights) is the origin, named by the forward op
@@ -157,6 +159,8 @@ class _ForwardMode(TorchFunctionMode):
         name, inplace = op_name(func)
         if name == "backward":
             try:
+                if w._pass is not None and w._phase != "idle" and not w._suspended:
+                    w.reaches(args[:1])  # a non-finite value the backward starts from always counts
                 return func(*args, **kwargs)
             finally:
                 w._phase = "idle"
@@ -182,6 +186,7 @@ class Watch(WatchBase):
     """``ampsafe.watch`` for a ``torch.nn.Module`` (build it with :func:`ampsafe.watch`)."""
 
     ops = _Ops
+    defers_origin = True
 
     def __init__(self, model, **options):
         super().__init__(model, **options)
@@ -195,8 +200,11 @@ class Watch(WatchBase):
             self.model.register_forward_pre_hook(
                 lambda m, args, kwargs: self._root_pre(args, kwargs), with_kwargs=True
             ),
-            self.model.register_forward_hook(lambda m, args, out: self._root_post(), always_call=True),
+            self.model.register_forward_hook(lambda m, args, out: self._root_post(out), always_call=True),
         ]
+
+    def _training_forward(self) -> bool:
+        return self.model.training and torch.is_grad_enabled()  # inference_mode disables grad too
 
     def _full_hooks(self) -> ExitStack:
         stack = ExitStack()
@@ -216,6 +224,9 @@ class Watch(WatchBase):
         if pre is not None and inputs:
             input_ok[0] = pre[0]
         inputs_finite = all(input_ok)
+        if not inputs_finite and self.carry(inputs, outputs):
+            self._reached(outputs, written=pre is not None)
+            return
         if not inputs_finite and name in MOVEMENT_OPS and p.bad_inputs:
             if p.pending is None:
                 p.pending = (module, name)
@@ -234,6 +245,14 @@ class Watch(WatchBase):
             dtype=dtype,
             rerun_error=rerun_error,
         )
+        self._reached(outputs, written=pre is not None)
+
+    def _reached(self, outputs: list, *, written: bool) -> None:
+        """Report now when the non-finite values went into a parameter or buffer (in place), or into a scalar of
+        the loss computation (after the root forward): both always count."""
+        into_param = written and _storage(outputs[0]) in self._param_keys
+        if into_param or (self._phase == "loss" and any(t.numel() == 1 for t in outputs)):
+            self.reaches(outputs)
 
     def _rerun(self, func, args, kwargs, pre) -> tuple[bool | None, str]:
         """(whether ``func`` gives finite outputs in float32 on the same (upcast) inputs, autocast off; why the

@@ -1,0 +1,271 @@
+"""Opt-in: PaddleOCR's own ``tools/train.py -c configs/rec/rec_svtrnet.yml`` (SVTR) under emulated float16 AMP.
+
+The recognizer half of PaddleOCR issue #6632 (SVTR trains to ``CTCLoss: nan``), at a CPU size. Needs a PaddleOCR
+source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``, unmodified) and its runtime packages (scikit-image, imgaug,
+lmdb, rapidfuzz). Two runs per AMP level, one epoch each, from random init, on synthetic text lines (lower-case
+words and digits drawn with OpenCV's Hershey fonts, PaddleOCR's rec label format) written to a temporary folder:
+
+* ``native``: Paddle's own GradScaler, only :func:`ampsafe.paddle.amp_emulation.install` in place, so
+  ``auto_cast`` / ``decorate`` / ``GradScaler`` behave on this CPU as float16 AMP on a GPU;
+* ``ampsafe``: ``ampsafe run --emulate-fp16`` with its default options (``--on-floor heal``).
+
+The config's own model (STN_ON, SVTRNet with its Local and Global mixers, CTCHead), loss (CTCLoss), optimizer
+(AdamW) and train transforms are used; ``-o`` sets the data, the CPU, AMP with a dynamic scale from 1024, the
+learning rate without warmup, and the logging. The step log comes from the shim of :mod:`bench.ppocr_optin`
+(its ``sitecustomize`` wraps the scaler ``tools.program.train`` receives), so both opt-in benches read the same
+records: loss, scale before and after, overflow, heals.
+
+``python -m bench.ppocr_rec_optin [--levels O1 O2]`` writes bench/results/ppocr_rec_optin.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.ppocr_optin import STEPLOG_ENV, _fmt, command, parse_log, summarize, write_shim
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = "configs/rec/rec_svtrnet.yml"
+RUNS = ("native", "ampsafe")
+STEPS = 24  # one epoch of STEPS * BATCH text lines
+BATCH = 8
+LR = 0.002  # 4x the config's 5e-4, without its 2-epoch warmup: the recipe that pushes activations hardest here
+RUN_LABELS = {
+    "native": "native (Paddle's GradScaler, float16 emulated)",
+    "ampsafe": "`ampsafe run --emulate-fp16`",
+}
+CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"  # the config's character set (character_dict_path empty, en)
+
+
+def write_dataset(root: Path, count: int = STEPS * BATCH, seed: int = 0) -> Path:
+    """``count`` synthetic text lines (32 x 100 px, 3 to 10 characters) and PaddleOCR's rec label file."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    fonts = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX, cv2.FONT_HERSHEY_TRIPLEX)
+    lines = []
+    for i in range(count):
+        text = "".join(rng.choice(list(CHARS), size=int(rng.integers(3, 11))))
+        font = fonts[int(rng.integers(len(fonts)))]
+        (w, h), base = cv2.getTextSize(text, font, 1.0, 2)
+        canvas = np.full((h + base + 12, w + 16, 3), int(rng.integers(170, 256)), np.uint8)
+        ink = tuple(int(c) for c in rng.integers(0, 90, size=3))
+        cv2.putText(canvas, text, (8, h + 6), font, 1.0, ink, 2, cv2.LINE_AA)
+        noise = rng.normal(0, 8, canvas.shape)
+        canvas = np.clip(canvas + noise, 0, 255).astype(np.uint8)
+        name = f"images/line_{i:04d}.png"
+        cv2.imwrite(str(root / name), cv2.resize(canvas, (100, 32), interpolation=cv2.INTER_AREA))
+        lines.append(f"{name}\t{text}")
+    label_file = root / "train.txt"
+    label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return label_file
+
+
+def overrides(
+    data: Path, out: Path, level: str, *, lr: float = LR, batch: int = BATCH, scale: float = 1024.0, epochs: int = 1
+):
+    """The ``-o`` options of every run (PaddleOCR's ``key=value`` with YAML values)."""
+    labels = f"['{data / 'train.txt'}']"
+    return [
+        "Global.use_gpu=False",
+        "Global.use_amp=True",
+        f"Global.amp_level={level}",
+        f"Global.scale_loss={scale}",
+        "Global.use_dynamic_loss_scaling=True",
+        "Global.pretrained_model=",
+        f"Global.epoch_num={epochs}",
+        "Global.print_batch_step=1",
+        "Global.log_smooth_window=1",
+        "Global.cal_metric_during_train=False",
+        "Global.save_epoch_step=100000",
+        "Global.eval_batch_step=[100000,100000]",
+        f"Global.save_model_dir={out / 'model'}",
+        f"Optimizer.lr.learning_rate={lr}",
+        "Optimizer.lr.warmup_epoch=0",
+        "Train.dataset.name=SimpleDataSet",
+        f"Train.dataset.data_dir={data}",
+        f"Train.dataset.label_file_list={labels}",
+        f"Train.loader.batch_size_per_card={batch}",
+        "Train.loader.num_workers=0",
+        "Train.loader.use_shared_memory=False",
+        "Eval.dataset.name=SimpleDataSet",
+        f"Eval.dataset.data_dir={data}",
+        f"Eval.dataset.label_file_list={labels}",
+        "Eval.loader.num_workers=0",
+        "Eval.loader.use_shared_memory=False",
+    ]
+
+
+def heal_lines(log: str) -> list[str]:
+    """The healer's own lines (``ampsafe heal at step N: islanded ... for the path(s) starting at ...``)."""
+    return [line[line.index("ampsafe heal at step") :] for line in log.splitlines() if "ampsafe heal at step" in line]
+
+
+def _folder(run: str, level: str, lr: float, epochs: int = 1) -> str:
+    return f"{run}-{level}" + ("" if lr == LR else f"-lr{lr:g}") + ("" if epochs == 1 else f"-ep{epochs}")
+
+
+def run_one(src: Path, work: Path, run: str, level: str, *, data: Path | None = None, timeout: float = 1800, **recipe):
+    """Train once; returns the summary plus per-step records, the command and the log tail."""
+    src, work = Path(src), Path(work)
+    lr, epochs = recipe.get("lr", LR), recipe.get("epochs", 1)
+    out = work / _folder(run, level, lr, epochs)
+    out.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        data = work / "data"
+        if not (data / "train.txt").is_file():
+            write_dataset(data)
+    shim = write_shim(work / "shim")
+    steplog = out / "steps.jsonl"
+    steplog.unlink(missing_ok=True)
+    cmd = command(
+        run, CONFIG, overrides(data, out, level, **recipe), report=None if run == "native" else out / "report"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env[STEPLOG_ENV] = str(steplog)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
+    seconds = time.time() - start
+    log = proc.stdout + proc.stderr
+    (out / "log.txt").write_text(log, encoding="utf-8")
+    steps = [json.loads(line) for line in steplog.read_text().splitlines()] if steplog.is_file() else []
+    printed = parse_log(log)
+    for s in steps:
+        s["log_loss"] = printed.get(s["step"] + 1)
+    report = out / "report" / "report.json"
+    result = {
+        "run": run,
+        "level": level,
+        "lr": lr,
+        "epochs": epochs,
+        "returncode": proc.returncode,
+        "seconds": round(seconds, 1),
+        "command": [str(c) for c in cmd],
+        **summarize(steps),
+        "per_step": steps,
+        "report": json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None,
+        "heal_log": heal_lines(log),
+        "log_tail": log[-4000:],
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
+RECIPE_NOTE = """
+Recipe (every run): `-o Global.use_gpu=False Global.use_amp=True Global.amp_level=O1|O2 Global.scale_loss=1024.0
+Global.use_dynamic_loss_scaling=True Global.pretrained_model= Global.epoch_num=1|3 Global.print_batch_step=1
+Global.log_smooth_window=1 Global.cal_metric_during_train=False Optimizer.lr.learning_rate=LR
+Optimizer.lr.warmup_epoch=0 Train.dataset.name=SimpleDataSet Train.loader.batch_size_per_card={batch}
+Train.loader.num_workers=0` plus the data paths; everything else is the config's own (STN_ON + SVTRNet + CTCHead,
+CTCLoss, AdamW with cosine decay, the SVTRRecAug / SVTRRecResizeImg 64x256 train transforms). {images} synthetic
+text lines (32x100, 3 to 10 lower-case letters and digits, four Hershey fonts, Gaussian noise), batch {batch}, one
+epoch = {steps} steps; 0-based optimizer steps. Loss and scale come from the det bench's test `sitecustomize`,
+which wraps the scaler `tools.program.train` receives; its loss equals the printed one.
+"""
+
+
+def to_markdown(results: list[dict], machine: dict | None = None) -> str:
+    lines = [
+        "# PaddleOCR SVTR recognizer (rec_svtrnet) under emulated float16 AMP (opt-in run)",
+        "",
+        "PaddleOCR's own `tools/train.py -c configs/rec/rec_svtrnet.yml` (unmodified), random init, AdamW without "
+        f"warmup at the row's lr ({LR} = 4x the config's; a larger one is a stress probe), batch {BATCH}, Paddle "
+        f"GradScaler from 1024 with dynamic scaling, on {STEPS * BATCH} synthetic text lines (one epoch; three in "
+        "the 72-step rows, whose cosine decay is three epochs long). Made by `python -m bench.ppocr_rec_optin "
+        "--levels O2 O1 --lrs 0.002 0.02 --epochs 1 3` (`PADDLEOCR_SRC` set; combinations not run are left out).",
+        "",
+        "| level | lr | run | steps | overflowing steps | first overflow | final scale | first loss | final loss "
+        "| heals | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        notes = f"exit {r['returncode']}" if r.get("returncode") else ""
+        lines.append(
+            f"| {r['level']} | {r.get('lr', LR):g} | {RUN_LABELS[r['run']]} | {r['steps']} | {r['overflowing_steps']} | "
+            f"{_fmt(r['first_overflow'])} | {_fmt(r['final_scale'])} | {_fmt(r['first_loss'])} | "
+            f"{_fmt(r['final_loss'])} | {r['heals']} | {notes} |"
+        )
+    overflowed = [r for r in results if r["overflowing_steps"]]
+    if overflowed:
+        lines += ["", "Overflows:"]
+        for r in overflowed:
+            healed = "; ".join(", ".join(p) for p in r["healed"]) or "no heal"
+            lines.append(
+                f"- {r['level']} lr {r.get('lr', LR):g}, {r['steps']} steps, {r['run']}: overflowing steps "
+                f"{r['overflow_at']}; final loss {_fmt(r['final_loss'])}; islanded: {healed}"
+            )
+            lines += [f"  - `{line}`" for line in r.get("heal_log", [])]
+    else:
+        lines += ["", "Nothing overflowed at this size: no run had an overflowing step (measured, not assumed)."]
+    lines += ["", RECIPE_NOTE.format(images=STEPS * BATCH, batch=BATCH, steps=STEPS).strip()]
+    if machine:
+        lines += [
+            "",
+            f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
+            f"python {machine.get('python')}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ppocr_rec_optin", description=__doc__.split("\n")[0])
+    parser.add_argument("--src", default=os.environ.get("PADDLEOCR_SRC"), help="PaddleOCR checkout")
+    parser.add_argument("--levels", nargs="+", default=["O2", "O1"])
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    parser.add_argument("--lrs", nargs="+", type=float, default=[LR], help="learning rates (one row set each)")
+    parser.add_argument("--epochs", nargs="+", type=int, default=[1], help=f"epochs of {STEPS} steps (each a row set)")
+    parser.add_argument("--work", default=None, help="keep logs and per-step records here (default: a temp dir)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ppocr_rec_optin"), help="OUT.md / .json")
+    parser.add_argument(
+        "--collect", action="store_true", help="no training: write the results from WORK/<run>-<level>/result.json"
+    )
+    args = parser.parse_args(argv)
+    if not args.src and not args.collect:
+        parser.error("set PADDLEOCR_SRC or pass --src")
+    if args.collect and not args.work:
+        parser.error("--collect needs --work")
+    from bench.common import machine
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="ppocr-rec-optin-"))
+    results = []
+    combos = [(lv, lr, ep, run) for lv in args.levels for lr in args.lrs for ep in args.epochs for run in args.runs]
+    for level, lr, epochs, run in combos:
+        path = work / _folder(run, level, lr, epochs) / "result.json"
+        if args.collect:
+            if not path.is_file():
+                continue
+            r = json.loads(path.read_text(encoding="utf-8"))
+            if "heal_log" not in r and (path.parent / "log.txt").is_file():
+                r["heal_log"] = heal_lines((path.parent / "log.txt").read_text(encoding="utf-8"))
+        else:
+            r = run_one(Path(args.src), work, run, level, lr=lr, epochs=epochs)
+        print(
+            f"{level} {run}: rc {r['returncode']}, {r['steps']} steps, {r['overflowing_steps']} overflowing "
+            f"(first {r['first_overflow']}), final scale {r['final_scale']}, final loss {r['final_loss']}, "
+            f"heals {r['heals']} ({r['seconds']} s)",
+            flush=True,
+        )
+        results.append(r)
+    info = machine()
+    out = Path(args.out)
+    slim = [{k: v for k, v in r.items() if k not in ("log_tail", "report")} for r in results]
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": slim}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(to_markdown(results, info))
+    print(to_markdown(results, info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
