@@ -145,6 +145,9 @@ class WatchBase(Guard, Monitor):
     scan: Callable | None = None  # scan(model, example_inputs, margin_bits=) -> ScanReport, for the monitor
     events: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    # origins of non-finite values nothing carried to what always counts, by pass (see defers_origin): not
+    # events, but what a caller that saw the backward go non-finite names (a forward-only replay at the floor)
+    deferred: list = field(default_factory=list)
     step_count: int = 0
     # the step number of a pass: the optimizer steps done so far (``ampsafe run`` passes its scaler's count);
     # without it, training forwards are counted (eval(), no_grad and inference_mode forwards are not)
@@ -219,6 +222,8 @@ class WatchBase(Guard, Monitor):
                 h.remove()
             self._handles = []
             if self._pass is not None:
+                if not self._pass.done:
+                    self.deferred.extend(self._pass.candidates)
                 self._pass.release()
             self._pass = None  # drop the last step's graph (its autograd nodes / hooked tensors)
         return False

@@ -81,7 +81,8 @@ def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
 
 
 def _forward_event(backend, model, latest, replay_context: Callable[[], Any]):
-    """The first forward NonFiniteError the sentinel records on one replay (state put back), or None."""
+    """(the first forward NonFiniteError the sentinel records on one replay, or None; the first origin whose
+    non-finite values the forward dropped, or None). Model state is put back."""
     restore = backend.snapshot(model)
     try:
         with _quiet("ampsafe.watch"), replay_context():
@@ -89,7 +90,8 @@ def _forward_event(backend, model, latest, replay_context: Callable[[], Any]):
                 _run(model, latest)
     finally:
         restore()
-    return next((e for e in watch.events if getattr(e, "phase", "") == "forward"), None)
+    event = next((e for e in watch.events if getattr(e, "phase", "") == "forward"), None)
+    return event, next(iter(getattr(watch, "deferred", ())), None)
 
 
 def measure(
@@ -120,7 +122,11 @@ def measure(
     bad = nonfinite_sample(latest, backend)
     if bad is not None:
         return HealVerdict("data", input=bad[0], sample=bad[1])
-    event = _forward_event(backend, model, latest, replay_context or nullcontext)
+    event, dropped = _forward_event(backend, model, latest, replay_context or nullcontext)
+    if event is None and offenders and loss_finite is not False:
+        # the forward made non-finite values and dropped them (DBHead's reciprocal(1 + exp(x)) is 0 where exp
+        # overflowed), and the step's gradients are non-finite: the backward runs through those lanes
+        event = dropped
     if event is not None:
         amax = _float32_amax(backend, model, event.module, latest) if magnitude else None
         return HealVerdict(
