@@ -100,3 +100,28 @@ def test_torch_float32_region_turns_autocast_off():
         assert model(torch.randn(2, 4)).dtype == torch.float16
         with backend.float32():
             assert model(torch.randn(2, 4)).dtype == torch.float32
+
+
+def _protocol_members() -> set[str]:
+    """Every member the Backend protocol in ``ampsafe/core/backend.py`` declares (methods, properties, facts)."""
+    from ampsafe.core.backend import Backend
+
+    declared = set(getattr(Backend, "__annotations__", {}))
+    declared |= {
+        n for n, v in vars(Backend).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
+    }
+    return declared
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_backend_implements_every_member_the_protocol_lists(framework):
+    module, build, _, _ = framework()
+    from ampsafe._framework import REGISTRY, backend_named
+
+    backend = backend_named(module.__name__)
+    members = _protocol_members()
+    assert {"modules", "snapshot", "float32", "trace", "watch", "patcher", "forward_pre_hook"} <= members
+    missing = sorted(n for n in members if not hasattr(backend, n))
+    assert not missing, f"{type(backend).__name__} lacks {missing}"
+    assert backend.name == module.__name__ and module.__name__ in REGISTRY
+    assert isinstance(build(), backend.module_type)
