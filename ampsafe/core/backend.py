@@ -98,9 +98,27 @@ class Backend(Protocol):
 
 
 class AdapterModules:
-    """The Backend methods written once for every framework: walking nested outputs. Subclasses live in
-    ``ampsafe.<name>.backend`` and reach their package's ``trace``, ``watch`` and ``patch`` modules with plain
-    imports inside the methods that need them, so resolving a backend stays cheap."""
+    """The Backend methods written once for every framework: walking nested outputs, and handing over to the
+    rest of the adapter package. Subclasses live in ``ampsafe.<name>.backend`` and name their package's
+    ``trace``, ``watch`` and ``patch`` modules in ``_package()`` (plain imports, on first use, so resolving a
+    backend stays cheap)."""
+
+    def _package(self) -> tuple:
+        """(trace, watch, patch): the adapter package's modules."""
+        raise NotImplementedError
+
+    def trace(self, model, example_inputs, **options) -> Graph:
+        return self._package()[0].trace(model, example_inputs, **options)
+
+    def trace_hooks(self, model, *, level: str, target: str):
+        return self._package()[0].trace_hooks(model, level=level, target=target)
+
+    def watch(self, model, **options):
+        return self._package()[1].Watch(model, **options)
+
+    @property
+    def patcher(self):
+        return self._package()[2].ADAPTER
 
     def tensors(self, obj) -> list:
         """The tensors in a nested output: lists, tuples (namedtuples included) and dict values, in order."""

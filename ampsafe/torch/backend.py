@@ -147,26 +147,10 @@ class TorchBackend(core.AdapterModules):
         return pre_hook(model, fn)
 
     # -- the rest of the adapter package
-    def trace(self, model, example_inputs, **options):
-        from . import trace
+    def _package(self):
+        from . import patch, trace, watch
 
-        return trace.trace(model, example_inputs, **options)
-
-    def trace_hooks(self, model, *, level: str, target: str):
-        from . import trace
-
-        return trace.trace_hooks(model, level=level, target=target)
-
-    def watch(self, model, **options):
-        from . import watch
-
-        return watch.Watch(model, **options)
-
-    @property
-    def patcher(self):
-        from . import patch
-
-        return patch.ADAPTER
+        return trace, watch, patch
 
 
 BACKEND = TorchBackend()

@@ -19,7 +19,7 @@ try:
 except ImportError:  # not POSIX: no lock, concurrent builders each build (the file is still replaced atomically)
     fcntl = None
 
-__all__ = ["cache_dir", "recipe_key", "load_or_build"]
+__all__ = ["cache_dir", "recipe_key", "load_or_build", "load_or_build_torch"]
 
 
 def cache_dir(explicit: Union[str, Path, None] = None) -> Path:
@@ -73,3 +73,20 @@ def load_or_build(
         save(value, tmp)
         os.replace(tmp, path)
         return value
+
+
+def load_or_build_torch(path: Path, build: Callable[[], tuple[Any, dict]]) -> tuple[Any, dict]:
+    """:func:`load_or_build` for a torch checkpoint with a JSON record beside it (``path`` with ``.json``):
+    ``build() -> (state, record)``; the state loads with ``weights_only=True``."""
+    import torch
+
+    meta = path.with_suffix(".json")
+
+    def load() -> tuple[Any, dict]:
+        return torch.load(path, map_location="cpu", weights_only=True), json.loads(meta.read_text())
+
+    def save(value: tuple[Any, dict], tmp: Path) -> None:
+        torch.save(value[0], tmp)
+        meta.write_text(json.dumps(value[1], indent=1))
+
+    return load_or_build(path, load=load, build=build, save=save, ready=lambda: path.is_file() and meta.is_file())

@@ -18,14 +18,13 @@ where and when it crossed are cached under ``.cache/ampsafe/``.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Union
 
 from .amax import AmaxRecorder
 from .cache import cache_dir as _cache_dir
-from .cache import load_or_build, recipe_key
+from .cache import load_or_build, load_or_build_torch, recipe_key
 
 __all__ = [
     "FP16_MAX",
@@ -194,21 +193,7 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
 
 
 def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
-    import torch
-
-    path = cache_path(seed, cache_dir)
-    meta = path.with_suffix(".json")
-
-    def load() -> tuple[dict, dict]:
-        return torch.load(path, map_location="cpu", weights_only=True), json.loads(meta.read_text())
-
-    def save(value: tuple[dict, dict], tmp: Path) -> None:
-        torch.save(value[0], tmp)
-        meta.write_text(json.dumps(value[1], indent=1))
-
-    return load_or_build(
-        path, load=load, build=lambda: _train_to_brink(seed), save=save, ready=lambda: path.is_file() and meta.is_file()
-    )
+    return load_or_build_torch(cache_path(seed, cache_dir), lambda: _train_to_brink(seed))
 
 
 def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:

@@ -25,13 +25,12 @@ are cached under ``$AMPSAFE_CACHE`` (a few seconds of CPU, shared between proces
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Union
 
 from .cache import cache_dir as _cache_dir
-from .cache import load_or_build, recipe_key
+from .cache import load_or_build_torch, recipe_key
 from .frcnn_brink import leaf_amax  # every leaf module's output abs-max, the same probe as frcnn's
 
 __all__ = [
@@ -187,21 +186,7 @@ def _snapshot(model, opt, steps: int) -> dict:
 
 
 def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
-    import torch
-
-    path = cache_path(seed, cache_dir)
-    meta = path.with_suffix(".json")
-
-    def load() -> tuple[dict, dict]:
-        return torch.load(path, map_location="cpu", weights_only=True), json.loads(meta.read_text())
-
-    def save(value: tuple[dict, dict], tmp: Path) -> None:
-        torch.save(value[0], tmp)
-        meta.write_text(json.dumps(value[1], indent=1))
-
-    return load_or_build(
-        path, load=load, build=lambda: _train_to_brink(seed), save=save, ready=lambda: path.is_file() and meta.is_file()
-    )
+    return load_or_build_torch(cache_path(seed, cache_dir), lambda: _train_to_brink(seed))
 
 
 def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
