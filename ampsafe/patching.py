@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ._framework import backend_named, backend_of, framework_of, unwrap
+from .core.amp import check_level
 from .core.report import PatchReport, ScanReport
 from .errors import ConfigError
 from .policies import PatchContext, PolicyConfig, handler, resolve
@@ -25,8 +26,6 @@ from .policies._swap import protection_of, unswap
 from .scanner import scan
 
 __all__ = ["patch", "unpatch", "protection_of", "island_layers", "patched_modules"]
-
-_LEVELS = ("O1", "O2")
 
 
 def _adapter(framework: str):
@@ -63,8 +62,7 @@ def patch(
     if it has one, else 4.0). ``filter_fn(module, path) -> bool`` narrows them. Patching twice is a no-op.
     """
     framework = framework_of(model)  # UnsupportedModelError for anything else
-    if level not in _LEVELS:
-        raise ConfigError(f"level must be one of {_LEVELS}, got {level!r}")
+    check_level(level)
     config = resolve(policy, options, shared={"margin_bits": margin_bits})
     margin_bits = getattr(config, "margin_bits", 4.0 if margin_bits is None else margin_bits)
     if report is not None and not isinstance(report, ScanReport):

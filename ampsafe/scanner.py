@@ -14,6 +14,7 @@ import math
 import numbers
 
 from ._framework import backend_of, unwrap
+from .core.amp import check_level, check_target
 from .core.paths import UNTRACED, analyze, merge_paths, merge_risky_ops
 from .core.report import ScanReport
 from .errors import AmpSafeError, ConfigError
@@ -29,10 +30,8 @@ class ScanError(AmpSafeError, RuntimeError):
 
 
 def _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale, calibration) -> None:
-    if level not in ("O1", "O2"):
-        raise ConfigError(f"level must be 'O1' or 'O2', got {level!r}")
-    if target not in ("cuda", "cpu"):
-        raise ConfigError(f"target must be 'cuda' or 'cpu' (whose autocast lists apply), got {target!r}")
+    check_level(level)
+    check_target(target)
     if not isinstance(example_inputs, (tuple, dict)):
         raise ConfigError(
             "example_inputs must be a tuple of positional arguments or a dict of keyword arguments for "

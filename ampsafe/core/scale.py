@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import ConfigError, LossScaleFloorError
+from .amp import ON_FLOOR
 from .verdict import HealVerdict
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "ScalerBase",
 ]
 
-ON_FLOOR = ("raise", "clamp", "heal")
 HISTORY = 64  # scales kept in ScalerStats.scale_history
 
 

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 from paddle.amp import amp_lists as _paddle_lists
 
+from ..core.amp import LEVELS
 from ..errors import ConfigError
 from .intercept import amp_op_type
 
 __all__ = ["LEVELS", "white_ops", "black_ops", "fp16_op_types", "runs_in_fp16", "check_level"]
-
-LEVELS = ("O1", "O2")
 
 
 def check_level(level: str, dtype: str = "float16") -> str:

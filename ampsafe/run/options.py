@@ -22,13 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..core.amp import ON_FLOOR
 from ..errors import ConfigError
 
 __all__ = ["RunOptions", "ON_FLOOR", "ON_BAD_TARGET", "ENV_OPTIONS", "ENV_REPORT", "DEFAULT_REPORT_DIR"]
 
 ENV_OPTIONS = "AMPSAFE_RUN_OPTIONS"  # JSON options, read by the child
 ENV_REPORT = "AMPSAFE_RUN_REPORT"  # a directory: each process of the command writes <pid>.json there at exit
-ON_FLOOR = ("heal", "raise", "clamp")
 ON_BAD_TARGET = ("raise", "drop")
 DEFAULT_REPORT_DIR = "ampsafe-run"
 

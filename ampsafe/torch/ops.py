@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from ..core.amp import check_level, check_target
 from ..core.graph import OpKind
-from ..errors import ConfigError
 
 __all__ = [
     "canonical",
@@ -496,15 +496,10 @@ _PROMOTE = frozenset(
     | {"scatter_add", "concat", "stack", "index_copy"}
 )
 
-_LEVELS = ("O1", "O2")
-_TARGETS = ("cuda", "cpu")
-
 
 def _check(target: str, level: str) -> None:
-    if level not in _LEVELS:
-        raise ConfigError(f"level must be 'O1' or 'O2', got {level!r}")
-    if target not in _TARGETS:
-        raise ConfigError(f"target must be 'cuda' or 'cpu' (whose autocast lists apply), got {target!r}")
+    check_level(level)
+    check_target(target)
 
 
 def autocast_fp16_ops(target: str = "cuda", level: str = "O1") -> frozenset[str] | None:
