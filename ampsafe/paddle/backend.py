@@ -10,7 +10,9 @@ import paddle
 
 from ..core import backend as core
 
-__all__ = ["PaddleBackend", "BACKEND", "is_statistic"]
+__all__ = ["PaddleBackend", "BACKEND", "LOW_DTYPES", "is_statistic"]
+
+LOW_DTYPES = (paddle.float16, paddle.bfloat16)  # the low-precision float dtypes AMP computes in
 
 _FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 

@@ -18,11 +18,9 @@ from paddle import nn
 
 from ..policies._swap import SwapMixin
 from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
-from .backend import BACKEND
+from .backend import BACKEND, LOW_DTYPES
 
 __all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "PaddlePatcher"]
-
-_LOW = (paddle.float16, paddle.bfloat16)
 
 
 try:
@@ -33,7 +31,7 @@ except ImportError:  # pragma: no cover - without the emulator, auto_cast(enable
 
 def _to_float32(x):
     if isinstance(x, paddle.Tensor):
-        return x.astype("float32") if x.dtype in _LOW else x
+        return x.astype("float32") if x.dtype in LOW_DTYPES else x
     if isinstance(x, (list, tuple)):
         return type(x)(_to_float32(v) for v in x)
     if isinstance(x, dict):

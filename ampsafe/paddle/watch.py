@@ -31,13 +31,12 @@ from ..core.sentinel import MOVEMENT_OPS
 from ..core.watcher import TensorOps, WatchBase, WatchPass, float_tensors, map_nested
 from ..errors import NonFiniteError
 from . import intercept
-from .backend import BACKEND
+from .backend import BACKEND, LOW_DTYPES
 
 __all__ = ["Watch"]
 
 log = logging.getLogger("ampsafe.watch")
 
-_LOW = (paddle.float16, paddle.bfloat16)
 _FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
 
@@ -123,7 +122,7 @@ class _Restore:
 
 def _ran_low(outputs: list) -> bool:
     """An op's outputs are float16/bfloat16, or float16 values an emulator rounded (emulated AMP on a CPU)."""
-    return any(t.dtype in _LOW for t in outputs) or any(e.is_fp16(t) for e in _emulators() for t in outputs)
+    return any(t.dtype in LOW_DTYPES for t in outputs) or any(e.is_fp16(t) for e in _emulators() for t in outputs)
 
 
 class _Pass(WatchPass):
@@ -265,7 +264,9 @@ class Watch(WatchBase):
         if not inputs_finite and op in MOVEMENT_OPS and p.bad_inputs:
             return  # a view or copy of bad data: the first op computing with it is reported
         emulators = _emulators()
-        low = any(t.dtype in _LOW for t in inputs + outputs) or any(e.is_fp16(t) for e in emulators for t in outputs)
+        low = any(t.dtype in LOW_DTYPES for t in inputs + outputs) or any(
+            e.is_fp16(t) for e in emulators for t in outputs
+        )
         rerun_finite, rerun_error = self._rerun(func, args, kwargs) if inputs_finite and low else (None, "")
         dtype = "float16 (emulated)" if low and emulators else str(outputs[0].dtype).replace("paddle.", "")
         self._report_origin(
@@ -356,7 +357,7 @@ class Watch(WatchBase):
 
     def _grad_hook(self, p: _Pass, tid: int, module: str, op: str, tensor):
         emulators = _emulators()
-        low = tensor.dtype in _LOW or any(e.is_fp16(tensor) for e in emulators)
+        low = tensor.dtype in LOW_DTYPES or any(e.is_fp16(tensor) for e in emulators)
 
         def hook(grad):
             self._on_grad(p, grad, producer=(module, op), tid=tid, low=low)
@@ -382,7 +383,7 @@ class Watch(WatchBase):
             consumers = p.consumers.get(tid, [])
             module, op = consumers[-1] if consumers else producer
             has_inf = bool(paddle.isinf(grad).any())
-            low = low or grad.dtype in _LOW or tid in p.low_reads
+            low = low or grad.dtype in LOW_DTYPES or tid in p.low_reads
             kind = core.OVERFLOW if low and has_inf else core.NUMERICAL
             read_by = ", ".join(f"{m or '<root>'}:{o}" for m, o in consumers) or "?"
             where = f"gradient of {producer[0] or '<root>'}:{producer[1]}'s output, read by {read_by}"
@@ -394,7 +395,9 @@ class Watch(WatchBase):
                 sample=core.first_nonfinite_row(_np(grad), p.batch_size),
                 stats={"outputs": [core.tensor_stats(_np(grad))], "producer": producer, "consumers": consumers},
                 dtype=(  # the emulator's block has closed by the backward: a low float32 gradient was an emulated one
-                    "float16 (emulated)" if low and grad.dtype not in _LOW else str(grad.dtype).replace("paddle.", "")
+                    "float16 (emulated)"
+                    if low and grad.dtype not in LOW_DTYPES
+                    else str(grad.dtype).replace("paddle.", "")
                 ),
                 where=where,
                 step=p.step,

@@ -11,7 +11,9 @@ from torch import nn
 
 from ..core import backend as core
 
-__all__ = ["TorchBackend", "BACKEND", "in_float32"]
+__all__ = ["TorchBackend", "BACKEND", "LOW_DTYPES", "in_float32"]
+
+LOW_DTYPES = (torch.float16, torch.bfloat16)  # the low-precision float dtypes AMP computes in
 
 _float32 = threading.local()  # .depth: inside TorchBackend.float32() (a float32 replay or reference)
 

@@ -18,17 +18,16 @@ from torch import nn
 
 from ..policies._swap import SwapMixin
 from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
-from .backend import BACKEND
+from .backend import BACKEND, LOW_DTYPES
 
 __all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "TorchPatcher"]
 
 _AUTOCAST_DEVICES = {"cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia"}
-_LOW = (torch.float16, torch.bfloat16)
 
 
 def _to_float32(x):
     if isinstance(x, torch.Tensor):
-        return x.float() if x.dtype in _LOW else x
+        return x.float() if x.dtype in LOW_DTYPES else x
     if isinstance(x, (list, tuple)):
         out = [_to_float32(v) for v in x]
         return type(x)(out) if not hasattr(x, "_fields") else type(x)(*out)

@@ -29,14 +29,13 @@ from torch.overrides import TorchFunctionMode
 from ..core import sentinel as core
 from ..core.sentinel import MOVEMENT_OPS
 from ..core.watcher import TensorOps, WatchBase, WatchPass, float_tensors, map_nested
-from .backend import BACKEND
+from .backend import BACKEND, LOW_DTYPES
 from .modstack import current_module, module_stack
 
 __all__ = ["Watch", "op_name"]
 
 log = logging.getLogger("ampsafe.watch")
 
-_LOW = (torch.float16, torch.bfloat16)
 _DUNDER = {
     "add": "add",
     "radd": "add",
@@ -132,7 +131,7 @@ def _upcast_leaf(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().to(torch.float32, copy=True) if obj.is_floating_point() else obj
     if isinstance(obj, torch.dtype):
-        return torch.float32 if obj in _LOW else obj
+        return torch.float32 if obj in LOW_DTYPES else obj
     return obj
 
 
@@ -170,7 +169,7 @@ class _ForwardMode(TorchFunctionMode):
         pre = None
         if inplace and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
             first = args[0]
-            pre = (_finite(first), first.detach().clone() if first.dtype in _LOW else None)
+            pre = (_finite(first), first.detach().clone() if first.dtype in LOW_DTYPES else None)
         out = func(*args, **kwargs)
         floats = _float_tensors(args[0] if name == "setitem" else out)
         if not floats:
@@ -231,7 +230,7 @@ class Watch(WatchBase):
             if p.pending is None:
                 p.pending = (module, name)
             return  # a view or copy of bad data: the first op computing with it is reported
-        low = any(t.dtype in _LOW for t in inputs + outputs)
+        low = any(t.dtype in LOW_DTYPES for t in inputs + outputs)
         rerun_finite, rerun_error = self._rerun(func, args, kwargs, pre) if inputs_finite and low else (None, "")
         dtype = str(outputs[0].dtype).replace("torch.", "")
         self._report_origin(
@@ -308,7 +307,7 @@ class Watch(WatchBase):
                 return None
             gout = [g for g in grad_outputs if isinstance(g, torch.Tensor) and g.is_floating_point()]
             arrived_finite = all(_finite(g) for g in gout)
-            low = any(g.dtype in _LOW for g in gin + gout)
+            low = any(g.dtype in LOW_DTYPES for g in gin + gout)
             has_inf = bool(torch.isinf(bad[0]).any())
             kind = core.OVERFLOW if low and has_inf and arrived_finite else core.NUMERICAL
             stats = {
