@@ -63,7 +63,25 @@ def format_summary(reports: list[dict], returncode: int | None = None) -> str:
     return summary(reports, returncode)
 
 
+def _script_args(command: list[str]) -> list[str]:
+    """The arguments the script itself gets: after ``train.py`` or ``-m module``. ``python -c CODE`` has none
+    (that ``-c`` is Python's own); a command that is not Python is its program and arguments."""
+    if not command or not Path(command[0]).name.startswith("python"):
+        return command[1:]
+    rest = command[1:]
+    for i, arg in enumerate(rest):
+        if arg == "-c":
+            return []
+        if arg == "-m":
+            return rest[i + 2 :]
+        if not arg.startswith("-"):
+            return rest[i + 1 :]
+    return []
+
+
 def _config_path(command: list[str]) -> Path | None:
+    """The training config the script is given (``-c`` / ``--config``), whose ``ampsafe:`` section is read."""
+    command = _script_args(command)
     for i, arg in enumerate(command):
         if arg in ("-c", "--config") and i + 1 < len(command):
             return Path(command[i + 1])
@@ -211,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("ampsafe run needs a command after --, e.g. ampsafe run -- python train.py -c config.yml")
     options, source = _resolve(args, command)
     print(
-        f"ampsafe run: torch.amp / torch.cuda.amp GradScaler and paddle.amp.GradScaler -> ampsafe's scalers with "
+        f"ampsafe run: torch's and Paddle's GradScalers (every spelling) -> ampsafe's scalers with "
         f"the script's arguments plus {options.scaler_text('torch')}"
         f"{', watch' if options.watch else ''}{source}; other optimizer steps guarded (max_skips="
         f"{options.max_skips}); detection targets checked (on_bad_target={options.on_bad_target!r})"

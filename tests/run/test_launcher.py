@@ -149,3 +149,16 @@ def test_install_rejects_bad_on_floor(value):
 
     with pytest.raises(ampsafe.ConfigError, match="on_floor must be one of"):
         RunOptions(on_floor=value)
+
+
+def test_the_config_is_read_from_the_scripts_arguments_never_from_python_dash_c(capsys):
+    from pathlib import Path
+
+    from ampsafe.run.launcher import _config_path, main
+
+    code = "pass  # " + "x" * 300  # longer than a file name may be: it must never be taken for a config path
+    assert _config_path([sys.executable, "-c", code]) is None
+    assert _config_path([sys.executable, "-u", "train.py", "-c", "det.yml"]) == Path("det.yml")
+    assert _config_path(["python3", "-m", "tools.train", "--config=det.yml"]) == Path("det.yml")
+    assert _config_path(["bash", "-c", "det.yml"]) == Path("det.yml")  # not Python: its own arguments
+    assert main(["--report", "", "--", sys.executable, "-c", code]) == 0
