@@ -59,8 +59,12 @@ def test_dbnet_heals_dbfpn_and_head_conv1_paths_recovers_and_matches_island(runs
     heal, island = runs
     assert any(heal.overflowed) and not any(island.overflowed)
     first = heal.overflowed.index(True)
-    healed_at = next(i for i in range(first, STEPS) if not heal.overflowed[i]) - 1
-    assert heal.notes and f"healed at step {healed_at}" in heal.notes[0]
+    assert heal.notes and heal.notes[0].startswith("healed at step ")
+    healed_at = int(heal.notes[0].split()[3].rstrip(":"))
+    # patience=2: the heal comes at the second overflowing step in a row, never after a lone one (AVX2 kernels
+    # give seed 0 a lone backward overflow at step 9 before the streak at 13-14)
+    assert heal.overflowed[healed_at - 1] and heal.overflowed[healed_at]
+    assert not any(heal.overflowed[i] and heal.overflowed[i + 1] for i in range(first, healed_at - 1))
     # after the heal: no overflowing step, the scale is back where it was before the collapse, the loss falls
     assert not any(heal.overflowed[healed_at + 1 :])
     assert heal.scales[healed_at + 1] == heal.scales[0] == 1024.0
