@@ -25,6 +25,8 @@ from collections.abc import Iterator
 
 import paddle
 
+from ..core.attr_patches import AttrPatches
+
 __all__ = [
     "OpMode",
     "op_mode",
@@ -182,7 +184,7 @@ class _State(threading.local):
 
 _local = _State()
 _modes: list[OpMode] = []
-_installed: list[tuple[object, str, object, bool]] = []  # (namespace, attr, original, was_in_own_dict)
+_installed = AttrPatches()  # the wrappers in place, put back exactly (an inherited attribute is deleted again)
 _lock = threading.RLock()
 
 
@@ -292,18 +294,11 @@ def _install() -> None:
         if (id(namespace), attr) in seen:
             continue
         seen.add((id(namespace), attr))
-        own = isinstance(namespace, type) and attr in vars(namespace) or not isinstance(namespace, type)
-        setattr(namespace, attr, _intercepted(op, orig))
-        _installed.append((namespace, attr, orig, own))
+        _installed.set(namespace, attr, _intercepted(op, orig))
 
 
 def _uninstall() -> None:
-    while _installed:
-        namespace, attr, orig, own = _installed.pop()
-        if own:
-            setattr(namespace, attr, orig)
-        else:
-            delattr(namespace, attr)
+    _installed.restore()
 
 
 @contextlib.contextmanager

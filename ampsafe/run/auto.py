@@ -29,13 +29,14 @@ from typing import Any, Callable
 
 __all__ = ["install", "uninstall", "summary", "format_summary", "installed", "ENV_OPTIONS", "ENV_REPORT"]
 
+from ..core.attr_patches import AttrPatches
 from .launcher import format_summary
 from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {
     "options": None,
-    "originals": [],
+    "patches": AttrPatches(),  # every attribute ampsafe run set on torch, Paddle or a trainer, undone by uninstall()
     "scalers": [],
     "changes": [],
     "watches": [],
@@ -102,8 +103,7 @@ def _say(message: str) -> None:
 def _set(owner, attr: str, value, label: str) -> None:
     if not hasattr(owner, attr):
         return
-    _state["originals"].append((owner, attr, getattr(owner, attr)))
-    setattr(owner, attr, value)
+    _state["patches"].set(owner, attr, value)
     _state["changes"].append(label)
 
 
@@ -352,8 +352,7 @@ def _guard(framework: str, install_fn: Callable, module) -> None:
 def _set_attr(owner, attr: str, value) -> None:
     """Patch one attribute, restored by :func:`uninstall` (the caller reports the change in its own words)."""
     if hasattr(owner, attr):
-        _state["originals"].append((owner, attr, getattr(owner, attr)))
-        setattr(owner, attr, value)
+        _state["patches"].set(owner, attr, value)
 
 
 def _patch_torch(torch) -> None:
@@ -636,9 +635,7 @@ def install_options(options: RunOptions) -> RunOptions:
 def uninstall() -> None:
     """Restore every patched attribute and drop pending hooks (registered necks stay registered)."""
     with _lock:
-        for owner, attr, value in reversed(_state["originals"]):
-            setattr(owner, attr, value)
-        _state["originals"].clear()
+        _state["patches"].restore()
         _hook.pending.clear()
         if _hook in sys.meta_path:
             sys.meta_path.remove(_hook)
