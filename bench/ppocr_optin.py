@@ -425,6 +425,18 @@ neck, and `exp` on `Global.amp_custom_black_list` for DBHead's step function). L
 """
 
 
+def closing_lines(recipe_note: str, machine: dict | None, *, steps: int = STEPS, batch: int = BATCH) -> list[str]:
+    """The recipe note and the machine line an opt-in table ends with (det and rec alike)."""
+    lines = ["", recipe_note.format(images=steps * batch, batch=batch, steps=steps).strip()]
+    if machine:
+        lines += [
+            "",
+            f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
+            f"python {machine.get('python')}.",
+        ]
+    return lines
+
+
 def to_markdown(results: list[dict], machine: dict | None = None) -> str:
     lines = [
         "# PaddleOCR det_mv3_db under emulated float16 AMP (opt-in run)",
@@ -456,14 +468,7 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
             lines += [
                 f"- {r['level']} {r['run']} at step {step}: {', '.join(paths)}" for step, paths in zip(at, r["healed"])
             ]
-    lines += ["", RECIPE_NOTE.format(images=STEPS * BATCH, batch=BATCH, steps=STEPS).strip()]
-    if machine:
-        lines += [
-            "",
-            f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
-            f"python {machine.get('python')}.",
-        ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + closing_lines(RECIPE_NOTE, machine)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

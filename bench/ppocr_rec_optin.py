@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ppocr_optin import STEPLOG_ENV, _fmt, command, parse_log, summarize, write_shim
+from bench.ppocr_optin import STEPLOG_ENV, _fmt, closing_lines, command, parse_log, summarize, write_shim
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/rec/rec_svtrnet.yml"
@@ -209,14 +209,7 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
             lines += [f"  - `{line}`" for line in r.get("heal_log", [])]
     else:
         lines += ["", "Nothing overflowed at this size: no run had an overflowing step (measured, not assumed)."]
-    lines += ["", RECIPE_NOTE.format(images=STEPS * BATCH, batch=BATCH, steps=STEPS).strip()]
-    if machine:
-        lines += [
-            "",
-            f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
-            f"python {machine.get('python')}.",
-        ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + closing_lines(RECIPE_NOTE, machine, steps=STEPS, batch=BATCH)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
