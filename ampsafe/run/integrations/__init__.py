@@ -16,12 +16,12 @@ trainer takes the emulated path). A version whose attributes differ gets one war
 
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
 from typing import Callable
 
 __all__ = ["NAMES", "targets", "apply", "emulating"]
 
-NAMES = ("accelerate", "lightning", "mmengine", "ultralytics")
+NAMES = ("accelerate", "lightning", "mmengine", "ultralytics")  # the keys of _integrations(), in order
 
 
 def emulating() -> bool:
@@ -32,19 +32,22 @@ def emulating() -> bool:
     return emulation is not None and emulation.active()
 
 
+def _integrations() -> dict[str, ModuleType]:
+    """Name -> integration module: the registry, one import per trainer (none imports its trainer)."""
+    from . import accelerate, lightning, mmengine, ultralytics
+
+    return {"accelerate": accelerate, "lightning": lightning, "mmengine": mmengine, "ultralytics": ultralytics}
+
+
 def targets() -> list[tuple[str, str]]:
     """(integration, module whose import installs it) pairs, for ``ampsafe.auto``'s post-import hooks."""
-    pairs = []
-    for name in NAMES:
-        module = importlib.import_module(f"{__name__}.{name}")
-        pairs += [(name, target) for target in module.TARGETS]
-    return pairs
+    return [(name, target) for name, module in _integrations().items() for target in module.TARGETS]
 
 
 def apply(name: str, module, set_attr: Callable, tell: Callable[[str], None]) -> str:
     """Install integration ``name`` on the imported framework ``module``; the line saying what it patched, or a
     warning line when the framework's version lacks what the integration patches."""
-    integration = importlib.import_module(f"{__name__}.{name}")
+    integration = _integrations()[name]
     missing = [attr for attr in integration.KNOWN.get(module.__name__, ()) if _lookup(module, attr) is None]
     version = _version(module.__name__)
     if missing:
