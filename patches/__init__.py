@@ -5,7 +5,8 @@ PaddleOCR and PaddleDetection, their registration, and the config neck swap.
     ampsafe.patches.register_paddleocr()   # AmpSafeDBFPN / AmpSafeRSEFPN / AmpSafeLKPAN buildable by name
     ampsafe.patches.register_paddledet()   # AmpSafeFPN in ppdet's workspace
 
-Nothing here imports paddle until a neck is built or registered.
+The neck classes are Paddle code, defined in :mod:`ampsafe.paddle.nets` (``paddleocr_necks`` and ``ppdet_necks``
+here re-export them by name); nothing here imports paddle until a neck is built or registered.
 """
 
 from __future__ import annotations

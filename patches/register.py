@@ -1,4 +1,5 @@
-"""Make the safe necks buildable by name: in this project's dbnet builder, in PaddleOCR, in PaddleDetection.
+"""Make the safe necks buildable by name in PaddleOCR and in PaddleDetection (this project's dbnet builder
+finds them in :mod:`ampsafe.paddle.nets.paddleocr_necks`, where they are defined, with nothing registered).
 
 PaddleOCR has no registry: ``ppocr.modeling.necks.build_neck`` checks a *local* ``support_dict`` list and
 ``eval``s the name among its local imports, and ``ppocr.modeling.architectures.base_model`` imported the
@@ -29,7 +30,7 @@ __all__ = [
 
 def paddleocr_classes() -> dict:
     """name -> class for every neck this package can build for PaddleOCR models (safe and upstream-compatible)."""
-    from . import paddleocr_necks as necks
+    from ampsafe.paddle.nets import paddleocr_necks as necks
 
     classes = {
         spec.name: registry.load_class(spec) for spec in registry.SAFE_NECKS.values() if spec.ecosystem == PADDLEOCR

@@ -36,8 +36,9 @@ class SafeNeck:
     new_keys: str  # the state_dict keys the variant adds (an upstream checkpoint lacks only these)
 
 
-_OCR = "ampsafe.patches.paddleocr_necks"
-_DET = "ampsafe.patches.ppdet_necks"
+# where the classes are defined: Paddle code, in the Paddle package (ampsafe.patches.*_necks re-export them)
+_OCR = "ampsafe.paddle.nets.paddleocr_necks"
+_DET = "ampsafe.paddle.nets.ppdet_necks"
 
 SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
     (s.ecosystem, s.upstream): s

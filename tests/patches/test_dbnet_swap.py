@@ -20,13 +20,15 @@ DB_CONFIGS = {
 
 
 def test_dbnet_builder_builds_every_patches_neck_with_nothing_registered():
-    from ampsafe.workloads.dbnet import builder
+    from ampsafe.paddle.nets import dbnet as builder
+    from ampsafe.patches.register import paddleocr_classes
 
     before = dict(builder.NECKS)
     necks = builder._necks()
     assert builder.NECKS == before == {"DBFPN": builder.DBFPN}  # looked up, not registered into the builder
     assert necks["AmpSafeDBFPN"] is AmpSafeDBFPN
     assert {"AmpSafeRSEFPN", "AmpSafeLKPAN", "RSEFPN", "LKPAN"} <= set(necks)
+    assert all(necks[name] is cls for name, cls in paddleocr_classes().items())  # every neck ampsafe.patches has
 
 
 @pytest.mark.parametrize("rel", sorted(DB_CONFIGS))
@@ -36,7 +38,7 @@ def test_swapped_db_config_builds_with_the_dbnet_builder(upstream, tmp_path, rel
         "dbnet", config=swap_neck(upstream / rel, out=tmp_path / "s.yml"), image_size=64, batch_size=1
     )
     assert type(swapped.model.neck).__name__ == DB_CONFIGS[rel]
-    assert type(swapped.model.neck).__module__ == "ampsafe.patches.paddleocr_necks"
+    assert type(swapped.model.neck).__module__ == "ampsafe.paddle.nets.paddleocr_necks"
     up_keys, safe_keys = set(original.model.state_dict()), set(swapped.model.state_dict())
     assert up_keys < safe_keys and all(".neck." in k or k.startswith("neck.") for k in safe_keys - up_keys)
     loss = swapped.loss(swapped.batch(0))

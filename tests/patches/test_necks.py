@@ -8,7 +8,6 @@ import pytest
 from paddle import nn
 
 from ampsafe.patches import paddleocr_necks as necks
-from ampsafe.workloads.dbnet.necks import DBFPN
 
 # backbone -> the four channel counts it hands the neck (PaddleOCR det backbones, as in the upstream configs)
 PYRAMIDS = {
@@ -20,7 +19,7 @@ PYRAMIDS = {
 }
 # (upstream, safe, backbone, config options) as the upstream configs use them
 CASES = [
-    (DBFPN, necks.AmpSafeDBFPN, "MobileNetV3 large x0.5", {"out_channels": 256}),
+    (necks.DBFPN, necks.AmpSafeDBFPN, "MobileNetV3 large x0.5", {"out_channels": 256}),
     (necks.RSEFPN, necks.AmpSafeRSEFPN, "MobileNetV3 large x0.5", {"out_channels": 96, "shortcut": True}),
     (necks.RSEFPN, necks.AmpSafeRSEFPN, "PPLCNetV3 x0.75", {"out_channels": 96, "shortcut": True}),
     (necks.LKPAN, necks.AmpSafeLKPAN, "ResNet_vd 50", {"out_channels": 256}),
@@ -120,3 +119,15 @@ def test_safe_dbfpn_supports_db_plus_plus_asf():
     neck = necks.AmpSafeDBFPN(PYRAMIDS["ResNet_vd 50"], 256, use_asf=True)
     assert neck(pyramid(PYRAMIDS["ResNet_vd 50"], size=16)).shape == [2, 256, 16, 16]
     assert "asf.conv.weight" in neck.state_dict()
+
+
+@pytest.mark.parametrize("name", ["paddleocr_necks", "ppdet_necks"])
+def test_patches_neck_modules_name_the_classes_defined_in_the_paddle_package(name):
+    import importlib
+
+    named = importlib.import_module(f"ampsafe.patches.{name}")
+    defined = importlib.import_module(f"ampsafe.paddle.nets.{name}")
+    assert named.__all__ == defined.__all__
+    assert all(getattr(named, n) is getattr(defined, n) for n in defined.__all__)
+    with pytest.raises(AttributeError, match="has no attribute '_private'"):
+        named._private  # noqa: B018 (private names are not forwarded)

@@ -37,7 +37,7 @@ def test_ppdet_script_builds_the_swapped_neck_by_name(upstream, tmp_path):
     )
     proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "build_ppdet.py"), "-c", str(overlay))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "script: built AmpSafeFPN as ampsafe.patches.ppdet_necks.AmpSafeFPN" in proc.stdout
+    assert "script: built AmpSafeFPN as ampsafe.paddle.nets.ppdet_necks.AmpSafeFPN" in proc.stdout
     assert "changed ppdet necks registered: AmpSafeFPN" in proc.stdout
 
 

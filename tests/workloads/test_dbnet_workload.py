@@ -85,7 +85,7 @@ def test_twenty_fp32_steps_on_distinct_batches_lower_the_loss():
 
 
 def test_bce_main_loss_keeps_positives_and_three_times_as_many_hardest_negatives():
-    from ampsafe.workloads.dbnet.loss import BalanceLoss
+    from ampsafe.paddle.nets.loss import BalanceLoss
 
     rng = np.random.default_rng(0)
     pred = rng.uniform(0.01, 0.99, size=(2, 16, 16)).astype(np.float32)

@@ -7,6 +7,10 @@
 The network is PaddleOCR's, parameter for parameter (state_dict keys, shapes and outputs match PaddleOCR's own
 reference run), so what ampsafe finds and fixes here is what a PaddleOCR user sees. ``brink`` holds the FP32
 checkpoint whose activations have just left float16's range.
+
+The network itself is Paddle code and lives in :mod:`ampsafe.paddle.nets` (``dbnet``: the registries and
+``build_model`` / ``build_loss``; ``backbones``, ``heads``, ``loss``, ``paddleocr_necks``). Its names are
+re-exported here and resolve on first use, so importing this package does not import paddle.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from typing import Union
 
 from ...errors import ConfigError
 from ..base import Workload
-from .builder import BACKBONES, HEADS, NECKS, DBNet, build_loss, build_model, register_neck
 from .config import load_config
 
 __all__ = [
@@ -25,11 +28,41 @@ __all__ = [
     "build_model",
     "build_loss",
     "register_neck",
+    "register_backbone",
+    "register_head",
     "BACKBONES",
     "NECKS",
     "HEADS",
     "DBNet",
 ]
+
+
+# names defined by ampsafe.paddle.nets.dbnet, read from there on first use (see __getattr__)
+_NETS = (
+    "BACKBONES",
+    "NECKS",
+    "HEADS",
+    "DBNet",
+    "build_model",
+    "build_loss",
+    "register_backbone",
+    "register_neck",
+    "register_head",
+)
+
+
+def __getattr__(name: str):
+    if name not in _NETS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ampsafe.paddle.nets import dbnet
+
+    value = getattr(dbnet, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NETS))
 
 
 class DBNetWorkload(Workload):
@@ -121,6 +154,8 @@ def build(
 ) -> DBNetWorkload:
     """DBNet from a PaddleOCR config (default det_mv3_db.yml), ``paddle.seed(seed)`` weights, train mode."""
     import paddle
+
+    from ampsafe.paddle.nets.dbnet import build_loss, build_model
 
     if unknown:
         raise ConfigError(f"unknown dbnet option(s) {sorted(unknown)}; known: config, image_size, batch_size")

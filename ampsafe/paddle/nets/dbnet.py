@@ -1,9 +1,11 @@
-"""A small registry that builds a DBNet from a PaddleOCR ``Architecture`` section.
+"""DBNet, and the small registry that builds it from a PaddleOCR ``Architecture`` section.
 
-Parts are looked up by name, the way PaddleOCR's own ``build_neck`` looks them up: the workload's own, those
-added with ``register_neck(name, cls)``, then every PaddleOCR neck :mod:`ampsafe.patches` builds (the AMP-safe
-ones and the upstream-compatible RSEFPN/LKPAN), so a swapped config builds here with nothing registered. Each part is called as PaddleOCR calls it:
+Parts are looked up by name, the way PaddleOCR's own ``build_neck`` looks them up: the registries here, those
+added with ``register_neck(name, cls)``, then every PaddleOCR neck :mod:`.paddleocr_necks` defines (the AMP-safe
+ones :mod:`ampsafe.patches` ships and the upstream-compatible RSEFPN/LKPAN), so a swapped config builds here with
+nothing registered. Each part is called as PaddleOCR calls it:
 ``cls(in_channels=<previous part's out_channels>, **section_without_name)`` and must set ``out_channels``.
+The ``dbnet`` workload (:mod:`ampsafe.workloads.dbnet`) re-exports these names without importing paddle itself.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ...errors import ConfigError
 from .backbones import MobileNetV3, ResNet_vd
 from .heads import DBHead
 from .loss import DBLoss
-from .necks import DBFPN
+from .paddleocr_necks import DBFPN, PADDLEOCR_NECKS
 
 __all__ = [
     "BACKBONES",
@@ -71,10 +73,8 @@ class DBNet(nn.Layer):
 
 
 def _necks() -> dict[str, type]:
-    """The necks a config may name: ampsafe.patches' PaddleOCR necks, with this builder's own winning."""
-    from ampsafe.patches.register import paddleocr_classes
-
-    return {**paddleocr_classes(), **NECKS}
+    """The necks a config may name: every PaddleOCR neck in :mod:`.paddleocr_necks`, this builder's own winning."""
+    return {**PADDLEOCR_NECKS, **NECKS}
 
 
 def _build_part(registry: dict, kind: str, section: Any, in_channels) -> nn.Layer:
@@ -85,7 +85,7 @@ def _build_part(registry: dict, kind: str, section: Any, in_channels) -> nn.Laye
     if name not in registry:
         raise ConfigError(
             f"Architecture.{kind} name {name!r} is not registered; known: {', '.join(sorted(registry))} "
-            f"(register more with ampsafe.workloads.dbnet.builder.register_{kind.lower()})"
+            f"(register more with ampsafe.workloads.dbnet.register_{kind.lower()})"
         )
     if kind == "Backbone":  # image channels may come from the config; later parts take their producer's
         options.setdefault("in_channels", in_channels)
