@@ -4,10 +4,10 @@
     ampsafe.patch(model, policy="island", paths=["neck", "head.conv1"])
     ampsafe.unpatch(model)                                          # back to the original classes, exactly
 
-A thin front: it validates, resolves the framework adapter, asks the policy's handler (a registry in
+A thin front: it validates, resolves the model's Backend, asks the policy's handler (a registry in
 :mod:`ampsafe.policies`) for a plan and applies it transactionally: if any module fails to patch, every module
 already patched is restored and the model is exactly as before. Every patch is a class swap (see
-:mod:`ampsafe.policies._swap`), so parameters, their names and ``state_dict`` keys stay as they were
+:mod:`ampsafe.core.swaps`), so parameters, their names and ``state_dict`` keys stay as they were
 (``convbn`` adds documented ``<conv>.bn.*`` keys), parameter identity and optimizer state survive, patched
 models pickle, and ``unpatch`` needs no record beyond the modules themselves. DDP/DataParallel wrappers are
 looked through (``.module`` / ``._layers``).
@@ -17,24 +17,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._framework import backend_named, backend_of, framework_of, unwrap
+from ._framework import backend_of, unwrap
 from .core.amp import check_level
 from .core.report import PatchReport, ScanReport
+from .core.swaps import protection_of, unswap
 from .errors import ConfigError
-from .policies import PatchContext, PolicyConfig, handler, resolve
-from .policies._swap import protection_of, unswap
+from .policies import PatchContext, PolicyConfig, apply_change, handler, resolve
 from .scanner import scan
 
 __all__ = ["patch", "unpatch", "protection_of", "island_layers", "patched_modules"]
 
 
-def _adapter(framework: str):
-    """The policies' adapter of a framework (``ctx.adapter``), from its Backend."""
-    return backend_named(framework).patcher
-
-
 def _modules(model) -> dict:
-    return backend_of(model).patcher.modules(unwrap(model))
+    return backend_of(model).modules(unwrap(model))
 
 
 def patch(
@@ -61,7 +56,7 @@ def patch(
     ``ampsafe.scan(model, example_inputs, level=level, margin_bits=margin_bits)`` (margin_bits: the config's
     if it has one, else 4.0). ``filter_fn(module, path) -> bool`` narrows them. Patching twice is a no-op.
     """
-    framework = framework_of(model)  # UnsupportedModelError for anything else
+    backend = backend_of(model)  # UnsupportedModelError for anything else
     check_level(level)
     config = resolve(policy, options, shared={"margin_bits": margin_bits})
     margin_bits = getattr(config, "margin_bits", 4.0 if margin_bits is None else margin_bits)
@@ -71,14 +66,13 @@ def patch(
         raise ConfigError("paths must be a list of module paths or RiskPaths, e.g. paths=['neck.in5_conv']")
     if filter_fn is not None and not callable(filter_fn):
         raise ConfigError("filter_fn must be callable as filter_fn(module, path) -> bool")
-    adapter = _adapter(framework)
     inner = unwrap(model)
     ctx = PatchContext(
         model=inner,
         outer=model,
-        adapter=adapter,
+        backend=backend,
         level=level,
-        modules=adapter.modules(inner),
+        modules=backend.modules(inner),
         report=report,
         paths=list(paths) if paths is not None else None,
         filter_fn=filter_fn,
@@ -92,7 +86,7 @@ def patch(
     try:
         for change in plan.changes:
             module = ctx.modules[change.path]
-            adapter.apply(module, change)
+            apply_change(backend.swaps, module, change)
             applied.append(module)
     except BaseException:
         for module in reversed(applied):

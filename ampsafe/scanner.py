@@ -15,10 +15,11 @@ import numbers
 
 from ._framework import backend_of, unwrap
 from .core.amp import check_level, check_target
+from .core.modpath import ancestors
 from .core.paths import UNTRACED, analyze, merge_paths, merge_risky_ops
 from .core.report import ScanReport
+from .core.swaps import protection_of
 from .errors import AmpSafeError, ConfigError
-from .policies._swap import protection_of
 
 __all__ = ["scan", "ScanError"]
 
@@ -53,9 +54,8 @@ def _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale,
 
 def _protection(modules: dict, path: str):
     """What ``ampsafe.patch`` did to ``path`` or an enclosing module, if anything (None when unpatched)."""
-    parts = path.split(".") if path else []
-    for n in range(len(parts), -1, -1):
-        module = modules.get(".".join(parts[:n]))
+    for enclosing in ancestors(path):
+        module = modules.get(enclosing)
         how = protection_of(module) if module is not None else None
         if how:
             return how

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
-from ampsafe._framework import backend_of
+from ampsafe._framework import backend_named, backend_of
+from ampsafe.core.graph import OpKind
+from ampsafe.errors import ConfigError
 
 
 def _torch():
@@ -67,14 +71,14 @@ def test_snapshot_restores_the_normalization_statistics_a_train_forward_moved(fr
     model = build()
     backend = backend_of(model)
     mean = backend.running_stats(model).__next__()[2]
-    before = backend.to_numpy(mean).copy()
+    before = backend.tensors.to_numpy(mean).copy()
     assert any(t is mean for t in backend.state_tensors(model))  # Paddle's _mean is a parameter: one rule
     restore = backend.snapshot(model)
     model.train()
     model(batch())
-    assert not np.array_equal(backend.to_numpy(mean), before)
+    assert not np.array_equal(backend.tensors.to_numpy(mean), before)
     restore()
-    np.testing.assert_array_equal(backend.to_numpy(mean), before)
+    np.testing.assert_array_equal(backend.tensors.to_numpy(mean), before)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -85,11 +89,110 @@ def test_backend_is_one_instance_per_framework_and_gathers_alone_outside_a_proce
     assert backend is backend_of(build()) and backend.name == fw.__name__
     assert backend.all_gather({"rank": "only"}) == [{"rank": "only"}]
     assert set(backend.modules(model)) == {"", "0", "1", "2", "3"}
-    out = (batch(), {"a": [batch(), 3]})
-    assert len(backend.tensors(out)) == 2
-    assert backend.trace_hooks(model, level="O1", target="cpu").framework == backend.name
-    signed = (fw.to_tensor if hasattr(fw, "to_tensor") else fw.tensor)([-3.0, 2.0])
-    assert float(backend.abs_max(signed)) == 3.0
+    assert backend.trace_hooks(model, level="O1", target="cpu").runs_low("conv2d", OpKind.CONV, [False])
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_tensors_part_walks_nests_and_measures_on_the_device(framework):
+    fw, _, _, batch = framework()
+    ts = backend_named(fw.__name__).tensors
+    x = batch()
+    out = (x, {"a": [batch(), 3, x]})
+    assert len(ts.leaves(out)) == 3 and len(ts.float_leaves(out)) == 2  # float_leaves: each tensor once
+    assert len(ts.checkable_leaves(out)) == 3
+    tensor = fw.to_tensor if hasattr(fw, "to_tensor") else fw.tensor
+    signed = tensor([-3.0, 2.0])
+    assert float(ts.abs_max(signed)) == 3.0 and ts.describe(signed)[1] == "float32"
+    wide = ts.abs_max(tensor([-3.0, 2.0], dtype=fw.float64))
+    assert ts.describe(wide)[1] == "float32"  # maxima of tensors of any float dtype combine
+    masked = tensor([2.0, -3e38, float("-inf")])  # finfo(float32).min and -inf are fill values
+    assert float(ts.lane_abs_max(masked)) == 2.0 and float(ts.abs_max(masked)) == float("inf")
+    assert ts.to_floats([ts.abs_max(signed), ts.abs_max(tensor([5.0]))]) == [3.0, 5.0]
+    assert ts.finite(signed) and not ts.finite(masked) and ts.finite(tensor([]))
+    assert ts.to_numpy(tensor([1, 2])) is None and ts.to_numpy(signed).dtype == np.float32
+    ids = ts.id_map()
+    ids[signed] = 7
+    assert ids.get(signed) == 7 and ids.get(tensor([-3.0, 2.0])) is None
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_amp_part_states_levels_and_the_float32_region(framework):
+    fw, _, _, _ = framework()
+    amp = backend_named(fw.__name__).amp
+    assert amp.check_level("O2") == "O2"
+    with pytest.raises(ConfigError, match="O1"):
+        amp.check_level("O3")
+    assert not amp.in_float32()
+    with amp.float32():
+        assert amp.in_float32()
+    assert not amp.in_float32()
+    assert fw.float16 in amp.low_dtypes and fw.float32 not in amp.low_dtypes
+    assert amp.runs_low("conv2d", OpKind.CONV, [False], level="O1", target="cuda")  # on every framework's list
+
+
+def test_torch_amp_part_records_the_step_precision_and_replays_in_it():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 4)
+    amp = backend_of(model).amp
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        state = amp.state()
+    assert amp.heal_options(state) == {"target": "cpu"}  # the step ran under CPU autocast: scan CPU's lists
+    with amp.replay(state):
+        out = model(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16 and not out.requires_grad
+    plain = amp.state()
+    with amp.replay(plain):
+        assert model(torch.randn(2, 4)).dtype == torch.float32
+    assert amp.heal_options(plain) == amp.heal_options(None) == {"target": "cuda"}
+
+
+def test_paddle_amp_part_records_the_emulation_and_replays_in_it():
+    paddle = pytest.importorskip("paddle")
+    from ampsafe.paddle import emulate_fp16
+
+    model = paddle.nn.Linear(4, 4)
+    amp = backend_of(model).amp
+    with emulate_fp16(model, level="O2") as emu:
+        state = amp.state()
+    assert state[0] is emu and amp.heal_options(state) == {"level": "O2"}
+    with amp.replay(state):  # the emulator is closed: the replay enters it again
+        out = model(paddle.randn([2, 4]))
+    assert emu.counts["linear"] == 1 and out.stop_gradient
+    model(paddle.randn([2, 4]))
+    assert emu.counts["linear"] == 1  # outside the replay nothing is emulated
+    assert amp.heal_options(amp.state()) == amp.heal_options(None) == {"level": "O1"}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_rng_state_puts_back_the_generators_a_forward_draws_from(framework):
+    fw, _, _, batch = framework()
+    backend = backend_named(fw.__name__)
+
+    def draw():
+        host = np.random.rand() if fw.__name__ == "paddle" else None  # ppdet / PaddleOCR draw from NumPy
+        return backend.tensors.to_numpy(batch()), random.random(), host
+
+    restore = backend.rng_state()
+    first = draw()
+    restore()
+    again = draw()
+    np.testing.assert_array_equal(again[0], first[0])
+    assert again[1:] == first[1:]
+    assert draw()[1] != first[1]  # restored once: the next draw moves on
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_forward_hook_sees_each_output_and_leaves_it_as_it_is(framework):
+    fw, build, _, batch = framework()
+    model = build()
+    backend = backend_of(model)
+    seen = []
+    handle = backend.forward_hook(model[3], lambda output: seen.append(output) or "not an output")
+    out = model(batch())
+    assert len(seen) == 1 and seen[0] is out
+    handle.remove()
+    model(batch())
+    assert len(seen) == 1
 
 
 def test_torch_float32_region_turns_autocast_off():
@@ -98,17 +201,15 @@ def test_torch_float32_region_turns_autocast_off():
     backend = backend_of(model)
     with torch.autocast("cpu", dtype=torch.float16):
         assert model(torch.randn(2, 4)).dtype == torch.float16
-        with backend.float32():
+        with backend.amp.float32():
             assert model(torch.randn(2, 4)).dtype == torch.float32
 
 
-def _protocol_members() -> set[str]:
-    """Every member the Backend protocol in ``ampsafe/core/backend.py`` declares (methods, properties, facts)."""
-    from ampsafe.core.backend import Backend
-
-    declared = set(getattr(Backend, "__annotations__", {}))
+def _protocol_members(protocol) -> set[str]:
+    """Every member a Protocol in ``ampsafe/core/backend.py`` declares (methods, properties, facts)."""
+    declared = set(getattr(protocol, "__annotations__", {}))
     declared |= {
-        n for n, v in vars(Backend).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
+        n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
     }
     return declared
 
@@ -116,12 +217,21 @@ def _protocol_members() -> set[str]:
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_backend_implements_every_member_the_protocol_lists(framework):
     module, build, _, _ = framework()
-    from ampsafe._framework import REGISTRY, backend_named
+    from ampsafe._framework import REGISTRY
+    from ampsafe.core.backend import Amp, Backend, Tensors
+    from ampsafe.core.swaps import Swaps
 
     backend = backend_named(module.__name__)
-    members = _protocol_members()
-    assert {"modules", "snapshot", "float32", "trace", "watch", "patcher", "forward_pre_hook"} <= members
+    members = _protocol_members(Backend)
+    assert {"modules", "snapshot", "rng_state", "tensors", "amp", "trace", "watch", "forward_pre_hook"} <= members
+    assert {"forward_hook", "swaps", "install_run"} <= members
     missing = sorted(n for n in members if not hasattr(backend, n))
     assert not missing, f"{type(backend).__name__} lacks {missing}"
+    for part, protocol in (("tensors", Tensors), ("amp", Amp), ("swaps", Swaps)):
+        members = _protocol_members(protocol)
+        assert len(members) > 3
+        assert part != "amp" or {"state", "replay", "heal_options", "float32"} <= members
+        missing = sorted(n for n in members if not hasattr(getattr(backend, part), n))
+        assert not missing, f"{type(backend).__name__}.{part} lacks {missing}"
     assert backend.name == module.__name__ and module.__name__ in REGISTRY
     assert isinstance(build(), backend.module_type)

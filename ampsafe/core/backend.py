@@ -5,6 +5,17 @@ model state a forward may move, how to run in float32, how to hook a forward). E
 once, in its adapter package (``ampsafe.torch.backend.TorchBackend``, ``ampsafe.paddle.backend.PaddleBackend``);
 ``ampsafe._framework.backend_of(model)`` picks the instance, and nothing else asks which framework it is.
 Pure Python: importing it imports neither torch nor paddle.
+
+What a new framework supplies: one package ``ampsafe/<name>/`` whose ``backend.py`` defines one Backend class
+(every member of :class:`Backend`) with its named parts:
+
+- ``backend.tensors``: a :class:`Tensors` (``<name>/tensors.py``, a subclass of :class:`TensorsBase`), every
+  tensor fact the tracer, the watcher and the heal read;
+- ``backend.amp``: an :class:`Amp`, the framework's AMP (its low dtypes, the float32 region, its levels, which
+  ops compute in low precision, the precision a step ran in and how to replay it there);
+- ``backend.swaps``: a :class:`~ampsafe.core.swaps.Swaps` (``<name>/patch.py``, a subclass of
+  :class:`~ampsafe.core.swaps.SwapsBase`), the module facts the patch policies read and the mixins only the
+  framework can write (its float32 island, its rescaled normalization).
 """
 
 from __future__ import annotations
@@ -14,20 +25,167 @@ from contextlib import AbstractContextManager as ContextManager
 from typing import Any, Protocol
 
 from .graph import Graph
+from .swaps import Swaps
 
-__all__ = ["Backend", "AdapterModules", "owner_of", "live_roots"]
+__all__ = ["Backend", "Tensors", "TensorsBase", "Amp", "AdapterModules", "owner_of", "live_roots"]
+
+
+class Tensors(Protocol):
+    """Every fact about one framework's tensors that ampsafe's shared logic reads: the tracer's recorder
+    (:mod:`ampsafe.core.record`), the watcher (:mod:`ampsafe.core.watcher`) and the heal. ``backend.tensors``;
+    stateless. The nested walks (``leaves`` and the two filtered ones) are written once in :class:`TensorsBase`."""
+
+    tensor_type: type  # isinstance check for "a tensor of this framework"
+
+    # -- nests
+    def leaves(self, obj) -> list:
+        """The tensors in a nest (a tensor, lists, tuples, namedtuples, dict values), in order: a model's output,
+        an op's arguments, a loss. Anything else is no tensor and is skipped."""
+
+    def float_leaves(self, obj) -> list:
+        """The floating tensors of :meth:`leaves`, each once (by identity): the inputs and outputs of a traced op."""
+
+    def checkable_leaves(self, obj) -> list:
+        """The tensors of :meth:`leaves` whose values can be checked (:meth:`checkable`), duplicates kept: what
+        the watcher checks for non-finite values."""
+
+    # -- what a tensor is
+    def is_float(self, t) -> bool:
+        """A floating tensor: only these carry the values AMP can overflow."""
+
+    def checkable(self, t) -> bool:
+        """A floating tensor with values on a device (torch's meta and sparse tensors have none to check)."""
+
+    def numel(self, t) -> int: ...
+
+    def is_batched(self, t) -> bool:
+        """Whether ``t``'s float16-ness counts for type promotion (a scalar's does not)."""
+
+    def describe(self, t) -> tuple[tuple, str]:
+        """(shape, dtype name without the framework prefix), as reports spell them."""
+
+    # -- identity
+    def id_map(self) -> Any:
+        """A mapping keyed weakly by tensor (``get`` / ``[t] = ...``), never by a recycled ``id()``."""
+
+    def version(self, t) -> int:
+        """The tensor's in-place write counter: a write the tracer did not see changes it."""
+
+    def key(self, t) -> int:
+        """Identity of the tensor's data, stable while it lives: the watcher recognises parameters and model
+        inputs by it (torch: the storage, which views and ``detach()`` share; a framework without one: the
+        tensor object)."""
+
+    # -- values
+    def finite(self, t) -> bool:
+        """No inf and no NaN in ``t`` (an empty tensor is finite); one host sync."""
+
+    def to_numpy(self, t):
+        """float32 host copy of a floating tensor, for stats and sample rows; None for anything else."""
+
+    def abs_max(self, t):
+        """max |t| as a 0-d float32 device tensor, no host sync: the tracer measures every op output with it and
+        syncs once at the end. float32 so maxima of float16 and float32 tensors combine with :meth:`maximum`."""
+
+    def lane_abs_max(self, t):
+        """:meth:`abs_max` over the lanes that are not a mask's fill value (``t <= -MASK_LIMIT``: ``finfo.min``,
+        ``-inf``, and whatever fill the framework's own attention uses); NaN lanes count."""
+
+    def maximum(self, a, b):
+        """Elementwise max of two device scalars (no host sync)."""
+
+    def to_floats(self, scalars: list) -> list[float]:
+        """Host values of 0-d float32 device tensors, in one sync."""
+
+    # -- autograd
+    def no_grad(self) -> ContextManager:
+        """Measurements made inside are no part of the model's autograd graph."""
+
+    def requires_grad(self, t) -> bool: ...
+
+    def grad_hook(self, t, fn: Callable) -> Any:
+        """Register ``fn(grad)`` on ``t``'s floating gradient; a handle with ``remove()``, or None when ``t`` has
+        no gradient (yet) to hook."""
+
+    def custom_function(self, t) -> str | None:
+        """The name of the custom autograd Function that made ``t``, if any: the tracer cannot see inside it."""
+
+
+class TensorsBase:
+    """The nested walks of :class:`Tensors`, written once over the framework's ``tensor_type``, ``is_float`` and
+    ``checkable``."""
+
+    tensor_type: type = object
+
+    def leaves(self, obj) -> list:
+        if isinstance(obj, self.tensor_type):
+            return [obj]
+        if isinstance(obj, dict):
+            return [t for v in obj.values() for t in self.leaves(v)]
+        if isinstance(obj, (list, tuple)):
+            return [t for v in obj for t in self.leaves(v)]
+        return []
+
+    def float_leaves(self, obj) -> list:
+        out: list = []
+        for t in self.leaves(obj):
+            if self.is_float(t) and not any(t is o for o in out):
+                out.append(t)
+        return out
+
+    def checkable_leaves(self, obj) -> list:
+        return [t for t in self.leaves(obj) if self.checkable(t)]
+
+
+class Amp(Protocol):
+    """The framework's automatic mixed precision, as far as ampsafe reasons about it. ``backend.amp``."""
+
+    low_dtypes: tuple  # the low-precision float dtypes AMP computes in (float16, bfloat16)
+
+    def float32(self) -> ContextManager:
+        """No autocast, no float16 emulation, no grad: what float32 really gives (a float32 replay or reference,
+        an op's float32 re-run)."""
+
+    def in_float32(self) -> bool:
+        """Inside :meth:`float32` on this thread: code that would turn low precision on by itself stays off."""
+
+    def check_level(self, level: str) -> str:
+        """The level (``core.amp.LEVELS``) as this framework spells it, or a ConfigError naming the accepted ones."""
+
+    def runs_low(self, op: str, kind, input_halves: list[bool], *, level: str, target: str) -> bool:
+        """Whether the canonical ``op`` of ``kind`` (an :class:`~ampsafe.core.graph.OpKind`) computes in float16
+        at ``level`` on ``target``, given whether each of its batched floating inputs would be float16."""
+
+    # -- the precision a training step ran in, for its replay at the loss-scale floor
+    def state(self) -> Any:
+        """The precision a forward starting now runs in (the framework's autocast, ampsafe's float16 emulation):
+        an opaque value the scalers' :class:`~ampsafe.core.capture.InputCapture` records at each captured
+        forward, so the floor replays the batch as the step ran it. Cheap: read on every training forward."""
+
+    def replay(self, state) -> ContextManager:
+        """No grad, in the precision :meth:`state` recorded (None: as the code around it runs): the floor's
+        sentinel replay sees the step's float16 ops."""
+
+    def heal_options(self, state) -> dict:
+        """The :class:`~ampsafe.healing.Healer` keyword arguments (``level``, ``target``) that scan the precision
+        :meth:`state` recorded (None: the defaults)."""
 
 
 class Backend(Protocol):
     """What ampsafe needs to know about one framework. One instance per framework, stateless."""
 
     name: str  # "torch" | "paddle", as reports spell it
-    tensor_type: type
     module_type: type
+    tensors: Tensors  # the tensor facts
+    amp: Amp  # the AMP facts
+    swaps: Swaps  # the module facts the patch policies read
 
     # -- structure
     def modules(self, model) -> dict[str, Any]:
-        """Module path -> module, the root as ``""``, as ``named_modules()`` / ``named_sublayers()`` spell it."""
+        """Module path -> module, the root as ``""``, as ``named_modules()`` / ``named_sublayers()`` spell it: each
+        module once, under the first path that reaches it (a module held twice is one module; the tracer names
+        it so too). The one map of paths that scan, patch, heal and ``ampsafe run`` read (grammar:
+        :mod:`ampsafe.core.modpath`)."""
 
     def children(self, module) -> list: ...
 
@@ -60,46 +218,47 @@ class Backend(Protocol):
     def reset_running_stats(self, mean, var) -> None:
         """Back to their initial values: mean 0, variance 1."""
 
-    # -- numerics
-    def float32(self) -> ContextManager:
-        """No autocast, no float16 emulation, no grad: what float32 really gives."""
-
-    def tensors(self, obj) -> list:
-        """The tensors in a nested output (tensors, lists, tuples, namedtuples, dicts)."""
-
-    def all_finite(self, t) -> bool: ...
-
-    def to_numpy(self, t):
-        """float32 host copy of a floating tensor; None for anything else."""
-
-    def abs_max(self, t):
-        """max |t| as a 0-d device tensor (no host sync)."""
-
+    # -- processes
     def all_gather(self, obj) -> list:
         """``obj`` of every rank in rank order; ``[obj]`` outside a process group."""
+
+    def rng_state(self) -> Callable[[], None]:
+        """Save every random state a forward may draw from (the framework's generators on each device it has
+        initialized, and the host ones its models use); the returned function puts them back. A scan, and the
+        watch guard's replay of a step, draw as the step did and leave the training's draws unchanged."""
 
     # -- hooks
     def forward_pre_hook(self, model, fn: Callable[[tuple, dict], None]):
         """Call ``fn(args, kwargs)`` before every forward of ``model``; returns a handle with ``remove()``."""
 
+    def forward_hook(self, module, fn: Callable[[Any], None]):
+        """Call ``fn(output)`` after every forward of ``module`` (the output is left as it is); returns a handle
+        with ``remove()``. Held by the module while it lives: for hooks a measurement removes again."""
+
     def trace(self, model, example_inputs, *, level, target, loss_fn=None, loss_scale=None) -> Graph:
         """One recorded forward (and backward with ``loss_fn``) as a framework-neutral graph, state restored."""
 
     def trace_hooks(self, model, *, level: str, target: str):
-        """The tracer's hooks for one trace of ``model``: a :class:`~ampsafe.core.record.TraceHooks` (the
-        framework's op interception and tensor mechanics; the recording algorithm is core's)."""
+        """The tracer's hooks for one trace of ``model`` at ``level`` on ``target``: a
+        :class:`~ampsafe.core.record.TraceHooks` (the framework's op interception; the recording algorithm is
+        core's, the tensor facts are :attr:`tensors`)."""
 
     def watch(self, model, **options):
         """The framework's ``ampsafe.watch`` context object."""
 
-    @property
-    def patcher(self):
-        """The policies' adapter (``ctx.adapter``: ``modules``, ``save_buffers``, ``is_conv``, ...)."""
+    # -- ampsafe run
+    def install_run(self, options, ledger, site) -> None:
+        """Put ``ampsafe run``'s hooks in place in this framework, called right after it is imported in the run's
+        child: its GradScaler spellings -> ampsafe's scaler (``site.scaler_class``, floor from
+        ``options.scaler_kwargs(name)``), the FP32 guard on its optimizers (``site.step_guard``), ``--emulate-fp16``
+        emulation, target checks of its detection libraries (``site.target_hook``). Every patch goes through
+        ``ledger`` (an :class:`~ampsafe.core.attr_patches.AttrPatches`: ``set``, ``wrap``, ``on_restore``), which
+        ``ampsafe.auto.uninstall`` undoes; ``site`` (``ampsafe.run.auto._Site``) also prints and records the banner
+        lines (``say``, ``note``, ``tell``) and runs code after a later import (``when_imported``)."""
 
 
 class AdapterModules:
-    """The Backend methods written once for every framework: walking nested outputs, and handing over to the
-    rest of the adapter package. Subclasses live in ``ampsafe.<name>.backend`` and name their package's
+    """The Backend methods written once for every framework: handing over to the rest of the adapter package. Subclasses live in ``ampsafe.<name>.backend`` and name their package's
     ``trace``, ``watch`` and ``patch`` modules in ``_package()`` (plain imports, on first use, so resolving a
     backend stays cheap)."""
 
@@ -117,18 +276,8 @@ class AdapterModules:
         return self._package()[1].Watch(model, **options)
 
     @property
-    def patcher(self):
-        return self._package()[2].ADAPTER
-
-    def tensors(self, obj) -> list:
-        """The tensors in a nested output: lists, tuples (namedtuples included) and dict values, in order."""
-        if isinstance(obj, self.tensor_type):
-            return [obj]
-        if isinstance(obj, dict):
-            return [t for v in obj.values() for t in self.tensors(v)]
-        if isinstance(obj, (list, tuple)):
-            return [t for v in obj for t in self.tensors(v)]
-        return []
+    def swaps(self) -> Swaps:
+        return self._package()[2].SWAPS
 
 
 def owner_of(backend: Backend, optimizer, candidates: Iterable | None = None):

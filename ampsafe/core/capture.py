@@ -12,8 +12,9 @@ Framework-neutral: the hook comes from the :class:`~ampsafe.core.backend.Backend
     capture.drop()                          # after the optimizer step: capture.latest is None
     capture.remove()                        # detach the hook
 
-``state``: an optional ``fn() -> object`` called at each captured forward (the scalers record the framework's
-autocast / float16-emulation state there, so a replay runs the forward as the step did); read it as ``.state``.
+``state``: an optional ``fn() -> object`` called at each captured forward; read it as ``.state``. The scalers
+pass ``backend.amp.state`` (:class:`~ampsafe.core.backend.Amp`: the framework's autocast / float16-emulation
+state), so ``backend.amp.replay(capture.state)`` runs the forward as the step did.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The scan's recording algorithm, written once over a framework's :class:`TraceHooks`.
+"""The scan's recording algorithm, written once over a framework's :class:`TraceHooks` and ``backend.tensors``.
 
 Why here: the torch and Paddle tracers see ops differently (a ``TorchDispatchMode`` / an ``intercept.OpMode``),
 but what they do with an op is the same: give every tensor a versioned id, mark writes the trace did not see as
 ``mutated`` nodes, follow conv/matmul paths, hook the gradients on them, and measure output abs-maxes on the
 device with one host sync at the end. The adapters' tracers only turn their framework's op into
-:meth:`Recorder.record` and supply the hooks; :func:`trace` drives one recorded forward (and backward).
+:meth:`Recorder.record` and supply the hooks; every tensor fact comes from the Backend's ``tensors`` part
+(:class:`~ampsafe.core.backend.Tensors`). :func:`trace` drives one recorded forward (and backward).
 Pure Python: importing it imports neither torch nor paddle.
 """
 
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from ..errors import ConfigError, UnsupportedModelError
+from .backend import Backend, Tensors
 from .graph import START_KINDS, Graph, OpKind, amax_value, path_flags
 
 __all__ = ["TraceHooks", "Recorder", "trace"]
@@ -27,26 +29,12 @@ _NORM_STATISTICS = frozenset({"pow", "square", "mean", "var", "std", "var_mean",
 
 
 class TraceHooks(Protocol):
-    """What the recorder needs from a framework, for one trace of one model (``Backend.trace_hooks``)."""
+    """What the recorder needs from a framework's tracer for one trace of one model (``Backend.trace_hooks``), at
+    the traced level: how it sees modules and ops, and what it does around the forward. Tensor facts are not
+    here: they are ``backend.tensors``."""
 
-    framework: str
-    tensor_type: type
     tracks_unseen: bool  # tensors that need grad may come from kernels the tracer cannot see (Paddle)
     hooks_outputs_when_made: bool  # an op's outputs can take a gradient hook as soon as the op returns
-
-    def id_map(self) -> Any:
-        """A mapping keyed weakly by tensor (``get`` / ``[t] = ...``), never by a recycled ``id()``."""
-
-    def version(self, t) -> int:
-        """The tensor's in-place write counter."""
-
-    def float_leaves(self, obj) -> list:
-        """The floating tensors in a nest of args, deduplicated by identity, in order."""
-
-    def numel(self, t) -> int: ...
-
-    def is_batched(self, t) -> bool:
-        """Whether ``t``'s float16-ness counts for promotion (not a scalar)."""
 
     def current_module(self) -> tuple[str, Any]:
         """(path, module object) of the innermost running module; ("", None) outside any."""
@@ -55,37 +43,14 @@ class TraceHooks(Protocol):
         """A module that normalizes with plain ops (frozen BatchNorm): its ops count as ``NORM``."""
 
     def runs_low(self, op: str, kind: OpKind, input_halves: list[bool]) -> bool:
-        """Whether the op would compute in float16 at the traced level, given its batched inputs' float16-ness."""
+        """Whether the op would compute in float16 at the traced level and target (``backend.amp.runs_low``),
+        given its batched inputs' float16-ness."""
 
     def written(self, func, args, kwargs, inputs: list, versions: list) -> list:
         """Input tensors the op wrote into (in-place, ``out=``, running statistics)."""
 
     def measured(self, op: str) -> bool:
         """Whether the op's output abs-max is worth a reduction (not a view, not bounded by its input)."""
-
-    def describe(self, t) -> tuple[tuple, str]:
-        """(shape, dtype name without the framework prefix)."""
-
-    def abs_max(self, t):
-        """max |t| as a 0-d device tensor (no host sync)."""
-
-    def lane_abs_max(self, t):
-        """max |t| over the lanes that are not a mask's fill value (``t <= -MASK_LIMIT``: ``finfo.min``, ``-inf``),
-        as a 0-d device tensor; NaN lanes count. Optional: a framework without it measures every lane."""
-
-    def maximum(self, a, b): ...
-
-    def no_grad(self) -> ContextManager: ...
-
-    def grad_hook(self, t, fn: Callable) -> Any:
-        """Register ``fn(grad)`` on ``t``'s gradient; None when ``t`` has no gradient (yet) to hook."""
-
-    def custom_function(self, t) -> str | None:
-        """The name of a custom autograd Function that made ``t`` (its inside is not measured), if any."""
-
-    def requires_grad(self, t) -> bool: ...
-
-    def check_level(self, level: str) -> str: ...
 
     def preserved(self, model) -> ContextManager:
         """Restore modes, buffers and statistics, ``.grad`` and RNG on exit, whatever happens."""
@@ -106,12 +71,13 @@ class TraceHooks(Protocol):
 class Recorder:
     """One graph node per op with a floating input; output abs-max measured after it; gradients hooked."""
 
-    def __init__(self, hooks: TraceHooks, graph: Graph, *, level: str, want_grads: bool):
+    def __init__(self, hooks: TraceHooks, tensors: Tensors, graph: Graph, *, level: str, want_grads: bool):
         self.hooks = hooks
+        self.tensors = tensors
         self.graph = graph
         self.level = level
         self.want_grads = want_grads
-        self.ids = hooks.id_map()  # tensor -> (tensor id, version when that id was given)
+        self.ids = tensors.id_map()  # tensor -> (tensor id, version when that id was given)
         self.next_id = 0
         self.half: dict[int, bool] = {}
         self.pending: list[tuple] = []  # (node, [0-d abs-max tensors], [0-d lane abs-maxes] or None)
@@ -130,17 +96,17 @@ class Recorder:
     def _new(self, t, half: bool) -> int:
         tid = self.next_id
         self.next_id += 1
-        self.ids[t] = (tid, self.hooks.version(t))
+        self.ids[t] = (tid, self.tensors.version(t))
         self.half[tid] = half
         return tid
 
     def tid_of(self, t) -> int:
         entry = self.ids.get(t)
         if entry is None:  # a parameter, buffer, input or factory output: float16 only at O2
-            if self.hooks.tracks_unseen and id(t) not in self.leaf_ids and self.hooks.requires_grad(t):
+            if self.hooks.tracks_unseen and id(t) not in self.leaf_ids and self.tensors.requires_grad(t):
                 self.unseen.add(self.hooks.current_module()[0])
             return self._new(t, self.level == "O2")
-        if entry[1] == self.hooks.version(t):
+        if entry[1] == self.tensors.version(t):
             return entry[0]
         old = entry[0]  # written through a view or outside the trace: keep the edge, mark the write
         new = self._new(t, self.half[old])
@@ -154,9 +120,10 @@ class Recorder:
 
     def alias(self, src, dst) -> None:
         """``dst`` is another wrapper of ``src``'s data (Paddle's ``_use_gpudnn``): same tensor id."""
-        if dst is src or not isinstance(dst, self.hooks.tensor_type) or not self.hooks.float_leaves([dst]):
+        ts = self.tensors
+        if dst is src or not isinstance(dst, ts.tensor_type) or not ts.is_float(dst):
             return
-        self.ids[dst] = (self.tid_of(src), self.hooks.version(dst))
+        self.ids[dst] = (self.tid_of(src), ts.version(dst))
 
     # gradients -----------------------------------------------------------------------------------------
     def hook(self, t, tid: int) -> None:
@@ -164,18 +131,20 @@ class Recorder:
         if tid in self.hooked:
             return
 
-        def on_grad(grad, tid=tid):
-            if grad is not None and self.hooks.numel(grad):
-                m = self.hooks.abs_max(grad)
-                prev = self.grads.get(tid)
-                self.grads[tid] = m if prev is None else self.hooks.maximum(prev, m)
+        ts = self.tensors
 
-        handle = self.hooks.grad_hook(t, on_grad)
+        def on_grad(grad, tid=tid):
+            if grad is not None and ts.numel(grad):
+                m = ts.abs_max(grad)
+                prev = self.grads.get(tid)
+                self.grads[tid] = m if prev is None else ts.maximum(prev, m)
+
+        handle = ts.grad_hook(t, on_grad)
         if handle is None:
             return
         self.hooked.add(tid)
         self.handles.append(handle)
-        name = self.hooks.custom_function(t)
+        name = ts.custom_function(t)
         if name:
             self.custom_functions.add(name)
 
@@ -194,8 +163,8 @@ class Recorder:
         ``probe()``: 0-d abs-max tensors of values the op computes but never returns (SDPA's QK logits, which
         flash kernels never materialize); they count for the node's ``amax``.
         """
-        h = self.hooks
-        inputs = h.float_leaves((args, kwargs))
+        h, ts = self.hooks, self.tensors
+        inputs = ts.float_leaves((args, kwargs))
         if not inputs or self.opaque:
             return func(*args, **kwargs)
         module, owner = h.current_module()
@@ -204,17 +173,17 @@ class Recorder:
             statistic = op in _NORM_STATISTICS
             kind = OpKind.NORM
         in_ids = [self.tid_of(t) for t in inputs]
-        versions = [h.version(t) for t in inputs]
+        versions = [ts.version(t) for t in inputs]
         if self.want_grads:
             for t, tid in zip(inputs, in_ids):
                 if tid in self.watched:
                     self.hook(t, tid)
-        halves = [self.half[tid] for t, tid in zip(inputs, in_ids) if h.is_batched(t)]
+        halves = [self.half[tid] for t, tid in zip(inputs, in_ids) if ts.is_batched(t)]
         low = h.runs_low(op, kind, halves)
 
         out = func(*args, **kwargs)
 
-        produced = h.float_leaves([out])
+        produced = ts.float_leaves([out])
         for t in h.written(func, args, kwargs, inputs, versions):
             if not any(t is p for p in produced):
                 produced.append(t)
@@ -228,7 +197,7 @@ class Recorder:
         if carries:
             self.on_path.update(out_ids)
         first = produced[0] if produced else None
-        shape, dtype = h.describe(first) if first is not None else (None, "")
+        shape, dtype = ts.describe(first) if first is not None else (None, "")
         node = self.graph.add(
             op,
             kind,
@@ -241,17 +210,16 @@ class Recorder:
             low_precision=low,
         )
         if produced and kind is not OpKind.FILL and not statistic and h.measured(op):
-            measured = [t for t in (produced[:1] if kind is OpKind.NORM else produced) if h.numel(t)]
-            lane_max = getattr(h, "lane_abs_max", None)
-            with h.no_grad():
-                maxima = [h.abs_max(t) for t in measured]
+            measured = [t for t in (produced[:1] if kind is OpKind.NORM else produced) if ts.numel(t)]
+            with ts.no_grad():
+                maxima = [ts.abs_max(t) for t in measured]
                 if probe is not None:
                     maxima += list(probe())
                 # mask lanes (finfo.min, -inf) enter through an input from off the path (the mask) and ride
                 # elementwise ops from there; a conv/matmul output, or an op fed only by path values, has none
-                laned = lane_max and kind in _LANE_KINDS
+                laned = kind in _LANE_KINDS
                 laned = laned and any(tid not in self.on_path or tid in self.laned for tid in in_ids)
-                lanes = [lane_max(t) for t in measured] if laned else None
+                lanes = [ts.lane_abs_max(t) for t in measured] if laned else None
                 if laned:
                     self.laned.update(out_ids)
             if maxima:
@@ -295,41 +263,42 @@ def _parameters_unwritten(params: list, version: Callable):
 
 
 def trace(
-    hooks: TraceHooks,
+    backend: Backend,
     model,
     example_inputs,
     *,
     call: Callable,
-    tensors: Callable,
     level: str,
+    target: str,
     loss_fn=None,
     loss_scale: float | None = None,
     leaves: tuple = (),
 ) -> Graph:
     """Run ``model`` once on ``example_inputs`` and return its recorded graph; model state restored in any case.
 
-    With ``loss_fn``, ``loss_fn(output) * loss_scale`` is back-propagated and each hooked activation gets
-    ``grad_amax``. ``call(model, inputs)`` runs the model, ``tensors(obj)`` lists the tensors of its output;
-    ``leaves`` are the parameters and inputs (they have no producer, and that is fine).
-    Exceptions from the model propagate unchanged (``ampsafe.scan`` wraps them).
+    ``backend``: the model's :class:`~ampsafe.core.backend.Backend` (its tracer's hooks, its tensor facts, its
+    levels). With ``loss_fn``, ``loss_fn(output) * loss_scale`` is back-propagated and each hooked activation gets
+    ``grad_amax``. ``call(model, inputs)`` runs the model; ``leaves`` are the parameters and inputs (they have no
+    producer, and that is fine). Exceptions from the model propagate unchanged (``ampsafe.scan`` wraps them).
     """
-    level = hooks.check_level(level)
-    graph = Graph(framework=hooks.framework, level=level)
+    level = backend.amp.check_level(level)
+    hooks, ts = backend.trace_hooks(model, level=level, target=target), backend.tensors
+    graph = Graph(framework=backend.name, level=level)
     want_grads = loss_fn is not None
-    recorder = Recorder(hooks, graph, level=level, want_grads=want_grads)
+    recorder = Recorder(hooks, ts, graph, level=level, want_grads=want_grads)
     recorder.leaf_ids = {id(t) for t in leaves}
-    params = [(name, p, hooks.version(p)) for name, p in hooks.parameters(model)]
-    with _parameters_unwritten(params, hooks.version), hooks.preserved(model):
+    params = [(name, p, ts.version(p)) for name, p in hooks.parameters(model)]
+    with _parameters_unwritten(params, ts.version), hooks.preserved(model):
         try:
             with hooks.recording(model, recorder, want_grads):
                 output = call(model, example_inputs)
-                recorder.mark_outputs(tensors(output))
+                recorder.mark_outputs(ts.leaves(output))
                 loss = loss_fn(output) if want_grads else None
                 if loss is not None:
-                    if not isinstance(loss, hooks.tensor_type) or hooks.numel(loss) != 1:
+                    if not isinstance(loss, ts.tensor_type) or ts.numel(loss) != 1:
                         raise ConfigError("loss_fn(output) must return a scalar tensor")
                     graph.loss = recorder.lookup(loss)
-            if loss is not None and hooks.requires_grad(loss):
+            if loss is not None and ts.requires_grad(loss):
                 hooks.backward(model, loss, float(loss_scale if loss_scale is not None else 1.0))
             elif loss is not None:
                 graph.notes.append("the loss does not require grad (no_grad model?): backward not measured")

@@ -36,7 +36,7 @@ class Guard:
         self.step_count += 1
         if self._guard_finite(loss, grads):
             return True
-        loss_bad = loss is not None and not all(self.ops.finite(v) for v in self._float_tensors(loss))
+        loss_bad = loss is not None and not all(self.tensors.finite(v) for v in self._float_tensors(loss))
         before = len(self.events)
         if replay is not None and snap is not None:
             self._replay(replay, snap, run_backward=not loss_bad)
@@ -55,10 +55,11 @@ class Guard:
             self.report(err)
         return False
 
-    def _replay(self, replay, snap: dict, *, run_backward: bool) -> None:
-        """Re-run the bad step from its snapshot with full hooks; the gradients and buffers end as they were."""
+    def _replay(self, replay, snap, *, run_backward: bool) -> None:
+        """Re-run the bad step from its snapshot (a :class:`~ampsafe.core.watcher.Snapshot`) with full hooks; the
+        gradients and buffers end as they were, the RNG as the replay left it (as the step did)."""
         restore_grads = self._stash_grads()
-        self._restore_snapshot(snap)
+        snap.restore()
         self._replaying = True
         self._install_full()
         try:
@@ -70,4 +71,8 @@ class Guard:
             self._remove_full()
             self._replaying = False
             restore_grads()
-            self._restore_snapshot({**snap, "rng": self._rng_state()})
+            snap.state()
+
+    def _runs_backward(self, loss) -> bool:
+        """Whether the replayed loss is a tensor with a gradient to propagate."""
+        return isinstance(loss, self.tensors.tensor_type) and self.tensors.requires_grad(loss)

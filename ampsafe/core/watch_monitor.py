@@ -12,8 +12,9 @@ __all__ = ["Monitor"]
 
 
 class Monitor:
-    """Mixin of :class:`~ampsafe.core.watcher.WatchBase`: paths from ``self.scan``, forward post-hooks on their
-    layers on monitored steps, one host sync per monitored step, warnings below ``margin_bits``."""
+    """Mixin of :class:`~ampsafe.core.watcher.WatchBase`: paths from ``self.scan``, forward hooks
+    (``backend.forward_hook``) on their layers on monitored steps, one host sync per monitored step, warnings below
+    ``margin_bits``."""
 
     def emit_headroom(self, path_amax: dict, step: int) -> list[HeadroomWarning]:
         found = headroom_warnings(path_amax, margin_bits=self.margin_bits, step=step, already=self._warned)
@@ -46,33 +47,35 @@ class Monitor:
             paths = self._fallback_paths()
         finally:
             self._suspended -= 1
-            self._restore_snapshot(snap)
+            snap.restore()
         return paths
 
     def _monitor_begin(self, args, kwargs, step: int) -> None:
         if self._paths is None:
             self._paths = self._find_paths(args, kwargs)
-        layers = self._layers()
+        layers = self.backend.modules(self.model)
         wanted = {x for _, path in self._paths for x in path if x in layers}
         self._monitor_amax = {}
         self._monitor_step = step
         for name in wanted:
-            self._monitor_handles.append(self._post_hook(layers[name], self._amax_hook(name)))
+            self._monitor_handles.append(self.backend.forward_hook(layers[name], self._amax_hook(name)))
 
     def _amax_hook(self, name: str):
-        def hook(layer, inputs, outputs):
+        def hook(outputs) -> None:
             floats = self._float_tensors(outputs)
             if not floats or self._suspended:
-                return None
+                return
+            ts = self.tensors
             self._suspended += 1
             try:
-                with self.ops.no_grad():
-                    amax = self.ops.amax(floats)
+                with ts.no_grad():
                     prev = self._monitor_amax.get(name)
-                    self._monitor_amax[name] = amax if prev is None else self.ops.maximum(prev, amax)
+                    for t in floats:
+                        amax = ts.abs_max(t)
+                        prev = amax if prev is None else ts.maximum(prev, amax)
+                    self._monitor_amax[name] = prev
             finally:
                 self._suspended -= 1
-            return None
 
         return hook
 
@@ -89,7 +92,7 @@ class Monitor:
         if not self._monitor_amax:
             return
         names = list(self._monitor_amax)
-        amax = dict(zip(names, self.ops.to_floats([self._monitor_amax[n] for n in names])))  # one host sync
+        amax = dict(zip(names, self.tensors.to_floats([self._monitor_amax[n] for n in names])))  # one host sync
         path_amax = {}
         for start, layers in self._paths or []:
             seen = [amax[x] for x in layers if x in amax]

@@ -3,7 +3,8 @@
 Why: the torch and Paddle watchers differ in how they see an op (a ``TorchFunctionMode`` / an
 ``intercept.OpMode``) and in their backward hooks; the rest (root-forward bookkeeping, the scan of the model
 inputs, the origin report, the guard's check and replay, the headroom monitor) is one logic. It lives here,
-parameterised by a tiny per-framework :class:`TensorOps`, so a fix lands once for both frameworks. The guard
+reading the framework through its :class:`~ampsafe.core.backend.Backend` (tensors, model state and RNG, module
+paths, forward hooks), so a fix lands once for both frameworks. The guard
 (:mod:`ampsafe.core.watch_guard`) and the headroom monitor (:mod:`ampsafe.core.watch_monitor`, which gets the
 scan function passed in) are mixins of :class:`WatchBase`. Pure Python: importing it imports neither torch nor
 paddle.
@@ -14,78 +15,15 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
-
-import numpy as np
+from typing import Callable, ClassVar, NamedTuple
 
 from ..errors import ConfigError, NonFiniteError
+from .backend import Backend, Tensors
 from .sentinel import INPUT, PARAMETER, UNKNOWN, first_nonfinite_row, log, nonfinite_error, tensor_stats, verdict
 from .watch_guard import Guard
 from .watch_monitor import Monitor
 
-__all__ = ["TensorOps", "float_tensors", "map_nested", "WatchPass", "WatchBase"]
-
-
-# ------------------------------------------------------------------------------------------- tensor ops
-class TensorOps:
-    """The few tensor operations the shared watcher needs. Each adapter supplies one (static methods), so the
-    watcher's logic (input scan, origin verdict, guard, replay, headroom monitor) is written once, here."""
-
-    tensor_type: type = object  # isinstance check for "a tensor of this framework"
-
-    @staticmethod
-    def is_float(t) -> bool:
-        """A floating tensor (the input scan checks these)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def is_checked(t) -> bool:
-        """A floating tensor whose values can be checked (op outputs); ``is_float`` unless the framework has
-        tensors without values (torch's meta and sparse)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def finite(t) -> bool:
-        raise NotImplementedError
-
-    @staticmethod
-    def to_numpy(t) -> np.ndarray:
-        """float32 host copy (for stats and the sample row)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def key(t) -> int:
-        """Identity of the tensor's data: parameters and model inputs are recognised by it."""
-        raise NotImplementedError
-
-    @staticmethod
-    def amax(floats: list):
-        """float32 abs-max over ``floats``, as a device scalar (no host sync)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def maximum(a, b):
-        raise NotImplementedError
-
-    @staticmethod
-    def to_floats(scalars: list) -> list[float]:
-        """Host values of device scalars, in one sync."""
-        raise NotImplementedError
-
-    @staticmethod
-    def no_grad():
-        raise NotImplementedError
-
-
-def float_tensors(obj, ops: TensorOps, depth: int = 0) -> list:
-    """The checkable floating tensors in ``obj`` (a tensor, or lists/tuples/dicts of them, 3 levels deep)."""
-    if isinstance(obj, ops.tensor_type):
-        return [obj] if ops.is_checked(obj) else []
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        return [t for item in obj for t in float_tensors(item, ops, depth + 1)]
-    if depth < 3 and isinstance(obj, dict):
-        return [t for item in obj.values() for t in float_tensors(item, ops, depth + 1)]
-    return []
+__all__ = ["map_nested", "WatchPass", "WatchBase", "Snapshot"]
 
 
 def map_nested(obj, leaf: Callable, depth: int = 0):
@@ -97,16 +35,27 @@ def map_nested(obj, leaf: Callable, depth: int = 0):
     return leaf(obj)
 
 
+class Snapshot(NamedTuple):
+    """The random state and the model's state (buffers, statistics) before a step: each field restores its part."""
+
+    rng: Callable[[], None]
+    state: Callable[[], None]
+
+    def restore(self) -> None:
+        self.rng()
+        self.state()
+
+
 class WatchPass:
     """One forward pass (and the backward of its graph): what was found, and what it needs to find more."""
 
     def __init__(self, step: int):
         self.step = step
         self.batch_size: int | None = None
-        self.bad_inputs: list[tuple[str, int | None, int]] = []  # (where, sample, ops.key of the tensor)
+        self.bad_inputs: list[tuple[str, int | None, int]] = []  # (where, sample, tensors.key of the tensor)
         self.forward_event: NonFiniteError | None = None
         self.backward_event: NonFiniteError | None = None
-        # origins not reported yet (see WatchBase.defers_origin): ops.key of a non-finite tensor -> its origin
+        # origins not reported yet (see WatchBase.defers_origin): tensors.key of a non-finite tensor -> its origin
         self.carried: dict = {}
         self.candidates: list[NonFiniteError] = []
 
@@ -129,10 +78,11 @@ class WatchBase(Guard, Monitor):
     """State and logic shared by the torch and paddle watchers: root-forward bookkeeping, the input scan, the
     origin report, the guard (check / replay), the headroom monitor, raise-or-record.
 
-    Adapters set ``ops`` (a :class:`TensorOps`) and supply what only they can: the op interception and the
-    backward hooks (``_full_hooks``), ``_root_handles``, ``_rerun``, ``_guard_finite``, snapshots
-    (``_take_snapshot`` / ``_restore_snapshot`` / ``_rng_state``), ``_stash_grads``, ``_runs_backward``,
-    ``_layers`` / ``_post_hook`` / ``_fallback_paths`` for the monitor.
+    Adapters set ``backend`` (their framework's Backend: the tensor facts, snapshots of the model's state and the
+    RNG, module paths, forward hooks) and supply only the interception of one watch: the op interception and the
+    backward hooks (``_full_hooks``), ``_root_handles``, ``_rerun``, the guard's fused check (``_guard_finite``)
+    and what its replay does with the step's gradients (``_stash_grads``), ``_training_forward``, and the
+    monitor's ``_fallback_paths``.
     """
 
     model: object
@@ -153,7 +103,7 @@ class WatchBase(Guard, Monitor):
     # without it, training forwards are counted (eval(), no_grad and inference_mode forwards are not)
     step_source: Callable[[], int] | None = None
 
-    ops: ClassVar[type[TensorOps]] = TensorOps
+    backend: ClassVar[Backend]
     # An origin is reported when a non-finite value it made reaches what always counts (the model's output, a
     # scalar loss, a backward, a parameter), not when the op runs: T5's position bucketing takes log(0) and
     # throws those lanes away with torch.where. Adapters that call carry() / reaches() set it.
@@ -177,14 +127,18 @@ class WatchBase(Guard, Monitor):
         self._suspended = 0  # > 0 while the watcher itself computes (re-runs, scans): ops are not checked
         self._replaying = False
         self._forward_count = 0
-        self._snapshot: dict | None = None
+        self._snapshot: Snapshot | None = None
         self._signature = None  # the model's forward signature, to name its inputs
         self._paths: list[tuple[str, tuple]] | None = None
         self._monitor_handles: list = []
         self._monitor_amax: dict = {}
         self._monitor_step: int | None = None
         self._active = False
-        self._param_keys: dict[int, str] = {}  # ops.key of each parameter / buffer -> its name
+        self._param_keys: dict[int, str] = {}  # tensors.key of each parameter / buffer -> its name
+
+    @property
+    def tensors(self) -> Tensors:
+        return self.backend.tensors
 
     # -- what adapters call
     def report(self, error: NonFiniteError) -> None:
@@ -202,7 +156,7 @@ class WatchBase(Guard, Monitor):
         return self.events[-1] if self.events else None
 
     def _float_tensors(self, obj) -> list:
-        return float_tensors(obj, self.ops)
+        return self.tensors.checkable_leaves(obj)
 
     # -- context
     def __enter__(self):
@@ -232,7 +186,7 @@ class WatchBase(Guard, Monitor):
         if self._full is not None:
             return
         named = [*self.model.named_parameters(), *self.model.named_buffers()]
-        self._param_keys = {self.ops.key(t): n for n, t in named}
+        self._param_keys = {self.tensors.key(t): n for n, t in named}
         self._full = self._full_hooks()
 
     def _remove_full(self) -> None:
@@ -316,26 +270,26 @@ class WatchBase(Guard, Monitor):
 
     def _scan_value(self, where: str, value, sample, depth: int) -> None:
         """Record the non-finite model inputs (their sample row) and the batch size of this pass."""
-        p, ops = self._pass, self.ops
-        if isinstance(value, ops.tensor_type):
-            if not ops.is_float(value):
+        p, ts = self._pass, self.tensors
+        if isinstance(value, ts.tensor_type):
+            if not ts.is_float(value):
                 return
             if p.batch_size is None and value.ndim and depth == 0:
                 p.batch_size = int(value.shape[0])
-            if not ops.finite(value):
-                row = first_nonfinite_row(ops.to_numpy(value), int(value.shape[0]) if value.ndim else None)
+            if not ts.finite(value):
+                row = first_nonfinite_row(ts.to_numpy(value), int(value.shape[0]) if value.ndim else None)
                 if sample is None:
                     sample = row
                     where += f"[{row}]" if row is not None else ""
                 elif row is not None:
                     where += f" row {row}"
-                p.bad_inputs.append((where, sample, ops.key(value)))
+                p.bad_inputs.append((where, sample, ts.key(value)))
         elif isinstance(value, (list, tuple)) and depth < 3:
             if (
                 depth == 0
                 and p.batch_size is None
                 and value
-                and all(isinstance(v, (ops.tensor_type, dict)) for v in value)
+                and all(isinstance(v, (ts.tensor_type, dict)) for v in value)
             ):
                 p.batch_size = len(value)
             for i, v in enumerate(value):
@@ -364,17 +318,17 @@ class WatchBase(Guard, Monitor):
         ``rerun_error``: why the float32 re-run could not run (:func:`~ampsafe.core.sentinel.rerun_failure`);
         the kind is then ``"unknown"`` and the message says so instead of guessing.
         """
-        p, ops = self._pass, self.ops
+        p, ts = self._pass, self.tensors
         bad_in = [t for t, ok in zip(inputs, input_ok) if not ok]
-        from_param = any(ops.key(t) in self._param_keys for t in bad_in)
+        from_param = any(ts.key(t) in self._param_keys for t in bad_in)
         kind = verdict(low, all(input_ok), rerun_finite, from_param=from_param, rerun_failed=bool(rerun_error))
         where, sample = self._origin_where(kind, bad_in)
         if sample is None and kind != PARAMETER:
-            bad_out = next(t for t in outputs if not ops.finite(t))
-            sample = first_nonfinite_row(ops.to_numpy(bad_out), p.batch_size)
+            bad_out = next(t for t in outputs if not ts.finite(t))
+            sample = first_nonfinite_row(ts.to_numpy(bad_out), p.batch_size)
         stats = {
-            "inputs": [tensor_stats(ops.to_numpy(t)) for t in inputs[:4]],
-            "outputs": [tensor_stats(ops.to_numpy(t)) for t in outputs[:4]],
+            "inputs": [tensor_stats(ts.to_numpy(t)) for t in inputs[:4]],
+            "outputs": [tensor_stats(ts.to_numpy(t)) for t in outputs[:4]],
             "rerun_float32_finite": rerun_finite,
         }
         err = nonfinite_error(
@@ -392,8 +346,8 @@ class WatchBase(Guard, Monitor):
         if self.defers_origin and kind not in (INPUT, PARAMETER):
             p.candidates.append(err)
             for t in outputs:
-                if not ops.finite(t):
-                    p.carried[ops.key(t)] = err
+                if not ts.finite(t):
+                    p.carried[ts.key(t)] = err
             return
         p.forward_event = err
         self.report(err)
@@ -401,40 +355,40 @@ class WatchBase(Guard, Monitor):
     def carry(self, inputs: list, outputs: list) -> bool:
         """Non-finite ``outputs`` made from a non-finite input an origin is known for carry that origin on.
         False when no bad input carries one (then the op is checked as an origin itself)."""
-        p, ops = self._pass, self.ops
-        bad = [t for t in inputs if not ops.finite(t)]
-        err = next((p.carried[ops.key(t)] for t in bad if ops.key(t) in p.carried), None)
+        p, ts = self._pass, self.tensors
+        bad = [t for t in inputs if not ts.finite(t)]
+        err = next((p.carried[ts.key(t)] for t in bad if ts.key(t) in p.carried), None)
         if err is None and p.candidates:
             # made by ops the watch could not see, from an origin it knows: not the data, not a parameter
             outside = {b[2] for b in p.bad_inputs} | set(self._param_keys)
-            err = p.candidates[-1] if not any(ops.key(t) in outside for t in bad) else None
+            err = p.candidates[-1] if not any(ts.key(t) in outside for t in bad) else None
         if err is None:
             return False
         for o in outputs:
-            if not ops.finite(o):
-                p.carried[ops.key(o)] = err
+            if not ts.finite(o):
+                p.carried[ts.key(o)] = err
         return True
 
     def reaches(self, tensors) -> None:
         """``tensors`` reach what always counts (the model's output, the loss, a backward, a parameter): report the
         origin of the first non-finite one. Origins whose values nothing carried there are never reported."""
-        p, ops = self._pass, self.ops
+        p, ts = self._pass, self.tensors
         if p is None or p.done or not p.candidates:
             return
         self._suspended += 1
         try:
-            bad = next((t for t in self._float_tensors(tensors) if not ops.finite(t)), None)
+            bad = next((t for t in self._float_tensors(tensors) if not ts.finite(t)), None)
         finally:
             self._suspended -= 1
         if bad is not None:
-            err = p.carried.get(ops.key(bad)) or p.candidates[0]
+            err = p.carried.get(ts.key(bad)) or p.candidates[0]
             p.forward_event = err
             self.report(err)
 
     def _origin_where(self, kind: str, bad_in: list) -> tuple[str, int | None]:
         """(where, sample) of an input or parameter origin: the model input the op read (matched by data),
         or the names of the non-finite parameters."""
-        p, key = self._pass, self.ops.key
+        p, key = self._pass, self.tensors.key
         where, sample = "", None
         if kind == INPUT:
             keys = {key(t) for t in bad_in}
@@ -450,6 +404,10 @@ class WatchBase(Guard, Monitor):
         """Whether the forward starting now is a training one (a step's): adapters read the mode and autograd."""
         return True
 
+    def _take_snapshot(self) -> Snapshot:
+        """The RNG and the model's state now: the guard replays a step from them, the monitor's scan puts both back."""
+        return Snapshot(self.backend.rng_state(), self.backend.snapshot(self.model))
+
     def _root_handles(self) -> list:  # pragma: no cover - adapters
         raise NotImplementedError
 
@@ -459,25 +417,7 @@ class WatchBase(Guard, Monitor):
     def _guard_finite(self, loss, grads: bool) -> bool:  # pragma: no cover - adapters
         raise NotImplementedError
 
-    def _take_snapshot(self) -> dict:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _restore_snapshot(self, snap: dict) -> None:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _rng_state(self):  # pragma: no cover - adapters
-        raise NotImplementedError
-
     def _stash_grads(self) -> Callable[[], None]:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _runs_backward(self, loss) -> bool:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _layers(self) -> dict:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _post_hook(self, layer, hook):  # pragma: no cover - adapters
         raise NotImplementedError
 
     def _fallback_paths(self) -> list[tuple[str, tuple]]:  # pragma: no cover - adapters

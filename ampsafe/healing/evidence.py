@@ -14,7 +14,7 @@ import numpy as np
 
 from .._framework import call, imported_backends
 
-__all__ = ["nonfinite_sample", "restore_scale", "repair_running_stats", "post_hook", "ScanProbe", "float32_replay"]
+__all__ = ["nonfinite_sample", "restore_scale", "repair_running_stats", "ScanProbe", "float32_replay"]
 
 
 _NEVER_NONFINITE = np.zeros(0, np.float32)
@@ -25,8 +25,8 @@ def _to_numpy(x, backend) -> Optional[np.ndarray]:
         return x if np.issubdtype(x.dtype, np.floating) else None
     backends = [backend] if backend is not None else imported_backends()
     for b in backends:
-        if isinstance(x, b.tensor_type):
-            a = b.to_numpy(x)
+        if isinstance(x, b.tensors.tensor_type):
+            a = b.tensors.to_numpy(x)
             return a if a is not None else _NEVER_NONFINITE  # an integer tensor still counts as an input
     return None
 
@@ -78,22 +78,18 @@ def repair_running_stats(backend, model) -> list[str]:
     """
     repaired = []
     for path, _layer, mean, var in backend.running_stats(model):
-        if backend.all_finite(mean) and backend.all_finite(var):
+        if backend.tensors.finite(mean) and backend.tensors.finite(var):
             continue
         backend.reset_running_stats(mean, var)
         repaired.append(path)
     return repaired
 
 
-def post_hook(module, fn):
-    """A forward post-hook ``fn(output)`` on a torch module or Paddle layer (duck-typed, no framework test)."""
-    register = getattr(module, "register_forward_hook", None) or module.register_forward_post_hook
-    return register(lambda _m, _inputs, output: fn(output))
-
-
 def _abs_max(backend, output) -> Optional[float]:
     seen = [
-        float(np.nanmax(np.abs(a))) for a in map(backend.to_numpy, backend.tensors(output)) if a is not None and a.size
+        float(np.nanmax(np.abs(a)))
+        for a in map(backend.tensors.to_numpy, backend.tensors.leaves(output))
+        if a is not None and a.size
     ]
     return max(seen) if seen else None
 
@@ -110,10 +106,10 @@ class ScanProbe:
     def __init__(self, backend, model, module: Optional[str] = None):
         self.backend, self.output, self.loss = backend, None, None
         self.magnitudes: list[float] = []
-        self._handles = [post_hook(model, self._keep_output)]
+        self._handles = [backend.forward_hook(model, self._keep_output)]
         target = backend.modules(model).get(module) if module is not None else None
         if target is not None:
-            self._handles.append(post_hook(target, self._keep_magnitude))
+            self._handles.append(backend.forward_hook(target, self._keep_magnitude))
 
     def _keep_output(self, output) -> None:
         self.output = output
@@ -149,7 +145,7 @@ class ScanProbe:
             return "the model's output"
         loss = self.loss
         if loss is None and loss_fn is not None:
-            with self.backend.float32():
+            with self.backend.amp.float32():
                 loss = loss_fn(self.output)
         if loss is not None and any(not np.isfinite(a).all() for a in _arrays(loss, self.backend)):
             return "the loss"
@@ -162,13 +158,14 @@ def float32_replay(
     """Run ``model`` on ``inputs`` in float32 (no autocast, no emulation, no grad, model state put back).
 
     Returns (what was non-finite: "the model's output" / "the loss", or None) and the float32 max |output| of
-    ``module`` (None when not asked for). Only when a scan saw a non-finite value: a scan under float16
-    emulation runs emulated (its tracer reads the level off the same switch), so there it is not float32.
+    ``module`` (None when not asked for). Only when a scan saw a non-finite value: the scan runs in float32 (Paddle's
+    tracer pauses the float16 emulation), unless the caller left the framework's own AMP on around it, so this run
+    tells a numerical error (non-finite here too) from a float16 one.
     """
     probe = ScanProbe(backend, model, module)
     restore = backend.snapshot(model)
     try:
-        with backend.float32():
+        with backend.amp.float32():
             call(model, inputs)
             return probe.nonfinite(loss_fn), probe.magnitude
     finally:

@@ -6,8 +6,9 @@ or island the same union of paths. It decides on one :class:`~ampsafe.core.verdi
 measured verdict (the scaler's replay under the sentinel, :mod:`ampsafe.healing.verdict`) completed by one scan
 of the batch (paths, ops, float32 finiteness and magnitude: :class:`~ampsafe.healing.evidence.ScanProbe`).
 A heal runs the model at most twice (the sentinel's replay and the scan), plus one backward when the verdict
-says the backward overflowed and a ``loss_fn`` lets the scan measure it; a third, float32 run only when the
-scan saw a non-finite value (a numerical error, or a scan under float16 emulation, which runs emulated).
+says the backward overflowed and a ``loss_fn`` lets the scan measure it (the scan runs in float32, Paddle's
+float16 emulation paused); a third, float32 run only when the scan saw a non-finite value (a numerical error, or
+a scan that ran inside the framework's own AMP).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any, Callable, Optional
 
 from .._framework import backend_of, unwrap
 from ..core.capture import InputCapture
+from ..core.modpath import under
 from ..core.report import RiskOp, RiskPath
 from ..core.scale import HealPlan
+from ..core.swaps import protection_of
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError, LossScaleFloorError
-from ..policies._swap import protection_of
 from .evidence import ScanProbe, float32_replay, nonfinite_sample, repair_running_stats, restore_scale
 from .fronts import fronts
 from .verdict import not_replayed
@@ -131,7 +133,7 @@ class Healer:
         ops = [o for o in report.risky_ops if not o.protected_by]
         bad, magnitude = probe.nonfinite(self.loss_fn), probe.magnitude
         if bad is not None or (magnitude is not None and not math.isfinite(magnitude)):
-            # non-finite in the scan: float32 decides (a scan under float16 emulation runs emulated)
+            # non-finite in the scan: float32 decides (a scan inside the framework's own AMP is not float32)
             bad, magnitude = float32_replay(self.backend, self.model, inputs, self.loss_fn, module)
         if not open_or_new and not ops and not bad and backward and not measured and not off_floor:
             report, _ = self._scanned(inputs, loss_scale, None)
@@ -157,11 +159,7 @@ class Healer:
         """The layers of an islanded path that still run in float16: an island's float32 output that grew past
         65504 overflows again where a float16 consumer casts it, so those consumers join the island."""
         islands = [m for m, module in self.backend.modules(self.model).items() if protection_of(module) == "island"]
-        return [
-            layer
-            for layer in path.layers
-            if not any(layer == q or layer.startswith(q + ".") or q == "" for q in islands)
-        ]
+        return [layer for layer in path.layers if not any(under(layer, q) for q in islands)]
 
     def _same_batch(self, scaler) -> bool:
         """Whether the scaler's measured verdict is about this healer's model and batch (the same tensors)."""

@@ -11,8 +11,10 @@ which pass overflowed (a :class:`~ampsafe.core.verdict.HealVerdict`); with ``on_
 through a :class:`~ampsafe.healing.Healer` (the one ``ampsafe.heal`` attaches: it completes that verdict with
 one scan, islands what overflows, restores the scale; collective under torch.distributed /
 paddle.distributed). ``patience`` (the scaler's, or the one ``ampsafe.heal(..., patience=)`` attaches) is
-counted here, once for both. Both adapters subclass :class:`HealingScaler`; they supply the
-framework's precision state (``_amp_state``, ``_replay_context``) and call ``_resolve`` / ``_end_step``.
+counted here, once for both. Both adapters subclass :class:`HealingScaler`; they name their framework's
+Backend (``_backend``), whose ``amp`` part records the precision of each captured forward (``amp.state``),
+replays the batch in it (``amp.replay``) and says what the Healer scans (``amp.heal_options``), and they call
+``_resolve`` / ``_end_step``.
 """
 
 from __future__ import annotations
@@ -49,9 +51,8 @@ class HealingScaler(ScalerBase):
     """Model resolution, input capture, the measured floor verdict, built-in healing and ``patience``.
 
     Adapters call ``_init_healing(patience)`` in ``__init__``, ``_resolve(optimizer)`` when a step starts and
-    ``_end_step()`` after each update, and implement ``_backend()``, ``_amp_state_fn()`` (a plain function,
-    called at each captured forward: the precision the step ran in), ``_replay_context(state)`` and
-    ``_heal_options(state)`` (Healer keyword arguments: ``level``, ``target``).
+    ``_end_step()`` after each update, and implement ``_backend()`` (their framework's Backend: its ``amp``
+    part is the precision of the step, its replay and the Healer's level / target).
     """
 
     disabled_reason: Optional[str] = None
@@ -103,7 +104,7 @@ class HealingScaler(ScalerBase):
             )
             return
         self._resolved = model
-        self._capture = InputCapture(backend, model, state=self._amp_state_fn())
+        self._capture = InputCapture(backend, model, state=backend.amp.state)
 
     def _end_step(self) -> None:
         """After ``update()``: the step's inputs are no longer the latest (the capture forgets them)."""
@@ -124,13 +125,14 @@ class HealingScaler(ScalerBase):
         if self._resolved is None:
             return not_replayed(self._unresolved_why or "the scaler took no step yet, so it has no model")
         loss_finite = None if info.scale_independent is None else not info.scale_independent
+        amp = self._backend().amp
         try:
             with self._capture.paused():
                 return measure(
                     self._backend(),
                     self._resolved,
                     self._capture.latest,
-                    replay_context=lambda: self._replay_context(self._capture.state),
+                    replay_context=lambda: amp.replay(self._capture.state),
                     offenders=info.offenders,
                     loss_finite=loss_finite,
                     magnitude=magnitude,
@@ -154,7 +156,8 @@ class HealingScaler(ScalerBase):
         if self._resolved is None:
             return None
         if self._healer is None:
-            self._healer = Healer(self._resolved, capture=self._capture, **self._heal_options(self._capture.state))
+            options = self._backend().amp.heal_options(self._capture.state)
+            self._healer = Healer(self._resolved, capture=self._capture, **options)
         return self._healer
 
     def _no_heal_reason(self) -> str:
@@ -203,12 +206,3 @@ class HealingScaler(ScalerBase):
     # -- adapters ------------------------------------------------------------------------------------------------------
     def _backend(self):  # pragma: no cover - adapters
         raise NotImplementedError
-
-    def _amp_state_fn(self) -> Optional[Callable[[], Any]]:
-        return None
-
-    def _replay_context(self, state):  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _heal_options(self, state) -> dict:
-        return {}

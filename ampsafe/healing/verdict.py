@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..core.verdict import MAX_NAMED, HealVerdict
-from .evidence import nonfinite_sample, post_hook
+from .evidence import nonfinite_sample
 
 __all__ = ["HealVerdict", "measure", "replay_inputs", "not_replayed", "MAX_NAMED"]
 
@@ -62,15 +62,15 @@ def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
     seen: list[float] = []
 
     def keep(output) -> None:
-        for t in backend.tensors(output):
-            a = backend.to_numpy(t)
+        for t in backend.tensors.leaves(output):
+            a = backend.tensors.to_numpy(t)
             if a is not None and a.size:
                 seen.append(float(np.nanmax(np.abs(a))))
 
-    handle = post_hook(module, keep)
+    handle = backend.forward_hook(module, keep)
     restore = backend.snapshot(model)
     try:
-        with backend.float32():
+        with backend.amp.float32():
             _run(model, latest)
     except Exception:  # noqa: BLE001 - the magnitude is extra evidence, the verdict stands without it
         return None

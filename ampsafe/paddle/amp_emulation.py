@@ -62,8 +62,8 @@ from ..core.attr_patches import AttrPatches
 __all__ = ["install", "install_ppdet", "uninstall", "active", "current", "last", "summary", "amp_less_place"]
 
 _lock = threading.RLock()
-# (owner, attribute, original value, whether the owner held it in its own __dict__)
-_originals = AttrPatches()
+# this emulator's patches of Paddle and ppdet, in the process ledger (core.attr_patches)
+_originals = AttrPatches("ampsafe.paddle.amp_emulation")
 # (weakref to a layer, its _cast_to_low_precision before decorate(excluded_layers=...) marked it)
 _layer_flags: list[tuple[weakref.ref, bool]] = []
 _state: dict = {}

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 
 import numpy as np
 import paddle
 
 from ..core import backend as core
+from ..core.graph import OpKind
+from . import amp_lists, intercept
+from .tensors import TENSORS
 
-__all__ = ["PaddleBackend", "BACKEND", "LOW_DTYPES", "is_statistic"]
+__all__ = ["PaddleBackend", "PaddleAmp", "BACKEND", "LOW_DTYPES", "is_statistic", "innermost_emulator", "amp_dtype"]
 
 LOW_DTYPES = (paddle.float16, paddle.bfloat16)  # the low-precision float dtypes AMP computes in
-
-_FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
 
 def is_statistic(param) -> bool:
@@ -26,12 +28,85 @@ def is_statistic(param) -> bool:
     return param.stop_gradient or not getattr(param, "trainable", True)
 
 
+def innermost_emulator():
+    """The innermost open float16 emulation (an ``Fp16Emulator``), or None."""
+    from .emulate import Fp16Emulator
+
+    return next((m for m in reversed(intercept.active_modes()) if isinstance(m, Fp16Emulator)), None)
+
+
+def amp_dtype() -> str:
+    """The dtype Paddle's ``auto_cast`` casts to now (``"float16"`` / ``"bfloat16"``)."""
+    from paddle.amp.auto_cast import amp_global_state
+
+    return amp_global_state().amp_dtype
+
+
+class PaddleAmp:
+    """``paddle.amp.auto_cast``: which ops it runs in float16 is Paddle's own lists (:mod:`ampsafe.paddle.amp_lists`),
+    with float16 propagated through the ops on neither list as Paddle's promotion does. Its float32 region
+    (``intercept.fp32_region``) also keeps ampsafe's float16 emulators off."""
+
+    low_dtypes = LOW_DTYPES
+    in_float32 = staticmethod(intercept.in_fp32_region)
+
+    @staticmethod
+    def check_level(level: str) -> str:
+        return amp_lists.check_level(level)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def float32():
+        with paddle.no_grad(), paddle.amp.auto_cast(enable=False), intercept.fp32_region():
+            yield
+
+    @staticmethod
+    def runs_low(op, kind, input_halves, *, level, target) -> bool:
+        """``target`` is unused: Paddle's lists are the same on every device."""
+        if intercept.in_fp32_region():
+            return False
+        if kind is OpKind.NORM and input_halves:
+            input_halves = input_halves[:1]  # batch/layer norm follow X alone: float32 statistics do not promote
+        return amp_lists.runs_in_fp16(op, level, inputs_fp16=bool(input_halves) and all(input_halves))
+
+    @staticmethod
+    def state() -> tuple:
+        """(the innermost float16 emulator or None, Paddle's AMP level, its dtype) now."""
+        level = "O0"
+        tracer = paddle.framework._dygraph_tracer()
+        if tracer is not None:
+            level = str(getattr(tracer, "_amp_level", "O0")).rpartition(".")[2]
+        return innermost_emulator(), level, amp_dtype()
+
+    @staticmethod
+    def replay(state) -> contextlib.ExitStack:
+        """No grad, in the captured forward's float16 emulation (re-entered unless still open), else in Paddle's
+        ``auto_cast`` at its level."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(paddle.no_grad())
+        emulator, level, dtype = state or (None, "O0", "float32")
+        if emulator is not None:
+            if emulator not in intercept.active_modes():
+                stack.enter_context(emulator)
+        elif level in ("O1", "O2"):
+            stack.enter_context(paddle.amp.auto_cast(enable=True, level=level, dtype=dtype))
+        return stack
+
+    @staticmethod
+    def heal_options(state) -> dict:
+        """The level the step ran at (the emulator's, else ``auto_cast``'s); O1 when it ran in neither."""
+        emulator, level, _ = state or (None, "O0", "float32")
+        level = emulator.level if emulator is not None else level
+        return {"level": level if level in ("O1", "O2") else "O1"}
+
+
 class PaddleBackend(core.AdapterModules):
     """``paddle.nn.Layer`` models."""
 
     name = "paddle"
-    tensor_type = paddle.Tensor
     module_type = paddle.nn.Layer
+    tensors = TENSORS
+    amp = PaddleAmp()
 
     # -- structure
     def modules(self, model) -> dict:
@@ -83,6 +158,22 @@ class PaddleBackend(core.AdapterModules):
 
         return restore
 
+    def rng_state(self):
+        """Paddle's generator, its CUDA one in a CUDA build, NumPy's and Python's ``random`` (ppdet and
+        PaddleOCR draw from NumPy)."""
+        rng = paddle.get_rng_state()
+        cuda = paddle.get_cuda_rng_state() if paddle.device.is_compiled_with_cuda() else None
+        np_rng, py_rng = np.random.get_state(), random.getstate()
+
+        def restore() -> None:
+            paddle.set_rng_state(rng)
+            if cuda is not None:
+                paddle.set_cuda_rng_state(cuda)
+            np.random.set_state(np_rng)
+            random.setstate(py_rng)
+
+        return restore
+
     def norm_stats(self, layer):
         """(mean, variance) a normalization keeps as running statistics, or None: the one rule (``_mean`` /
         ``_variance`` as Paddle's BatchNorm keeps them, or ``running_mean`` / ``running_var`` as frozen BN
@@ -104,26 +195,7 @@ class PaddleBackend(core.AdapterModules):
         mean.set_value(np.zeros(mean.shape, dtype="float32"))
         var.set_value(np.ones(var.shape, dtype="float32"))
 
-    # -- numerics
-    @contextlib.contextmanager
-    def float32(self):
-        from .intercept import fp32_region
-
-        with paddle.no_grad(), paddle.amp.auto_cast(enable=False), fp32_region():
-            yield
-
-    def all_finite(self, t) -> bool:
-        return t.size == 0 or bool(paddle.isfinite(t).all())
-
-    def to_numpy(self, t):
-        if not isinstance(t, paddle.Tensor) or t.dtype not in _FLOATS:
-            return None
-        return t.detach().astype("float32").numpy()
-
-    def abs_max(self, t):
-        """Two reductions, no full-size ``|t|`` temporary."""
-        return paddle.maximum(paddle.max(t), -paddle.min(t))
-
+    # -- processes
     def all_gather(self, obj) -> list:
         import paddle.distributed as dist
 
@@ -136,6 +208,19 @@ class PaddleBackend(core.AdapterModules):
     # -- hooks
     def forward_pre_hook(self, model, fn):
         return model.register_forward_pre_hook(lambda layer, args: fn(args, {}))
+
+    def forward_hook(self, module, fn):
+        def hook(_layer, _inputs, output) -> None:
+            fn(output)  # None back: Paddle keeps the output
+
+        return module.register_forward_post_hook(hook)
+
+    # -- ampsafe run
+    def install_run(self, options, ledger, site) -> None:
+        """``ampsafe run``'s hooks in Paddle (scalers, FP32 guard, emulation, targets): :mod:`ampsafe.paddle.run`."""
+        from . import run
+
+        run.install(options, ledger, site)
 
     # -- the rest of the adapter package
     def _package(self):

@@ -7,11 +7,14 @@ that flows back through each of them is rounded through float16 too. Accumulatio
 cuDNN/cuBLAS. A tensor remembers that it is "float16" (an op output), so Paddle's promotion rule for gray
 ops (float16 only when no input is float32) follows the real dtype flow. Under O2, parameters that
 ``paddle.amp.decorate`` would cast (``need_keep_fp32`` decides, read from Paddle) are float16: rounded at
-every use. Ops inside :func:`ampsafe.paddle.intercept.fp32_region` (FP32 islands) are left alone.
+every use. Ops inside :func:`ampsafe.paddle.intercept.fp32_region` (FP32 islands) are left alone, and so are ops
+inside :func:`paused` (a scan's float32 recording, which is no island).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import Counter
 
 import paddle
@@ -22,7 +25,7 @@ from ..errors import ConfigError, UnsupportedModelError
 from .amp_lists import black_ops, check_level, white_ops
 from .intercept import OpMode, amp_op_type, in_fp32_region, op_mode
 
-__all__ = ["emulate_fp16", "Fp16Emulator", "round_fp16"]
+__all__ = ["emulate_fp16", "Fp16Emulator", "round_fp16", "paused"]
 
 _MARK = "_ampsafe_fp16"
 # Paddle's GetPromoteType looks at X only for these; only their first output (Y) is a float16 tensor.
@@ -32,6 +35,29 @@ _EXACT = frozenset(
     "reshape transpose flatten squeeze unsqueeze slice strided_slice concat stack split split_with_num unbind "
     "pad pad3d flip roll".split()
 )
+
+
+class _Paused(threading.local):
+    depth = 0
+
+
+_paused = _Paused()
+
+
+@contextlib.contextmanager
+def paused():
+    """Ops inside (this thread) run in plain float32: every emulator leaves them alone, yet they are no FP32 island.
+
+    Why: the scan records a float32 forward and predicts float16 per op from the level it is given
+    (:mod:`ampsafe.paddle.trace`); an open emulation would put its rounding (an inf past 65504) into the values
+    the scan measures, while :func:`~ampsafe.paddle.intercept.fp32_region` would tell the tracer the ops run in
+    float32.
+    """
+    _paused.depth += 1
+    try:
+        yield
+    finally:
+        _paused.depth -= 1
 
 
 def round_fp16(x: paddle.Tensor) -> paddle.Tensor:
@@ -140,7 +166,7 @@ class Fp16Emulator(OpMode):
 
     # ---------------------------------------------------------------- the op
     def __call__(self, op, func, args, kwargs):
-        if in_fp32_region():
+        if in_fp32_region() or _paused.depth:
             return func(*args, **kwargs)
         floats = [v for v in _flat(args, kwargs) if _is_f32(v)]
         if not floats:

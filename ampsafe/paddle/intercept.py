@@ -184,7 +184,7 @@ class _State(threading.local):
 
 _local = _State()
 _modes: list[OpMode] = []
-_installed = AttrPatches()  # the wrappers in place, put back exactly (an inherited attribute is deleted again)
+_installed = AttrPatches("ampsafe.paddle.intercept")  # the wrappers in place (core.attr_patches: put back exactly)
 _lock = threading.RLock()
 
 

@@ -1,12 +1,13 @@
-"""PaddlePaddle side of ``ampsafe.patch``: the mixins a patched layer's class gets, and the adapter predicates.
+"""PaddlePaddle's ``backend.swaps`` (:class:`~ampsafe.core.swaps.Swaps`): what the patch policies need to know
+about Paddle layers, and the mixins only Paddle can write.
 
 - :class:`FP32Island`: ``forward`` under ``paddle.amp.auto_cast(enable=False)`` and
   ``ampsafe.paddle.intercept.fp32_region()`` (so ``ampsafe.paddle.emulate_fp16`` leaves it in float32 too),
   floating inputs cast to float32. Under O2 pass ``ampsafe.patching.island_layers(model)`` as
   ``paddle.amp.decorate(..., excluded_layers=...)`` so island weights stay float32.
-- :class:`ConvBN` (shared, :mod:`ampsafe.policies.patcher`): PaddleOCR ``ConvBNLayer`` semantics: conv, a fresh
-  ``BatchNorm{1,2,3}D`` child ``bn``, optional ``act``; new keys ``<conv>.bn.weight/bias/_mean/_variance``.
-- :class:`RescaledInput` (shared) / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
+- :class:`RescaledNorm`: a normalization compensating an input rescaled by 2^-k (``policies.rescale``).
+- :meth:`PaddleSwaps.new_batch_norm`: the ``BatchNorm{1,2,3}D`` that ``policies.convbn`` puts after a conv
+  (PaddleOCR ``ConvBNLayer`` semantics; new keys ``<conv>.bn.weight/bias/_mean/_variance``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ import contextlib
 import paddle
 from paddle import nn
 
-from ..policies._swap import SwapMixin
-from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
+from ..core.swaps import SwapMixin, SwapsBase
 from .backend import BACKEND, LOW_DTYPES
 
-__all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "PaddlePatcher"]
+__all__ = ["FP32Island", "RescaledNorm", "SWAPS", "PaddleSwaps"]
 
 
 try:
@@ -91,33 +91,20 @@ _BN = {1: nn.BatchNorm1D, 2: nn.BatchNorm2D, 3: nn.BatchNorm3D}
 _NORMS = (nn.layer.norm._BatchNormBase, nn.BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2D)
 
 
-class PaddlePatcher(PatcherBase):
-    """What the framework-neutral policies need to know about Paddle layers, and the layer swaps."""
+class PaddleSwaps(SwapsBase):
+    """What the framework-neutral policies need to know about Paddle layers (``BACKEND.swaps``)."""
 
-    framework = "paddle"
     convs = _CONVS
     norms = _NORMS
     eps_attr = "_epsilon"
     island = FP32Island
     rescaled_norm = RescaledNorm
-    module_type = nn.Layer
-    module_label = "a paddle.nn.Layer"
     optimizer_type = paddle.optimizer.Optimizer
     activations = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.Silu, "gelu": nn.GELU}
-
-    def modules(self, model) -> dict:
-        return dict(model.named_sublayers(include_self=True))
+    module_label = "a paddle.nn.Layer"
 
     def is_distributed(self, model) -> bool:
         return type(model).__name__ == "DataParallel" and hasattr(model, "_layers")
-
-    def save_buffers(self, model):
-        """A function that puts every buffer and statistic (BatchNorm ``_mean``/``_variance``) of ``model`` back
-        to its current value (``PaddleBackend.snapshot``: one rule for what a forward may move)."""
-        return BACKEND.snapshot(model)
-
-    def optimizer_params(self, optimizer):
-        return BACKEND.optimizer_params(optimizer)
 
     def new_batch_norm(self, conv) -> nn.Layer:
         """A fresh ``BatchNorm{1,2,3}D`` for the conv's output (its data format), in its train mode."""
@@ -129,4 +116,4 @@ class PaddlePatcher(PatcherBase):
         return bn
 
 
-ADAPTER = PaddlePatcher()
+SWAPS = PaddleSwaps(BACKEND)

@@ -23,7 +23,6 @@ hysteresis.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections import defaultdict, deque
 from typing import Any, Callable, Optional
@@ -43,6 +42,7 @@ from ..core.scale import (
 )
 from ..errors import ConfigError
 from ..healing.scaler import HealingScaler
+from .backend import BACKEND, amp_dtype, innermost_emulator
 from .grads import nonfinite_params, unscale_and_check_
 
 __all__ = ["GradScaler", "OptimizerState", "amp_scaler"]
@@ -66,7 +66,7 @@ def _fp16_emulated() -> bool:
     ``emulate_fp16`` block."""
     from . import amp_emulation
 
-    return amp_emulation.active() or _innermost_emulator() is not None
+    return amp_emulation.active() or innermost_emulator() is not None
 
 
 class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
@@ -306,7 +306,7 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
             return _paddle_grad_scaler.AmpScaler.scale(self, var)
         if not isinstance(var, paddle.Tensor):
             raise TypeError(f"GradScaler.scale() expects a paddle.Tensor or a PIR Value, got {type(var).__name__}")
-        if self._use_dynamic_loss_scaling and _amp_dtype() == "bfloat16":
+        if self._use_dynamic_loss_scaling and amp_dtype() == "bfloat16":
             self._enable = self._use_dynamic_loss_scaling = False
             self._init_loss_scaling = 1.0
             self.disabled_reason = "disabled (bfloat16 auto_cast: dynamic loss scaling is not used for bfloat16)"
@@ -413,33 +413,9 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
             self._on_floor(decision, offenders, losses)
         return decision
 
-    # -- the framework side of the floor's replay and heal (HealingScaler) ----------------------------------------
+    # -- the framework of the floor's replay and heal (HealingScaler: its precision is ``backend.amp``) -----------
     def _backend(self):
-        from .backend import BACKEND
-
         return BACKEND
-
-    def _amp_state_fn(self):
-        return _amp_state
-
-    def _replay_context(self, state) -> contextlib.ExitStack:
-        """The precision the captured forward ran in (no grad): its float16 emulation, or Paddle's auto_cast."""
-        from .intercept import active_modes
-
-        stack = contextlib.ExitStack()
-        stack.enter_context(paddle.no_grad())
-        emulator, level, dtype = state or (None, "O0", "float32")
-        if emulator is not None:
-            if emulator not in active_modes():
-                stack.enter_context(emulator)
-        elif level in ("O1", "O2"):
-            stack.enter_context(paddle.amp.auto_cast(enable=True, level=level, dtype=dtype))
-        return stack
-
-    def _heal_options(self, state) -> dict:
-        emulator, level, _ = state or (None, "O0", "float32")
-        level = emulator.level if emulator is not None else level
-        return {"level": level if level in ("O1", "O2") else "O1"}
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
     def _param_names(self) -> dict[int, str]:
@@ -627,27 +603,3 @@ def amp_scaler(base: type) -> type:
 
     AmpScaler.__module__ = base.__module__
     return AmpScaler
-
-
-def _amp_state() -> tuple:
-    """(the innermost float16 emulator, Paddle's AMP level, its dtype) now: recorded at each captured forward."""
-    emulator = _innermost_emulator()
-    level = "O0"
-    tracer = paddle.framework._dygraph_tracer()
-    if tracer is not None:
-        level = str(getattr(tracer, "_amp_level", "O0")).rpartition(".")[2]
-    return emulator, level, _amp_dtype()
-
-
-def _innermost_emulator():
-    """The innermost open float16 emulation (an ``Fp16Emulator``), or None."""
-    from .emulate import Fp16Emulator
-    from .intercept import active_modes
-
-    return next((m for m in reversed(active_modes()) if isinstance(m, Fp16Emulator)), None)
-
-
-def _amp_dtype() -> str:
-    from paddle.amp.auto_cast import amp_global_state
-
-    return amp_global_state().amp_dtype

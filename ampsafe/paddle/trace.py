@@ -14,22 +14,18 @@ Not seen: kernels outside ``intercept.KERNEL_OPS`` (their outputs start fresh, u
 from __future__ import annotations
 
 import math
-import random
-import weakref
 from contextlib import contextmanager
 
-import numpy as np
 import paddle
 
 from .._framework import call
 from ..core import record
-from ..core.graph import MASK_LIMIT, Graph, OpKind
-from . import amp_lists, intercept
+from ..core.graph import Graph, OpKind
+from . import intercept
 from .backend import BACKEND
+from .emulate import paused as emulation_paused
 
-__all__ = ["trace", "trace_hooks", "preserved", "modules", "op_kind", "output_tensors"]
-
-_FLOATS = {paddle.float16, paddle.float32, paddle.float64, paddle.bfloat16}
+__all__ = ["trace", "trace_hooks", "preserved", "op_kind"]
 
 _KINDS = {
     OpKind.CONV: {
@@ -70,11 +66,6 @@ _VIEWS |= {"split_with_num", "unbind", "expand"}
 
 _ALIASING_METHODS = ("_use_gpudnn",)
 
-# Paddle's nn.MultiHeadAttention / TransformerEncoder turn a bool or int attn_mask into ``(mask - 1) * 1e9``
-# (``paddle.nn.layer.transformer._convert_attention_mask``): its -1e9 is a mask's fill value too. No value a model
-# computes reaches 2**28 without having left float16's range 12 bits before.
-PADDLE_MASK_LIMIT = min(MASK_LIMIT, 2.0**28)
-
 # sublayers that normalize with running statistics written as plain ops (frozen BN variants in ppdet/ppocr)
 NORM_LAYER_TYPES = frozenset({"FrozenBatchNorm2d", "FrozenBatchNorm", "FrozenBN", "BatchNormAct", "LayerNorm2d"})
 
@@ -110,62 +101,14 @@ def _is_norm_layer(layer) -> bool:
     return BACKEND.norm_stats(layer) is not None
 
 
-output_tensors = _leaves = BACKEND.tensors
-modules = BACKEND.modules
-
-
-def _floats(tensors) -> list:
-    out = []
-    for t in tensors:
-        if t.dtype in _FLOATS and not any(t is o for o in out):
-            out.append(t)
-    return out
-
-
-class _WeakIds:
-    """Tensor -> value, keyed by ``id()`` but checked through a weak reference, so a recycled id never aliases."""
-
-    def __init__(self):
-        self._entries: dict[int, tuple] = {}
-
-    def get(self, t):
-        entry = self._entries.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
-
-    def __setitem__(self, t, value) -> None:
-        key, entries = id(t), self._entries
-
-        def forget(ref, key=key):
-            entry = entries.get(key)
-            if entry is not None and entry[0] is ref:
-                del entries[key]
-
-        entries[key] = (weakref.ref(t, forget), value)
-
-
 class _Hooks:
-    """Paddle's mechanics for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`)."""
+    """Paddle's tracer for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`)."""
 
-    framework = "paddle"
-    tensor_type = paddle.Tensor
     tracks_unseen = True  # kernels outside intercept.KERNEL_OPS make tensors the trace never saw
     hooks_outputs_when_made = True  # a ``_C_ops`` call returns its outputs with their autograd node
 
-    def __init__(self, layers: dict, *, level: str):
-        self.layers, self.level = layers, level
-
-    id_map = _WeakIds
-    no_grad = staticmethod(paddle.no_grad)
-    maximum = staticmethod(paddle.maximum)
-    abs_max = staticmethod(BACKEND.abs_max)
-
-    @staticmethod
-    def lane_abs_max(t):
-        """max |t| over the lanes that are not a mask's fill value (``finfo.min``, ``-inf``, Paddle's -1e9)."""
-        t = t.detach()
-        return BACKEND.abs_max(paddle.where(t <= -PADDLE_MASK_LIMIT, paddle.zeros_like(t), t))
-
-    check_level = staticmethod(amp_lists.check_level)
+    def __init__(self, layers: dict, *, level: str, target: str):
+        self.layers, self.level, self.target = layers, level, target
 
     @staticmethod
     def preserved(model):
@@ -175,22 +118,6 @@ class _Hooks:
     def parameters(model) -> list:
         return [(name, p) for name, p in model.named_parameters() if not p.stop_gradient]
 
-    @staticmethod
-    def version(t) -> int:
-        return t.inplace_version
-
-    @staticmethod
-    def float_leaves(obj) -> list:
-        return _floats(_leaves(obj))
-
-    @staticmethod
-    def numel(t) -> int:
-        return t.size
-
-    @staticmethod
-    def is_batched(t) -> bool:
-        return t.size > 1
-
     def current_module(self):
         module = intercept.current_module()
         return module, self.layers.get(module)
@@ -198,11 +125,7 @@ class _Hooks:
     is_norm_module = staticmethod(_is_norm_layer)
 
     def runs_low(self, op, kind, input_halves) -> bool:
-        if intercept.in_fp32_region():
-            return False
-        if kind is OpKind.NORM and input_halves:
-            input_halves = input_halves[:1]  # batch/layer norm follow X alone: float32 statistics do not promote
-        return amp_lists.runs_in_fp16(op, self.level, inputs_fp16=bool(input_halves) and all(input_halves))
+        return BACKEND.amp.runs_low(op, kind, input_halves, level=self.level, target=self.target)
 
     @staticmethod
     def written(func, args, kwargs, inputs, versions) -> list:
@@ -212,32 +135,12 @@ class _Hooks:
     def measured(op: str) -> bool:
         return op not in _VIEWS and op not in _NON_EXPANDING
 
-    @staticmethod
-    def describe(t):
-        return tuple(t.shape), str(t.dtype).replace("paddle.", "")
-
-    @staticmethod
-    def grad_hook(t, fn):
-        """A tensor hook (not a layer backward hook: in-place ops and shared layers break those)."""
-        if t.stop_gradient:
-            return None
-        try:
-            return t.register_hook(lambda grad: fn(grad.detach()) if grad is not None else None)
-        except (RuntimeError, ValueError):  # leaf tensors / tensors Paddle refuses to hook: not measured
-            return None
-
-    @staticmethod
-    def custom_function(t):
-        return None
-
-    @staticmethod
-    def requires_grad(t) -> bool:
-        return not t.stop_gradient
-
     @contextmanager
     def recording(self, model, recorder, want_grads: bool):
+        """The forward runs in float32 with any float16 emulation paused (no FP32 island: ``runs_low`` still says
+        what runs in float16 at ``self.level``), so its values are the float32 ones the scan measures."""
         grad_ctx = paddle.enable_grad() if want_grads else paddle.no_grad()
-        with _aliases_tracked(recorder), grad_ctx, intercept.module_stack(model):
+        with _aliases_tracked(recorder), grad_ctx, intercept.module_stack(model), emulation_paused():
             with intercept.op_mode(_OpRecorder(recorder)):
                 yield
 
@@ -247,7 +150,8 @@ class _Hooks:
         params = [p for p in model.parameters() if not p.stop_gradient]
         saved = [(p, None if p.grad is None else p.grad.clone()) for p in params]
         try:
-            (loss * scale).backward()
+            with emulation_paused():  # the float32 forward's backward, ``loss * scale`` included
+                (loss * scale).backward()
         finally:
             for p, g in saved:
                 if g is None:
@@ -302,7 +206,7 @@ def _logits_amax(op: str, args: tuple, kwargs: dict):
     bound = {**dict(zip(names, args)), **kwargs}
     q, k = bound["query"], bound["key"]
     scale = bound.get(scale_key)
-    with intercept.fp32_region(), paddle.amp.auto_cast(enable=False):
+    with BACKEND.amp.float32():
         q, k = q.detach().astype("float32"), k.detach().astype("float32")
         if q.ndim == 3:
             q, k = q.unsqueeze(0), k.unsqueeze(0)
@@ -314,7 +218,7 @@ def _logits_amax(op: str, args: tuple, kwargs: dict):
         best = paddle.zeros([], dtype="float32")
         for i in range(0, q.shape[0], step):
             logits = paddle.matmul(q[i : i + step] * scale, k[i : i + step], transpose_y=True)
-            best = paddle.maximum(best, BACKEND.abs_max(logits).astype("float32"))
+            best = paddle.maximum(best, BACKEND.tensors.abs_max(logits))
     return best
 
 
@@ -323,26 +227,19 @@ def preserved(model):
     """Restore train/eval flags, buffers and statistics (``PaddleBackend.snapshot``) and RNG states on exit."""
     modes = [(layer, layer.training) for layer in (model, *model.sublayers())]
     restore_state = BACKEND.snapshot(model)
-    rng = paddle.get_rng_state()
-    cuda_rng = paddle.get_cuda_rng_state() if paddle.device.is_compiled_with_cuda() else None
-    np_rng = np.random.get_state()
-    py_rng = random.getstate()
+    restore_rng = BACKEND.rng_state()
     try:
         yield
     finally:
         for layer, training in modes:
             layer.training = training
         restore_state()
-        paddle.set_rng_state(rng)
-        if cuda_rng is not None:
-            paddle.set_cuda_rng_state(cuda_rng)
-        np.random.set_state(np_rng)
-        random.setstate(py_rng)
+        restore_rng()
 
 
 def trace_hooks(model, *, level: str, target: str = "cuda") -> _Hooks:
-    """Paddle's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model`` (``target`` is unused)."""
-    return _Hooks(modules(model), level=amp_lists.check_level(level))
+    """Paddle's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model``."""
+    return _Hooks(BACKEND.modules(model), level=BACKEND.amp.check_level(level), target=target)
 
 
 def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", loss_fn=None, loss_scale=None) -> Graph:
@@ -352,17 +249,16 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
     ``loss_fn(output) * loss_scale`` is back-propagated; tensor hooks give each node's ``grad_amax`` and the
     parameters' ``.grad`` are restored afterwards.
     """
-    hooks = trace_hooks(model, level=level, target=target)
     return record.trace(
-        hooks,
+        BACKEND,
         model,
         example_inputs,
         call=call,
-        tensors=output_tensors,
         level=level,
+        target=target,
         loss_fn=loss_fn,
         loss_scale=loss_scale,
-        leaves=(*model.parameters(), *_leaves(example_inputs)),
+        leaves=(*model.parameters(), *BACKEND.tensors.leaves(example_inputs)),
     )
 
 

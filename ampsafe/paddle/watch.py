@@ -23,12 +23,11 @@ import logging
 import threading
 from contextlib import ExitStack
 
-import numpy as np
 import paddle
 
 from ..core import sentinel as core
 from ..core.sentinel import MOVEMENT_OPS
-from ..core.watcher import TensorOps, WatchBase, WatchPass, float_tensors, map_nested
+from ..core.watcher import WatchBase, WatchPass, map_nested
 from ..errors import NonFiniteError
 from . import intercept
 from .backend import BACKEND, LOW_DTYPES
@@ -37,40 +36,11 @@ __all__ = ["Watch"]
 
 log = logging.getLogger("ampsafe.watch")
 
-_FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
-
-
-_finite = BACKEND.all_finite
-
-
-def _is_float(t) -> bool:
-    return t.dtype in _FLOATS
-
-
-class _Ops(TensorOps):
-    tensor_type = paddle.Tensor
-    is_float = is_checked = staticmethod(_is_float)
-    finite = staticmethod(_finite)
-    key = staticmethod(id)  # Paddle has no storage pointer: parameters and inputs are matched as objects
-    no_grad = staticmethod(paddle.no_grad)
-
-    to_numpy = staticmethod(BACKEND.to_numpy)  # float32 host copy
-
-    @staticmethod
-    def amax(floats: list):
-        return paddle.max(paddle.stack([paddle.max(paddle.abs(t.detach())).astype("float32") for t in floats]))
-
-    @staticmethod
-    def maximum(a, b):
-        return paddle.maximum(a, b)
-
-    @staticmethod
-    def to_floats(scalars: list) -> list[float]:
-        return paddle.stack(scalars).numpy().tolist()
-
-
-def _float_tensors(obj) -> list:
-    return float_tensors(obj, _Ops)
+_tensors = BACKEND.tensors
+_finite = _tensors.finite
+_is_float = _tensors.is_float
+_float_tensors = _tensors.checkable_leaves
+_np = _tensors.to_numpy
 
 
 # ops whose trailing outputs are backward caches a forward need not fill: batch_norm returns (out, mean_out,
@@ -87,10 +57,6 @@ def _value_outputs(op: str, out):
     if count is not None and isinstance(out, (list, tuple)):
         return out[:count]
     return out
-
-
-def _np(t) -> np.ndarray:
-    return _Ops.to_numpy(t)
 
 
 def _upcast(obj):
@@ -170,7 +136,7 @@ class _Mode(intercept.OpMode):
 class Watch(WatchBase):
     """``ampsafe.watch`` for a ``paddle.nn.Layer`` (build it with :func:`ampsafe.watch`)."""
 
-    ops = _Ops
+    backend = BACKEND
     defers_origin = True
     _input_label = "inputs"
     _grad_what = "a gradient"
@@ -268,7 +234,7 @@ class Watch(WatchBase):
             e.is_fp16(t) for e in emulators for t in outputs
         )
         rerun_finite, rerun_error = self._rerun(func, args, kwargs) if inputs_finite and low else (None, "")
-        dtype = "float16 (emulated)" if low and emulators else str(outputs[0].dtype).replace("paddle.", "")
+        dtype = "float16 (emulated)" if low and emulators else _tensors.describe(outputs[0])[1]
         self._report_origin(
             module=module,
             op=op,
@@ -326,7 +292,7 @@ class Watch(WatchBase):
         """(finite outputs when ``func`` re-runs in float32, an FP32 region with no emulator rounding?; why the
         re-run could not run, or "")."""
         try:
-            with intercept.fp32_region(), paddle.no_grad(), paddle.amp.auto_cast(enable=False):
+            with BACKEND.amp.float32():
                 self._suspended += 1
                 try:
                     out = func(*_upcast(tuple(args)), **_upcast(dict(kwargs)))
@@ -395,9 +361,7 @@ class Watch(WatchBase):
                 sample=core.first_nonfinite_row(_np(grad), p.batch_size),
                 stats={"outputs": [core.tensor_stats(_np(grad))], "producer": producer, "consumers": consumers},
                 dtype=(  # the emulator's block has closed by the backward: a low float32 gradient was an emulated one
-                    "float16 (emulated)"
-                    if low and grad.dtype not in LOW_DTYPES
-                    else str(grad.dtype).replace("paddle.", "")
+                    "float16 (emulated)" if low and grad.dtype not in LOW_DTYPES else _tensors.describe(grad)[1]
                 ),
                 where=where,
                 step=p.step,
@@ -435,17 +399,6 @@ class Watch(WatchBase):
         return backward
 
     # ------------------------------------------------------------------------------------------ guard
-    def _take_snapshot(self) -> dict:
-        # BatchNorm's running statistics are non-trainable parameters in Paddle: PaddleBackend's one rule
-        return {"rng": paddle.get_rng_state(), "state": BACKEND.snapshot(self.model)}
-
-    def _restore_snapshot(self, snap: dict) -> None:
-        paddle.set_rng_state(snap["rng"])
-        snap["state"]()
-
-    def _rng_state(self):
-        return paddle.get_rng_state()
-
     def _guard_finite(self, loss, grads: bool) -> bool:
         """The loss and every gradient's abs-max in one host sync."""
         values = []
@@ -471,18 +424,7 @@ class Watch(WatchBase):
 
         return clear
 
-    def _runs_backward(self, loss) -> bool:
-        return isinstance(loss, paddle.Tensor) and not loss.stop_gradient
-
     # ------------------------------------------------------------------------------------------ monitor
-    def _layers(self) -> dict:
-        layers = dict(self.model.named_sublayers())
-        layers[""] = self.model
-        return layers
-
-    def _post_hook(self, layer, hook):
-        return layer.register_forward_post_hook(hook)
-
     def _fallback_paths(self) -> list[tuple[str, tuple]]:
         kinds = (paddle.nn.layer.conv._ConvNd, paddle.nn.Linear)
-        return [(n, (n,)) for n, m in self.model.named_sublayers() if isinstance(m, kinds)]
+        return [(n, (n,)) for n, m in BACKEND.modules(self.model).items() if n and isinstance(m, kinds)]

@@ -5,9 +5,10 @@ frozen config dataclass (a :class:`PolicyConfig` such as ``Island()``, its ``nam
 handler planning it (:func:`register`, keyed by config type) and the module swap of each change kind it plans
 with the protection name that swap records (:func:`action`). A handler only *plans*: it reads the scan report
 (or the explicit ``paths=``) and returns a :class:`Plan` of :class:`Change` records; ``ampsafe.patching``
-applies the plan transactionally through the framework adapter (``ampsafe.torch.patch`` /
-``ampsafe.paddle.patch``), whose ``apply`` dispatches to the registered action. Selection logic is
-framework-neutral: a handler sees modules only through the adapter's predicates (``is_conv``, ``has_bias``...).
+applies the plan transactionally, each change through the action registered for its kind (:func:`apply_change`),
+which swaps the module's class (:mod:`ampsafe.core.swaps`). Selection logic is framework-neutral: a handler sees
+modules only through the model's Backend, its paths (``ctx.modules``) and its ``swaps`` part (``is_conv``,
+``has_bias``..., ``ampsafe.torch.patch`` / ``ampsafe.paddle.patch``).
 
 Policy modules are discovered (every public submodule is imported on first use), so a new policy is one new
 module: no shared if/else, table or import list to edit.
@@ -18,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..core.modpath import parts, under
 from ..core.report import RiskPath, ScanReport
+from ..core.swaps import protection_of
 from ..errors import ConfigError
 from ._registry import PolicyConfig, action, apply_change, handler, names, protection, register, resolve
 
@@ -62,14 +65,15 @@ class Plan:
 
 @dataclass
 class PatchContext:
-    """What a handler may read. ``modules``: path -> module of the unwrapped model; ``outer``: the model as
-    the user passed it (DDP wrapper included); ``config``: the policy's typed config (``ConvBN(act=...)``);
-    ``scan``: how to scan the model when no report was given (``ampsafe.patch`` hands ``ampsafe.scan`` down:
-    the policies never import the front)."""
+    """What a handler may read. ``modules``: path -> module of the unwrapped model (``backend.modules``);
+    ``outer``: the model as the user passed it (DDP wrapper included); ``backend``: the model's Backend, whose
+    ``swaps`` part (:attr:`swaps`) says what a module is; ``config``: the policy's typed config
+    (``ConvBN(act=...)``); ``scan``: how to scan the model when no report was given (``ampsafe.patch`` hands
+    ``ampsafe.scan`` down: the policies never import the front)."""
 
     model: Any
     outer: Any
-    adapter: Any
+    backend: Any
     level: str
     modules: dict
     report: ScanReport | None = None
@@ -79,6 +83,11 @@ class PatchContext:
     example_inputs: Any = None
     config: PolicyConfig | None = None
     scan: Callable | None = None
+
+    @property
+    def swaps(self):
+        """The framework's :class:`~ampsafe.core.swaps.Swaps`: its conv and norm types, island mixin..."""
+        return self.backend.swaps
 
     def scan_report(self, why: str) -> ScanReport:
         """The scan report, running ``ampsafe.scan`` on ``example_inputs`` when none was given."""
@@ -90,7 +99,7 @@ class PatchContext:
                 )
             if self.scan is None:
                 raise ConfigError(f"{why}: no scan was handed to this PatchContext; pass report= or paths=")
-            restore = self.adapter.save_buffers(self.model)  # a traced train-mode forward moves BN statistics
+            restore = self.backend.snapshot(self.model)  # a traced train-mode forward moves BN statistics
             try:
                 self.report = self.scan(self.model, self.example_inputs, level=self.level, margin_bits=self.margin_bits)
             finally:
@@ -102,9 +111,7 @@ class PatchContext:
         and ``filter_fn`` accepts it. Records the reason in ``plan.skipped`` otherwise."""
         module = self.modules.get(path)
         if module is None:
-            raise ConfigError(f"the model has no module {path!r} (spell paths as named_modules()/named_sublayers())")
-        from ._swap import protection_of
-
+            raise ConfigError(self._unknown(path))
         current = protection_of(module)
         if current == protection(kind):
             return False  # already done: patching twice is a no-op
@@ -116,10 +123,19 @@ class PatchContext:
             return False
         return True
 
-
-def under(path: str, ancestor: str) -> bool:
-    """Whether module ``path`` is ``ancestor`` or inside it ("" is the root, above everything)."""
-    return ancestor == "" or path == ancestor or path.startswith(ancestor + ".")
+    def _unknown(self, path: str) -> str:
+        """Why ``path`` is no key of :attr:`modules`: no such module, or a second path to a module the model
+        holds twice (``modules`` names each module once, by the first path ``named_modules()`` gives)."""
+        module = self.model
+        for name in parts(path):
+            module = getattr(module, name, None)
+        first = next((p for p, m in self.modules.items() if m is module), None) if module is not None else None
+        if first is not None:
+            return (
+                f"{path!r} is a second path to the module {first!r} (the model holds it twice): "
+                f"name it {first!r}, as named_modules()/named_sublayers() do"
+            )
+        return f"the model has no module {path!r} (spell paths as named_modules()/named_sublayers())"
 
 
 def path_starts(paths) -> list[str]:

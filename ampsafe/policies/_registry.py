@@ -35,7 +35,7 @@ class PolicyConfig:
 
 _CONFIGS: dict[str, type[PolicyConfig]] = {}  # shorthand -> config class
 _HANDLERS: dict[type, Callable] = {}  # config class -> fn(ctx) -> Plan
-_ACTIONS: dict[str, tuple[Callable, str]] = {}  # change kind -> (fn(adapter, module, change), protection)
+_ACTIONS: dict[str, tuple[Callable, str]] = {}  # change kind -> (fn(swaps, module, change), protection)
 
 
 def register(config_cls: type[PolicyConfig]):
@@ -52,8 +52,9 @@ def register(config_cls: type[PolicyConfig]):
 
 
 def action(kind: str, *, protection: str):
-    """Decorator: ``fn(adapter, module, change)`` swaps a module for changes of ``kind``; a module patched so
-    reports ``protection`` (the mixin's ``_ampsafe_protection``), which makes patching twice a no-op."""
+    """Decorator: ``fn(swaps, module, change)`` swaps a module for changes of ``kind`` (``swaps``: the model's
+    ``backend.swaps``, for the framework's mixins); a module patched so reports ``protection`` (the mixin's
+    ``_ampsafe_protection``), which makes patching twice a no-op."""
 
     def deco(fn):
         _ACTIONS[kind] = (fn, protection)
@@ -106,12 +107,13 @@ def handler(config: PolicyConfig) -> Callable:
     raise ConfigError(f"no policy handler is registered for {type(config).__name__} (decorate one with register)")
 
 
-def apply_change(adapter, module, change) -> None:
-    """Swap ``module`` as ``change`` says, through the action registered for ``change.kind``."""
+def apply_change(swaps, module, change) -> None:
+    """Swap ``module`` as ``change`` says, through the action registered for ``change.kind`` (``swaps``: the
+    model's ``backend.swaps``)."""
     entry = _lookup(_ACTIONS, change.kind)
     if entry is None:
         raise ValueError(f"unknown patch action {change.kind!r}")
-    entry[0](adapter, module, change)
+    entry[0](swaps, module, change)
 
 
 def protection(kind: str) -> str:

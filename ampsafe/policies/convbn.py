@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.modpath import join
+from ..core.swaps import SwapMixin, swap
 from ..errors import ConfigError, UnsupportedModelError
 from . import Change, PatchContext, Plan, PolicyConfig, action, path_starts, register
-from ._swap import swap
-from .patcher import ConvBN as ConvBNMixin
 
-__all__ = ["ConvBN", "ACTIVATIONS", "plan_convbn"]
+__all__ = ["ConvBN", "ConvBNLayer", "ACTIVATIONS", "plan_convbn"]
 
 ACTIVATIONS = ("gelu", "hardswish", "relu", "relu6", "silu")  # the act= names both adapters build
 
@@ -51,20 +51,32 @@ class ConvBN(PolicyConfig):
             object.__setattr__(self, "optimizers", tuple(opts))  # frozen and hashable
 
 
-@action("convbn", protection=ConvBNMixin._ampsafe_protection)
-def swap_convbn(adapter, module, change: Change) -> None:
-    swap(module, ConvBNMixin, bn=adapter.new_batch_norm(module), act=adapter.activation(change.params.get("act")))
+class ConvBNLayer(SwapMixin):
+    """The mixin: conv -> ``self.bn`` (the framework's new BatchNorm) -> ``self.act`` (optional), written once
+    for every framework (it only calls the base class's forward and two children); the conv keeps its own keys."""
+
+    _ampsafe_protection = "convbn"
+    _ampsafe_attrs = ("bn", "act")
+
+    def forward(self, *args, **kwargs):
+        out = self.bn(self._ampsafe_base.forward(self, *args, **kwargs))
+        return self.act(out) if self.act is not None else out
+
+
+@action("convbn", protection=ConvBNLayer._ampsafe_protection)
+def swap_convbn(swaps, module, change: Change) -> None:
+    swap(module, ConvBNLayer, bn=swaps.new_batch_norm(module), act=swaps.activation(change.params.get("act")))
 
 
 @register(ConvBN)
 def plan_convbn(ctx: PatchContext) -> Plan:
-    adapter = ctx.adapter
-    if adapter.is_distributed(ctx.outer):
+    swaps = ctx.swaps
+    if swaps.is_distributed(ctx.outer):
         raise UnsupportedModelError(
             "policy 'convbn' adds BatchNorm parameters, which a model already wrapped in DistributedDataParallel "
             "would never synchronise: patch the bare model first, then wrap it"
         )
-    holder = adapter.optimizer_holding(ctx.model, ctx.config.optimizers)
+    holder = swaps.optimizer_holding(ctx.model, ctx.config.optimizers)
     if holder is not None:
         raise UnsupportedModelError(
             f"policy 'convbn' adds BatchNorm parameters, but an optimizer ({type(holder).__name__}) already holds "
@@ -79,11 +91,11 @@ def plan_convbn(ctx: PatchContext) -> Plan:
     act = ctx.config.act
     for path in dict.fromkeys(starts):
         module = ctx.modules.get(path)
-        if module is not None and not adapter.is_conv(module):
+        if module is not None and not swaps.is_conv(module):
             plan.skipped[path] = f"{type(module).__name__} is not a convolution (convbn normalizes convs only)"
             continue
         if ctx.allowed(path, plan, kind="convbn"):
-            keys = f"{path}.bn.*" if path else "bn.*"
+            keys = join(path, "bn.*")
             plan.add(
                 Change(
                     "convbn",

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.modpath import outermost, under
 from ..core.report import RiskPath
-from . import Change, PatchContext, Plan, PolicyConfig, action, register, under
-from ._swap import protection_of, swap
+from ..core.swaps import protection_of, swap
+from . import Change, PatchContext, Plan, PolicyConfig, action, register
 
 __all__ = ["Island", "island_modules", "outermost", "plan_island"]
 
@@ -29,8 +30,8 @@ class Island(PolicyConfig):
 
 
 @action("island", protection="island")
-def swap_island(adapter, module, change: Change) -> None:
-    swap(module, adapter.island)  # the framework's float32 mixin
+def swap_island(swaps, module, change: Change) -> None:
+    swap(module, swaps.island)  # the framework's float32 mixin
 
 
 def island_modules(item, level: str) -> list[str]:
@@ -42,12 +43,6 @@ def island_modules(item, level: str) -> list[str]:
         return list(dict.fromkeys(mods + [op.rsplit(":", 1)[0] for op in item.ops if ":" in op]))
     # O1: a layer that only owns functional ops between the others (an enclosing module) stays as it is
     return [m for m in mods if m == item.start or not any(o != m and under(o, m) for o in mods)]
-
-
-def outermost(paths: list[str]) -> list[str]:
-    """``paths`` without those inside another listed path, first-seen order kept."""
-    unique = list(dict.fromkeys(paths))
-    return [p for p in unique if not any(q != p and under(p, q) for q in unique)]
 
 
 def _inside_island(path: str, modules: dict) -> bool:

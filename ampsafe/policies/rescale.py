@@ -23,12 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..core.graph import FP16_MAX, START_KINDS, Graph, OpKind
+from ..core.swaps import SwapMixin, swap
 from ..errors import ConfigError, UnsupportedModelError
 from . import Change, PatchContext, Plan, PolicyConfig, action, path_starts, register
-from ._swap import swap
-from .patcher import RescaledInput
 
-__all__ = ["Rescale", "Region", "NotHomogeneous", "homogeneous_region", "shift_bits", "plan_rescale"]
+__all__ = ["Rescale", "RescaledInput", "Region", "NotHomogeneous", "homogeneous_region", "shift_bits", "plan_rescale"]
 
 MAX_BITS = 126  # 2^-126 is float32's smallest normal number: a larger shift would flush the path to zero
 
@@ -53,14 +52,26 @@ class Rescale(PolicyConfig):
         object.__setattr__(self, "bits", int(b))
 
 
+class RescaledInput(SwapMixin):
+    """The mixin of a region's start: multiplies the first input by the constant ``_ampsafe_scale`` (a power of
+    two) before the forward; written once for every framework. The end's mixin, which touches the framework's
+    statistics, is ``backend.swaps.rescaled_norm``."""
+
+    _ampsafe_protection = "rescale"
+    _ampsafe_attrs = ("_ampsafe_scale",)
+
+    def forward(self, x, *args, **kwargs):
+        return self._ampsafe_base.forward(self, x * self._ampsafe_scale, *args, **kwargs)
+
+
 @action("rescale_input", protection=RescaledInput._ampsafe_protection)
-def scale_input(adapter, module, change: Change) -> None:
+def scale_input(swaps, module, change: Change) -> None:
     swap(module, RescaledInput, _ampsafe_scale=float(change.params["scale"]))
 
 
 @action("rescale_norm", protection=RescaledInput._ampsafe_protection)
-def compensate_norm(adapter, module, change: Change) -> None:
-    swap(module, adapter.rescaled_norm, _ampsafe_scale=float(change.params["scale"]))  # the framework's norm mixin
+def compensate_norm(swaps, module, change: Change) -> None:
+    swap(module, swaps.rescaled_norm, _ampsafe_scale=float(change.params["scale"]))  # the framework's norm mixin
 
 
 # Ops f with f(s*x) = s*f(x) for s > 0, in one scaled input (others: constants or unscaled side inputs).
@@ -253,11 +264,11 @@ def plan_rescale(ctx: PatchContext) -> Plan:
         candidates = path_starts(ctx.paths)
     else:
         candidates = [p.start for p in report.risky if not p.protected]
-    adapter = ctx.adapter
+    swaps = ctx.swaps
 
     def bias_free(path: str) -> bool:
         module = ctx.modules.get(path)
-        return module is not None and not adapter.has_bias(module)
+        return module is not None and not swaps.has_bias(module)
 
     done: set[str] = set()
     for start in candidates:
@@ -271,7 +282,7 @@ def plan_rescale(ctx: PatchContext) -> Plan:
             plan.skipped[start] = str(exc)
             continue
         done.update(region.modules)
-        bad_ends = [e for e in region.ends if not adapter.is_norm(ctx.modules.get(e))]
+        bad_ends = [e for e in region.ends if not swaps.is_norm(ctx.modules.get(e))]
         if bad_ends or not region.ends:
             why = f"the ending normalization {bad_ends} cannot be compensated" if bad_ends else "no normalization"
             if ctx.paths is not None:

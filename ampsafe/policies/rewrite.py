@@ -19,8 +19,9 @@ import textwrap
 import types
 from dataclasses import dataclass
 
+from .._framework import REGISTRY
+from ..core.swaps import SwapMixin, swap
 from . import Change, PatchContext, Plan, PolicyConfig, action, path_starts, register
-from ._swap import SwapMixin, swap
 
 __all__ = ["Rewrite", "LogisticRewrite", "logistic_rewrites", "plan_rewrite"]
 
@@ -140,8 +141,8 @@ def logistic_rewrites(cls: type) -> dict:
     out: dict = {}
     for klass in cls.__mro__:
         mod = getattr(klass, "__module__", "") or ""
-        if mod.split(".")[0] in {"torch", "paddle", "builtins"} or issubclass(klass, SwapMixin):
-            continue  # framework classes and ampsafe's own mixins: nothing to rewrite there
+        if mod.partition(".")[0] in (*REGISTRY, "builtins") or issubclass(klass, SwapMixin):
+            continue  # a registered framework's classes and ampsafe's own mixins: nothing to rewrite there
         for name, value in vars(klass).items():
             if name in out or not inspect.isfunction(value):
                 continue
@@ -162,7 +163,7 @@ class LogisticRewrite(SwapMixin):
 
 
 @action("rewrite", protection=LogisticRewrite._ampsafe_protection)
-def swap_rewrite(adapter, module, change: Change) -> None:
+def swap_rewrite(swaps, module, change: Change) -> None:
     swap(module, LogisticRewrite)
 
 

@@ -9,8 +9,12 @@
   (:mod:`ampsafe.run.targets`: torchvision's ``GeneralizedRCNN``, ppdet's target-building batch transforms);
 * with ``emulate_fp16``, ``ampsafe.torch.cuda_emulation`` / ``ampsafe.paddle.amp_emulation`` are installed.
 
-Nothing is imported eagerly: each patch is applied right after the framework's own import finishes (a
-post-import hook), so a torch script never pays for paddle. ``summary()`` reports every scaler created.
+What a framework needs patched is its own backend's to do, so no framework's code lives here: right after a
+registered framework's own import finishes (a post-import hook), its ``Backend.install_run(options, ledger, site)``
+runs (:mod:`ampsafe.torch.run`, :mod:`ampsafe.paddle.run`), so a torch script never pays for paddle. It is handed
+the options, the run's :class:`~ampsafe.core.attr_patches.AttrPatches` (every patch of the run is recorded there,
+and :func:`uninstall` undoes them all) and :class:`_Site`, the run's framework-neutral pieces.
+``summary()`` reports every scaler created.
 Options come from ``install(...)`` or, on import, from the ``AMPSAFE_RUN_OPTIONS`` environment variable
 (JSON; set by ``ampsafe run``).
 """
@@ -36,12 +40,11 @@ from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 _lock = threading.RLock()
 _state: dict[str, Any] = {
     "options": None,
-    "patches": AttrPatches(),  # every attribute ampsafe run set on torch, Paddle or a trainer, undone by uninstall()
+    "patches": AttrPatches("ampsafe run"),  # every patch of the run (torch, Paddle, trainers), undone by uninstall()
     "scalers": [],
     "changes": [],
     "watches": [],
     "guards": [],
-    "emulators": [],
 }
 STEP_RECORDS = 100_000  # per scaler: the (step, scale, overflow) records kept for the report's plot
 SHIM_MODULE = "ampsafe.auto"  # the module the run's scaler subclasses claim: what a script sees as their type
@@ -100,13 +103,6 @@ def _say(message: str) -> None:
         print(f"[ampsafe] {message}", file=sys.stderr, flush=True)
 
 
-def _set(owner, attr: str, value, label: str) -> None:
-    if not hasattr(owner, attr):
-        return
-    _state["patches"].set(owner, attr, value)
-    _state["changes"].append(label)
-
-
 # --------------------------------------------------------------------------------------------- scalers
 
 
@@ -130,24 +126,13 @@ def _track(scaler, framework: str, user_kwargs: dict) -> None:
         _arm_watch(scaler)
 
 
-def _scale_of(scaler) -> float | None:
-    for getter in ("get_scale", "get_loss_scaling"):
-        if hasattr(scaler, getter):
-            try:
-                value = getattr(scaler, getter)()
-                return float(value.item() if hasattr(value, "item") else value)
-            except Exception:  # noqa: BLE001 - an inactive scaler: no scale
-                return None
-    return None
-
-
 def _reloaded(scaler, before: float | None) -> None:
     """The scaler's state was loaded from a checkpoint: an event of the run (the report lists it)."""
     entry = next((e for e in _state["scalers"] if e["scaler"] is scaler), None)
     if entry is None:
         return
     steps = entry["steps"]
-    event = {"after_step": steps[-1][0] if steps else None, "scale_before": before, "scale_after": _scale_of(scaler)}
+    event = {"after_step": steps[-1][0] if steps else None, "scale_before": before, "scale_after": scaler._run_scale()}
     entry.setdefault("reloads", []).append(event)
     _say(
         f"the script loaded its GradScaler's state (a checkpoint reload) after step {event['after_step']}: scale "
@@ -223,17 +208,27 @@ class _Alias(type):
 
 
 def _with_floor(
-    base: type, framework: str, extra: dict, map_device: Callable | None = None, replaces: type | None = None
+    base: type,
+    framework: str,
+    defaults: dict,
+    *,
+    scale: Callable,
+    guards: Callable,
+    steps: tuple[str, ...],
+    map_device: Callable | None = None,
+    replaces: type | None = None,
 ) -> type:
-    """``base`` with ``ampsafe run``'s floor as default keyword arguments (the script's own arguments win); its
-    ``step`` / ``minimize`` tell the FP32 guard that the optimizer steps inside are the scaler's. ``replaces``:
-    the framework class it stands for (``isinstance`` against it still holds, see :class:`_Alias`)."""
-    from .guard import through_scaler
+    """``base`` (ampsafe's scaler of ``framework``) with ``ampsafe run``'s floor as default keyword arguments
+    (``defaults``; the script's own arguments win). The framework says what only it knows: ``scale(scaler)`` its
+    current scale, ``guards(scaler)`` whether it checks its optimizer's gradients itself, ``steps`` the methods
+    inside which the optimizer steps are the scaler's (the FP32 guard lets them through), ``map_device`` the device
+    a "cuda" scaler really scales on (``--emulate-fp16``). ``replaces``: the framework class it stands for
+    (``isinstance`` against it still holds, see :class:`_Alias`)."""
 
     class GradScaler(base, metaclass=_Alias):
         def __init__(self, *args, **kwargs):
             user = dict(kwargs)
-            for key, value in extra.items():
+            for key, value in defaults.items():
                 kwargs.setdefault(key, value)
             if map_device is not None:  # --emulate-fp16: a "cuda" scaler scales on the CPU
                 if args:
@@ -245,83 +240,51 @@ def _with_floor(
             super().__init__(*args, **kwargs)
             _track(self, framework, user)
 
-        def step(self, optimizer, *args, **kwargs):
-            with through_scaler(self):
-                return super().step(optimizer, *args, **kwargs)
-
         def load_state_dict(self, state_dict, *args, **kwargs):
             """A trainer reloading a checkpoint mid-run (ultralytics' NaN recovery reloads ``last.pt``) loads
             the scale state (the run's counters and heal records are not part of it); the reload is an event."""
-            before = _scale_of(self)
+            before = self._run_scale()
             result = super().load_state_dict(state_dict, *args, **kwargs)
             _reloaded(self, before)
             return result
 
-        if hasattr(base, "minimize"):
+        def _run_scale(self) -> float | None:
+            """The current scale, or None when the scaler cannot say (the report's number)."""
+            try:
+                return float(scale(self))
+            except Exception:  # noqa: BLE001 - an inactive scaler: no scale
+                return None
 
-            def minimize(self, optimizer, *args, **kwargs):
-                with through_scaler(self):
-                    return super().minimize(optimizer, *args, **kwargs)
+        def _run_guards(self) -> bool:
+            return bool(guards(self))
 
+    for name in steps:
+        setattr(GradScaler, name, _through_scaler(GradScaler, name))
     GradScaler.__doc__ = (
         f"ampsafe.{framework}.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."
     )
-    GradScaler.__module__ = SHIM_MODULE
-    GradScaler._replaces = replaces
-    return GradScaler
+    return _shim(GradScaler, replaces)
 
 
-def _on_device(base: type, device: str, replaces: type | None = None) -> type:
-    """``torch.{cuda,cpu}.amp.GradScaler``'s signature (no ``device``, torch's FutureWarning that the spelling is
-    deprecated) on top of ampsafe's scaler (:func:`ampsafe.torch.scaler.device_scaler`)."""
-    from ampsafe.torch.scaler import device_scaler
+def _through_scaler(cls: type, name: str) -> Callable:
+    """``cls.<name>(optimizer, ...)`` run inside :func:`~ampsafe.run.guard.through_scaler`: the FP32 guard lets
+    the optimizer steps inside it through when the scaler guards them itself."""
+    from .guard import through_scaler
 
-    scaler = device_scaler(base, device)
-    scaler.__module__ = SHIM_MODULE
-    scaler._replaces = replaces
-    return scaler
+    def method(self, optimizer, *args, **kwargs):
+        with through_scaler(self._run_guards()):
+            return getattr(super(cls, self), name)(optimizer, *args, **kwargs)
 
-
-def _torch_scalers(options: dict, map_device: Callable | None = None):
-    """The classes that stand for ``torch.amp.GradScaler``, ``torch.cuda.amp.GradScaler`` and
-    ``torch.cpu.amp.GradScaler``: ampsafe's scaler with the run's floor, the last two with the device fixed."""
-    import torch
-
-    from ampsafe.torch.scaler import GradScaler as Base
-
-    scaler = _with_floor(Base, "torch", options.scaler_kwargs("torch"), map_device, torch.amp.GradScaler)
-    aliases = []
-    for device in ("cuda", "cpu"):
-        amp = getattr(getattr(torch, device, None), "amp", None)
-        aliases.append(_on_device(scaler, device, getattr(amp, "GradScaler", None)))
-    return scaler, *aliases
+    method.__name__, method.__qualname__ = name, f"{cls.__qualname__}.{name}"
+    return method
 
 
-def _emulate(module_name: str) -> Callable | None:
-    """--emulate-fp16: install the framework's emulator (another module of this project), print its lines;
-    its ``map_device`` when it has one."""
-    if not _state["options"].emulate_fp16:
-        return None
-    try:
-        import importlib
-
-        emulator = importlib.import_module(module_name)
-    except ImportError as exc:
-        _say(f"--emulate-fp16: {module_name} is not available ({exc}); float16 is not emulated")
-        return None
-    for line in emulator.install() or []:
-        _state["changes"].append(line)
-        _say(line)
-    _state["emulators"].append(emulator)
-    return getattr(emulator, "map_device", None)
-
-
-def _emulate_ppdet(module) -> None:
-    from ampsafe.paddle import amp_emulation
-
-    for line in amp_emulation.install_ppdet(module):
-        _state["changes"].append(line)
-        _say(line)
+def _shim(cls: type, replaces: type | None) -> type:
+    """A class the run puts in place of a framework's: it claims :data:`SHIM_MODULE` (what a script sees as its
+    type) and answers ``isinstance`` for the class it ``replaces``."""
+    cls.__module__ = SHIM_MODULE
+    cls._replaces = replaces
+    return cls
 
 
 def _integrate(name: str, module) -> None:
@@ -336,79 +299,75 @@ def _integrate(name: str, module) -> None:
     tell(apply(name, module, _set_attr, tell))
 
 
-def _guard(framework: str, install_fn: Callable, module) -> None:
-    """The FP32 guard of one framework's optimizers (:mod:`ampsafe.run.guard`)."""
-    from .._framework import backend_named
-    from .guard import StepGuard
-
-    options = _state["options"]
-    guard = StepGuard(backend_named(framework), None, None, max_skips=options.max_skips, watch=options.watch, say=_say)
-    line = install_fn(module, guard, _set_attr)
-    _state["guards"].append(guard)
-    _state["changes"].append(line)
-    _say(line)
-
-
 def _set_attr(owner, attr: str, value) -> None:
     """Patch one attribute, restored by :func:`uninstall` (the caller reports the change in its own words)."""
     if hasattr(owner, attr):
         _state["patches"].set(owner, attr, value)
 
 
-def _patch_torch(torch) -> None:
-    options = _state["options"]
-    map_device = _emulate("ampsafe.torch.cuda_emulation")
-    scaler, cuda_scaler, cpu_scaler = _torch_scalers(options, map_device)
-    floor = options.scaler_text("torch")
-    import importlib
+class _Site:
+    """What a framework's ``install_run(options, ledger, site)`` gets besides the options and the ledger: the run's
+    framework-neutral pieces, which live in this front end and so cannot be imported by an adapter package."""
 
-    import torch.amp.grad_scaler  # noqa: F401 (make sure the submodules exist before patching them)
+    def say(self, line: str) -> None:
+        """A line for the banner (stderr) only."""
+        _say(line)
 
-    # every public name that builds a GradScaler, and the module attributes a trainer may reach it through
-    _set(torch, "GradScaler", scaler, f"torch.GradScaler -> ampsafe.torch.GradScaler ({floor})")
-    _set(torch.amp, "GradScaler", scaler, f"torch.amp.GradScaler -> ampsafe.torch.GradScaler ({floor})")
-    _set(torch.amp.grad_scaler, "GradScaler", scaler, "torch.amp.grad_scaler.GradScaler -> ampsafe.torch.GradScaler")
-    for device, alias in (("cuda", cuda_scaler), ("cpu", cpu_scaler)):
-        for name in (f"torch.{device}.amp", f"torch.{device}.amp.grad_scaler"):
-            try:
-                module = importlib.import_module(name)
-            except ImportError:
-                continue
-            _set(module, "GradScaler", alias, f"{name}.GradScaler -> ampsafe.torch.GradScaler (deprecated alias)")
-    _say(f"torch / torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
-    from .guard import install_torch
+    def note(self, line: str) -> None:
+        """A line for the summary's list of changes only (one per patched attribute)."""
+        _state["changes"].append(line)
 
-    _guard("torch", install_torch, torch)
+    def tell(self, line: str) -> None:
+        """A line for both."""
+        self.note(line)
+        self.say(line)
+
+    def when_imported(self, name: str, callback: Callable) -> None:
+        """``callback(module)`` right after module ``name`` is imported (now if it is)."""
+        _when_imported(name, callback)
+
+    def scaler_class(self, base: type, framework: str, **how) -> type:
+        """The class the run puts in place of ``framework``'s GradScaler: see :func:`_with_floor`."""
+        return _with_floor(base, framework, **how)
+
+    def shim(self, cls: type, replaces: type | None) -> type:
+        """Another spelling built on :meth:`scaler_class`'s class (``torch.cuda.amp``'s, Paddle's ``AmpScaler``):
+        its type claims ``ampsafe.auto``, ``isinstance`` answers for ``replaces``."""
+        return _shim(cls, replaces)
+
+    def step_guard(self, backend, finite: Callable, offenders: Callable):
+        """The FP32 guard of ``backend``'s optimizers (:class:`~ampsafe.run.guard.StepGuard`), with the run's
+        options; it records the optimizer classes it wraps in the run's ledger."""
+        from .guard import StepGuard
+
+        options = _state["options"]
+        guard = StepGuard(
+            backend,
+            finite,
+            offenders,
+            max_skips=options.max_skips,
+            watch=options.watch,
+            say=_say,
+            patches=_state["patches"],
+        )
+        _state["guards"].append(guard)
+        return guard
+
+    def target_hook(self, where: str, policy: str):
+        """A :class:`~ampsafe.run.targets.TargetHook`: checks the boxes of one entry point, counted in the summary."""
+        from .targets import TargetHook
+
+        return TargetHook(where, policy)
 
 
-def _patch_paddle(paddle) -> None:
-    options = _state["options"]
-    _emulate("ampsafe.paddle.amp_emulation")
-    from .guard import install_paddle
+_SITE = _Site()
 
-    _guard("paddle", install_paddle, paddle)
-    try:
-        from ampsafe.paddle.scaler import GradScaler as Base
-    except ImportError as exc:  # the Paddle scaler is another module of this project
-        _say(f"paddle.amp.GradScaler left as is: ampsafe.paddle.scaler unavailable ({exc})")
-        return
-    from ampsafe.paddle.scaler import amp_scaler
 
-    native = sys.modules.get("paddle.amp.grad_scaler")
-    GradScaler = _with_floor(
-        Base, "paddle", options.scaler_kwargs("paddle"), replaces=getattr(native, "GradScaler", None)
-    )
-    # AmpScaler built as a scaler: its own defaults (init_loss_scaling=2**15, incr_every_n_steps=1000)
-    AmpScaler = amp_scaler(GradScaler)
-    AmpScaler.__module__ = SHIM_MODULE
-    AmpScaler._replaces = getattr(native, "AmpScaler", None)
-    floor = options.scaler_text("paddle")
-    _set(paddle.amp, "GradScaler", GradScaler, f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
-    _set(paddle.amp, "AmpScaler", AmpScaler, f"paddle.amp.AmpScaler -> ampsafe.paddle.GradScaler ({floor})")
-    if native is not None:
-        _set(native, "GradScaler", GradScaler, "paddle.amp.grad_scaler.GradScaler -> ampsafe.paddle.GradScaler")
-        _set(native, "AmpScaler", AmpScaler, "paddle.amp.grad_scaler.AmpScaler -> ampsafe.paddle.GradScaler")
-    _say(f"paddle.amp.GradScaler / AmpScaler -> ampsafe.paddle.GradScaler ({floor})")
+def _install_framework(name: str) -> None:
+    """The registered framework ``name`` has just been imported: its backend puts the run's hooks in place."""
+    from .._framework import backend_named
+
+    backend_named(name).install_run(_state["options"], _state["patches"], _SITE)
 
 
 # --------------------------------------------------------------------------------------------- necks, watch
@@ -422,22 +381,6 @@ def _register_ocr(_module) -> None:
     if done.get("ppocr"):
         _state["changes"].append(f"safe necks registered in PaddleOCR's ppocr: {', '.join(sorted(done['ppocr']))}")
         _say(ppocr_registration_line(done))
-
-
-def _targets_torchvision(module) -> None:
-    from .targets import patch_torchvision
-
-    line = patch_torchvision(module, _state["options"].on_bad_target, _set_attr)
-    _state["changes"].append(line)
-    _say(line)
-
-
-def _targets_ppdet(module) -> None:
-    from .targets import patch_ppdet
-
-    line = patch_ppdet(module, _state["options"].on_bad_target, _set_attr)
-    _state["changes"].append(line)
-    _say(line)
 
 
 def _register_det(_module) -> None:
@@ -616,13 +559,11 @@ def install_options(options: RunOptions) -> RunOptions:
             _state["changes"].clear()
         _state["options"] = options
         _hook_exit()
-        _when_imported("torch", _patch_torch)
-        _when_imported("paddle", _patch_paddle)
-        _when_imported("torchvision.models.detection.generalized_rcnn", _targets_torchvision)
-        _when_imported("ppdet.data.transform.batch_operators", _targets_ppdet)
+        from .._framework import REGISTRY
+
+        for name in REGISTRY:  # a framework's name is its top-level module
+            _when_imported(name, lambda _module, _name=name: _install_framework(_name))
         _when_imported("ppdet", _register_det)
-        if options.emulate_fp16:  # ppdet's Trainer passes enable=cfg.use_gpu (amp_emulation)
-            _when_imported("ppdet.engine.trainer", _emulate_ppdet)
         if options.emulate_fp16:  # trainers that choose AMP by device type (ampsafe.run.integrations)
             from .integrations import targets as integration_targets
 
@@ -633,7 +574,8 @@ def install_options(options: RunOptions) -> RunOptions:
 
 
 def uninstall() -> None:
-    """Restore every patched attribute and drop pending hooks (registered necks stay registered)."""
+    """Undo everything the run put in place (every patch and hook in its ledger, the emulators it installed) and
+    drop pending hooks (registered necks stay registered)."""
     with _lock:
         _state["patches"].restore()
         _hook.pending.clear()
@@ -643,11 +585,7 @@ def uninstall() -> None:
             ctx.__exit__(None, None, None)
         _state["watches"].clear()
         for guard in _state["guards"]:
-            guard.enabled = False  # the optimizer classes it wrapped pass straight through from now on
-            getattr(guard, "stop_tracking", lambda: None)()  # the top-level module calls it watched
-        for emulator in reversed(_state["emulators"]):
-            emulator.uninstall()
-        _state["emulators"].clear()
+            guard.enabled = False  # an optimizer method wrapped by another guard passes straight through
         _state["options"] = None
 
 
@@ -657,10 +595,8 @@ def installed() -> bool:
 
 def _disabled_reason(scaler) -> str | None:
     """Why the scaler does nothing (the scaler's own ``disabled_reason``), or None when it scales or guards."""
-    from .guard import scaler_guards
-
     reason = getattr(scaler, "disabled_reason", None)
-    if reason is None and not scaler_guards(scaler):
+    if reason is None and not scaler._run_guards():
         reason = "disabled (the scaler reports itself disabled)"
     return reason
 
@@ -686,15 +622,7 @@ def summary() -> dict:
     for entry in _state["scalers"]:
         scaler = entry["scaler"]
         stats = scaler.stats.to_dict() if hasattr(scaler.stats, "to_dict") else dict(vars(scaler.stats))
-        scale = None
-        for getter in ("get_scale", "get_loss_scaling"):
-            if hasattr(scaler, getter):
-                try:
-                    value = getattr(scaler, getter)()
-                    scale = float(value.item() if hasattr(value, "item") else value)
-                except Exception:
-                    scale = None
-                break
+        scale = scaler._run_scale()
         heal_records = [
             {"step": h.get("step"), "paths": list(h.get("paths", ()))} if isinstance(h, dict) else h
             for h in stats.get("heals", [])

@@ -21,24 +21,25 @@ Steps done inside an enabled ampsafe scaler's ``step`` / ``minimize`` are the sc
   ``ampsafe.watch``, and the summary and report name its origin (``kind='input'`` for a NaN image).
 
 The model is the smallest module covering the optimizer's parameters (``Backend.owner_of``), as the scalers
-find it. Steps are numbered from 0, as ``scaler.stats.total_steps`` counts them. Framework-neutral: the
-framework's pieces are the two small adapters :func:`install_torch` and :func:`install_paddle`, called by
-``ampsafe.auto`` after that framework is imported.
+find it. Steps are numbered from 0, as ``scaler.stats.total_steps`` counts them. Framework-neutral: what only the
+framework knows (how to check its gradients in one sync, which optimizer methods step, how a closure is called)
+is given by its ``install_run`` (:mod:`ampsafe.torch.run`, :mod:`ampsafe.paddle.run`), which gets its guard from
+``ampsafe.auto`` and wraps the optimizer classes with :meth:`StepGuard.wrap_step`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from ..core.attr_patches import AttrPatches
 from ..errors import AmpSafeError
 
-__all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "install_torch", "install_paddle", "guards"]
+__all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "guards"]
 
 _tls = threading.local()  # .scaler: depth inside an enabled ampsafe scaler's step; .step: inside a guarded step
 _guards: list[StepGuard] = []
@@ -73,21 +74,10 @@ def _inside(name: str):
         setattr(_tls, name, _depth(name) - 1)
 
 
-def scaler_guards(scaler) -> bool:
-    """Whether ``scaler`` checks its optimizer's gradients itself (enabled, or in its own FP32 guard mode)."""
-    if getattr(scaler, "_guard", False):
-        return True
-    for name in ("is_enabled", "is_enable"):  # torch / Paddle spelling
-        method = getattr(scaler, name, None)
-        if method is not None:
-            return bool(method())
-    return False
-
-
-def through_scaler(scaler):
-    """Context for a scaler's ``step`` / ``minimize``: the optimizer steps inside it are the scaler's to guard
-    (a disabled scaler guards nothing: its steps stay ours)."""
-    return _inside("scaler") if scaler_guards(scaler) else contextlib.nullcontext()
+def through_scaler(guards: bool):
+    """Context for a scaler's ``step`` / ``minimize``: the optimizer steps inside it are the scaler's to guard when
+    it ``guards`` (enabled, or in its own FP32 guard mode); a disabled scaler guards nothing: its steps stay ours."""
+    return _inside("scaler") if guards else contextlib.nullcontext()
 
 
 class _Replay:
@@ -147,7 +137,8 @@ class StepGuard:
 
     ``backend``: the framework's :class:`~ampsafe.core.backend.Backend`; ``finite(optimizer, loss) -> bool``:
     the loss and every gradient finite, one host sync; ``offenders(optimizer) -> [(param, label)]``: the
-    parameters with non-finite gradients (rare path).
+    parameters with non-finite gradients (rare path); ``patches``: where :meth:`wrap_step` records the optimizer
+    classes it wraps (``ampsafe run``'s ledger, so that its uninstall puts their methods back).
     """
 
     def __init__(
@@ -159,8 +150,10 @@ class StepGuard:
         max_skips: int = 10,
         watch: bool = False,
         say: Callable[[str], None] = lambda _m: None,
+        patches: AttrPatches | None = None,
     ):
         self.backend, self._finite, self._offenders = backend, finite, offenders
+        self._patches = patches if patches is not None else AttrPatches("ampsafe.run.guard")
         self.max_skips, self.watch, self._say = max_skips, watch, say
         self.enabled = True
         self.total_steps = 0
@@ -182,6 +175,29 @@ class StepGuard:
         _guards.append(self)
 
     # -- what the adapters call
+    def wrap_step(self, cls, name: str, *, loss_of: Callable, closure_of: Callable, skipped: Any = None) -> None:
+        """Guard ``cls.<name>``, an optimizer class's step method (``step``, Paddle's ``minimize``), once: a method
+        this guard or another wrapped before (here or on a base class) is left alone. ``loss_of(args, kwargs)``:
+        the loss the call was given, if any; ``closure_of(args, kwargs)``: its closure, if any; a skipped step
+        returns ``skipped`` (see :meth:`step`)."""
+        guard = self
+
+        def make(original):
+            def guarded(optimizer, *args, **kwargs):
+                def run(closure=None):  # the real step; with ``closure``, the step's closure replaced by it
+                    if closure is None:
+                        return original(optimizer, *args, **kwargs)
+                    if args:
+                        return original(optimizer, closure, *args[1:], **kwargs)
+                    return original(optimizer, *args, **{**kwargs, "closure": closure})
+
+                closure = closure_of(args, kwargs)
+                return guard.step(optimizer, run, loss_of(args, kwargs), closure=closure, skipped=skipped)
+
+            return guarded
+
+        self._patches.wrap(cls, name, make, mark="__ampsafe_guard__")
+
     def note_loss(self, loss) -> None:
         """The tensor a ``backward()`` started from (the step's loss, checked with the gradients)."""
         self._loss = loss
@@ -289,12 +305,14 @@ class StepGuard:
             return []
         b = self.backend
         state = b.state_tensors(model)
-        before = [None if (a := b.to_numpy(t)) is None else a.copy() for t in state]  # to_numpy may share memory
+        before = [
+            None if (a := b.tensors.to_numpy(t)) is None else a.copy() for t in state
+        ]  # to_numpy may share memory
         tracked.restore()
         names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         changed = []
         for t, old in zip(state, before):
-            new = b.to_numpy(t)
+            new = b.tensors.to_numpy(t)
             if old is None or new is None or old.shape != new.shape:
                 continue
             same = (old == new) | (np.isnan(old) & np.isnan(new))
@@ -319,7 +337,7 @@ class StepGuard:
             try:
                 watcher = ampsafe.watch(model, backward=False)
                 watcher.step_source = lambda step=step: step
-                with b.float32(), watcher:
+                with b.amp.float32(), watcher:
                     model(*args, **kwargs)
             except ampsafe.NonFiniteError as exc:
                 self.exit_origin = _origin(exc, step, "replayed in float32 at exit")
@@ -456,161 +474,3 @@ def _origin(exc, step: int, how: str) -> dict:
         "how": how,
         "message": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
     }
-
-
-def _wrap_step(cls, name: str, guard: StepGuard, loss_of: Callable, closure_of: Callable, skipped: Any = None) -> None:
-    """Replace ``cls.<name>`` by the guarded step (once: inherited and already-wrapped ones are left alone);
-    a skipped step returns ``skipped``."""
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, "__ampsafe_guard__", False):
-        return
-
-    @functools.wraps(original)
-    def guarded(self, *args, **kwargs):
-        def run(closure=None):  # the real step; with ``closure``, the step's closure replaced by it
-            if closure is None:
-                return original(self, *args, **kwargs)
-            if args:
-                return original(self, closure, *args[1:], **kwargs)
-            return original(self, *args, **{**kwargs, "closure": closure})
-
-        return guard.step(self, run, loss_of(args, kwargs), closure=closure_of(args, kwargs), skipped=skipped)
-
-    guarded.__ampsafe_guard__ = True
-    setattr(cls, name, guarded)
-
-
-TOP_CALLS_STEPS = 8  # optimizer steps (of any optimizer) during which top-level module calls are watched
-
-
-def install_torch(torch, guard: StepGuard, set_attr: Callable) -> str:
-    """Guard every ``torch.optim.Optimizer`` subclass's ``step`` (wrapped at its first construction; torch's own
-    step wrapper, the profiler and the step hooks, sits inside), and note each ``Tensor.backward``'s loss."""
-    from ..torch.grads import nonfinite_params
-
-    def finite(optimizer, loss) -> bool:
-        # read-only: the L2 norm of every gradient, one fused call per (device, dtype), accumulated in float32;
-        # NaN/inf propagate into it (so does a norm past float32's range, ~1.8e19: a diverged step either way)
-        groups: dict = {}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                grad = p.grad
-                if grad is not None:
-                    grad = grad._values() if grad.is_sparse else grad
-                    groups.setdefault((grad.device, grad.dtype), []).append(grad)
-        if not groups and loss is None:
-            return True
-        flags = []
-        with torch.no_grad():
-            for (_device, dtype), grads in groups.items():
-                norms = torch._foreach_norm(
-                    grads, 2.0, dtype=None if dtype in (torch.float32, torch.float64) else torch.float32
-                )
-                flags.append(torch.stack(norms).isfinite().all())
-            if loss is not None and loss.is_floating_point():
-                flags.append(torch.isfinite(loss.detach()).all())
-            device = flags[0].device
-            ok = torch.stack([f.to(device) for f in flags]).all() if len(flags) > 1 else flags[0]
-        return bool(ok.item())  # the one host sync
-
-    guard._finite, guard._offenders = finite, nonfinite_params
-    # an optimizer's forward: train mode with autograd on (eval(), no_grad and inference_mode forwards are not)
-    guard.training = lambda model: model.training and torch.is_grad_enabled()
-    Optimizer = torch.optim.Optimizer
-    original_init = Optimizer.__init__
-
-    def loss_of(args, kwargs):
-        return None
-
-    def closure_of(args, kwargs):  # step(closure) / step(closure=...); step(None) is a plain step (accelerate's)
-        closure = args[0] if args else kwargs.get("closure")
-        return closure if callable(closure) else None
-
-    def call_closure(closure):
-        with torch.enable_grad():  # as torch's optimizers call it (their step runs under no_grad)
-            return closure()
-
-    def is_loss(value) -> bool:
-        return isinstance(value, torch.Tensor)
-
-    guard.call_closure, guard.is_loss = call_closure, is_loss
-
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        _wrap_step(type(self), "step", guard, loss_of, closure_of)
-        guard.new_optimizer(self)
-
-    set_attr(Optimizer, "__init__", __init__)
-    # every step of a torch optimizer passes torch's global step pre-hooks: the ones neither guarded nor a
-    # scaler's are counted, so a summary never calls a run with unchecked steps unguarded
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    from ..torch.callhooks import TOP_CALLS
-
-    # the module each step calls with its batch (TorchBackend.owner_of): watched over the first steps only, when
-    # models are resolved (global module hooks put every module call on torch's slow path)
-    TOP_CALLS.start()
-    guard.stop_tracking = TOP_CALLS.reset  # ampsafe.auto.uninstall
-    seen = [0]
-
-    def step_pre_hook(_optimizer, _args, _kwargs) -> None:
-        guard.saw_step()
-        seen[0] += 1
-        if seen[0] == TOP_CALLS_STEPS:
-            TOP_CALLS.stop()
-
-    guard.step_hook = register_optimizer_step_pre_hook(step_pre_hook)
-    original_backward = torch.Tensor.backward
-
-    @functools.wraps(original_backward)
-    def backward(self, *args, **kwargs):
-        guard.note_loss(self)
-        return original_backward(self, *args, **kwargs)
-
-    set_attr(torch.Tensor, "backward", backward)
-    return f"torch.optim.Optimizer steps guarded without a scaler (skip non-finite; max_skips={guard.max_skips})"
-
-
-def install_paddle(paddle, guard: StepGuard, set_attr: Callable) -> str:
-    """Guard every ``paddle.optimizer.Optimizer`` subclass's ``step`` and ``minimize(loss)``."""
-    from ..paddle.grads import nonfinite_params, unscale_and_check_
-
-    def finite(optimizer, loss) -> bool:
-        found = unscale_and_check_(optimizer, paddle.ones([1], dtype="float32"))
-        if loss is not None and isinstance(loss, paddle.Tensor) and loss._is_initialized():
-            found = paddle.logical_or(found.reshape([1]), paddle.logical_not(paddle.isfinite(loss).all()).reshape([1]))
-        return not bool(found.item())  # the one host sync
-
-    guard._finite, guard._offenders = finite, nonfinite_params
-    guard.training = lambda model: model.training and paddle.is_grad_enabled()
-    Optimizer = paddle.optimizer.Optimizer
-    original_init = Optimizer.__init__
-
-    def no_loss(args, kwargs):
-        return None
-
-    def minimize_loss(args, kwargs):
-        return args[0] if args else kwargs.get("loss")
-
-    def no_closure(args, kwargs):
-        return None
-
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        _wrap_step(type(self), "step", guard, no_loss, no_closure)
-        # Paddle's minimize returns (optimize_ops, params_grads), which its GradScaler.minimize unpacks
-        _wrap_step(type(self), "minimize", guard, minimize_loss, no_closure, skipped=lambda: (None, []))
-        guard.new_optimizer(self)
-
-    set_attr(Optimizer, "__init__", __init__)
-    original_backward = paddle.Tensor.backward
-
-    @functools.wraps(original_backward)
-    def backward(self, *args, **kwargs):
-        guard.note_loss(self)
-        return original_backward(self, *args, **kwargs)
-
-    set_attr(paddle.Tensor, "backward", backward)
-    return f"paddle.optimizer.Optimizer step/minimize guarded without a scaler (skip non-finite; max_skips={guard.max_skips})"

@@ -44,7 +44,7 @@ def _measure(scaler) -> None:
     inputs = healer.last_inputs
     if inputs is None:
         return  # the step's batch is gone: the next step's callback measures on its batch
-    modules = dict(model.named_modules())
+    modules = healer.backend.modules(model)
     owners: list[str] = []
     for record in heals[memo["done"] :]:
         for path in [*record.get("paths", ()), *record.get("patched", ())]:
@@ -102,7 +102,7 @@ def _output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
     handles = [module.register_forward_hook(hook(path)) for path, module in modules.items()]
     restore = backend.snapshot(model)
     try:
-        with backend.float32():
+        with backend.amp.float32():
             call(model, inputs)
     finally:
         restore()

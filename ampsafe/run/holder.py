@@ -11,6 +11,8 @@ patches). Found once per scaler (one ``gc`` walk), while the model is alive.
 
 from __future__ import annotations
 
+from ..core.modpath import join
+
 __all__ = ["holder_of", "prefixed"]
 
 _WRAPPERS = {
@@ -59,6 +61,4 @@ def holder_of(backend, model) -> tuple[object, str]:
 
 def prefixed(prefix: str, paths) -> list[str]:
     """Module paths relative to the resolved model -> relative to its holder (``prefix``: its path there)."""
-    if not prefix:
-        return list(paths)
-    return [f"{prefix}.{p}" if p else prefix for p in paths]
+    return [join(prefix, p) for p in paths]

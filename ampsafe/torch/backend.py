@@ -4,32 +4,85 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 import threading
 
 import torch
 from torch import nn
 
+from ..core import amp as levels
 from ..core import backend as core
+from .ops import runs_in_fp16
+from .tensors import TENSORS
 
-__all__ = ["TorchBackend", "BACKEND", "LOW_DTYPES", "in_float32"]
+__all__ = ["TorchBackend", "TorchAmp", "BACKEND", "LOW_DTYPES", "in_float32"]
 
 LOW_DTYPES = (torch.float16, torch.bfloat16)  # the low-precision float dtypes AMP computes in
 
-_float32 = threading.local()  # .depth: inside TorchBackend.float32() (a float32 replay or reference)
+_float32 = threading.local()  # .depth: inside TorchAmp.float32() (a float32 replay or reference)
 
 
 def in_float32() -> bool:
-    """Inside :meth:`TorchBackend.float32` on this thread: an autocast a model enters by itself (accelerate wraps
+    """Inside :meth:`TorchAmp.float32` on this thread: an autocast a model enters by itself (accelerate wraps
     ``forward`` in one) should stay off, so the replay really is float32 (``ampsafe.run.integrations``)."""
     return getattr(_float32, "depth", 0) > 0
+
+
+class TorchAmp:
+    """``torch.autocast``: which ops it runs in float16 is :mod:`ampsafe.torch.ops`' lists, per target."""
+
+    low_dtypes = LOW_DTYPES
+    in_float32 = staticmethod(in_float32)
+    check_level = staticmethod(levels.check_level)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def float32():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(torch.autocast("cpu", enabled=False))
+            if torch.cuda.is_available():
+                stack.enter_context(torch.autocast("cuda", enabled=False))
+            _float32.depth = getattr(_float32, "depth", 0) + 1
+            stack.callback(lambda: setattr(_float32, "depth", _float32.depth - 1))
+            yield
+
+    @staticmethod
+    def runs_low(op, kind, input_halves, *, level, target) -> bool:
+        return runs_in_fp16(op, kind, input_halves, target=target, level=level)
+
+    @staticmethod
+    def state() -> tuple:
+        """(device, enabled, dtype) of CPU and CUDA autocast now."""
+        return (
+            ("cpu", torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
+            ("cuda", torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")),
+        )
+
+    @staticmethod
+    def replay(state) -> contextlib.ExitStack:
+        """The autocast the captured forward ran under, no grad."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        for device, enabled, dtype in state or ():
+            if enabled:
+                stack.enter_context(torch.autocast(device, dtype=dtype))
+        return stack
+
+    @staticmethod
+    def heal_options(state) -> dict:
+        """The target whose autocast lists the step ran under: CPU autocast, else CUDA's."""
+        on_cpu = any(device == "cpu" and enabled for device, enabled, _ in state or ())
+        return {"target": "cpu" if on_cpu else "cuda"}
 
 
 class TorchBackend(core.AdapterModules):
     """``torch.nn.Module`` models. Normalization statistics are buffers (``running_mean``/``running_var``)."""
 
     name = "torch"
-    tensor_type = torch.Tensor
     module_type = nn.Module
+    tensors = TENSORS
+    amp = TorchAmp()
 
     # -- structure
     def modules(self, model) -> dict:
@@ -89,6 +142,20 @@ class TorchBackend(core.AdapterModules):
 
         return restore
 
+    def rng_state(self):
+        """torch's CPU generator, its CUDA generators once CUDA is initialized, and Python's ``random``."""
+        cpu = torch.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        py = random.getstate()
+
+        def restore() -> None:
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+            random.setstate(py)
+
+        return restore
+
     def norm_stats(self, module):
         """(mean, variance) a normalization keeps as running statistics, or None: the one rule (buffers named
         ``running_mean`` / ``running_var``, as ``_NormBase`` and frozen variants keep them)."""
@@ -107,30 +174,7 @@ class TorchBackend(core.AdapterModules):
             mean.zero_()
             var.fill_(1.0)
 
-    # -- numerics
-    @contextlib.contextmanager
-    def float32(self):
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            stack.enter_context(torch.autocast("cpu", enabled=False))
-            if torch.cuda.is_available():
-                stack.enter_context(torch.autocast("cuda", enabled=False))
-            _float32.depth = getattr(_float32, "depth", 0) + 1
-            stack.callback(lambda: setattr(_float32, "depth", _float32.depth - 1))
-            yield
-
-    def all_finite(self, t) -> bool:
-        return t.numel() == 0 or bool(torch.isfinite(t).all())
-
-    def to_numpy(self, t):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            return None
-        return t.detach().to("cpu", torch.float32).numpy()
-
-    def abs_max(self, t):
-        lo, hi = torch.aminmax(t.detach())
-        return torch.maximum(lo.abs(), hi.abs())
-
+    # -- processes
     def all_gather(self, obj) -> list:
         import torch.distributed as dist
 
@@ -147,6 +191,19 @@ class TorchBackend(core.AdapterModules):
         from .callhooks import pre_hook
 
         return pre_hook(model, fn)
+
+    def forward_hook(self, module, fn):
+        def hook(_module, _args, output) -> None:
+            fn(output)  # None back: torch keeps the output
+
+        return module.register_forward_hook(hook)
+
+    # -- ampsafe run
+    def install_run(self, options, ledger, site) -> None:
+        """``ampsafe run``'s hooks in torch (scalers, FP32 guard, emulation, targets): :mod:`ampsafe.torch.run`."""
+        from . import run
+
+        run.install(options, ledger, site)
 
     # -- the rest of the adapter package
     def _package(self):

@@ -38,8 +38,8 @@ from ..core.attr_patches import AttrPatches
 __all__ = ["install", "uninstall", "active", "map_device"]
 
 _lock = threading.RLock()
-# (owner, attribute, original value, whether the owner held it in its own __dict__)
-_originals = AttrPatches()
+# this emulator's patches of torch, in the process ledger (core.attr_patches)
+_originals = AttrPatches("ampsafe.torch.cuda_emulation")
 _state = {"installed": False}
 
 
@@ -106,8 +106,9 @@ def _cuda_lists_class():
     import torch
     from torch.overrides import TorchFunctionMode
 
+    from .backend import LOW_DTYPES as low
+
     to_fp32, to_low = _list_difference()
-    low = (torch.float16, torch.bfloat16)
 
     def cast(value, want, source):
         if isinstance(value, torch.Tensor):

@@ -1,11 +1,11 @@
-"""PyTorch side of ``ampsafe.patch``: the mixins a patched module's class gets, and the adapter predicates.
+"""PyTorch's ``backend.swaps`` (:class:`~ampsafe.core.swaps.Swaps`): what the patch policies need to know about
+torch modules, and the mixins only torch can write.
 
 - :class:`FP32Island`: ``forward`` runs under ``torch.autocast(device_type, enabled=False)`` with floating
   inputs cast to float32 (a context manager inside ``forward``, never a pre/post hook pair, so an exception
   cannot leak the disabled-autocast state).
-- :class:`ConvBN` (shared, :mod:`ampsafe.policies.patcher`): conv output through a fresh ``nn.BatchNorm{1,2,3}d``
-  child ``bn`` (+ optional ``act``).
-- :class:`RescaledInput` (shared) / :class:`RescaledNorm`: input times 2^-k / normalization compensating it.
+- :class:`RescaledNorm`: a normalization compensating an input rescaled by 2^-k (``policies.rescale``).
+- :meth:`TorchSwaps.new_batch_norm`: the ``nn.BatchNorm{1,2,3}d`` that ``policies.convbn`` puts after a conv.
 
 Islands are for autocast (O1). A model cast with ``.half()`` has float16 island weights: islands then raise
 a dtype error, so keep such models out of ``.half()`` (torch has no ``excluded_layers`` equivalent).
@@ -16,11 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..policies._swap import SwapMixin
-from ..policies.patcher import ConvBN, PatcherBase, RescaledInput
+from ..core.swaps import SwapMixin, SwapsBase
 from .backend import BACKEND, LOW_DTYPES
 
-__all__ = ["FP32Island", "ConvBN", "RescaledInput", "RescaledNorm", "ADAPTER", "TorchPatcher"]
+__all__ = ["FP32Island", "RescaledNorm", "SWAPS", "TorchSwaps"]
 
 _AUTOCAST_DEVICES = {"cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia"}
 
@@ -87,32 +86,20 @@ _BN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
-class TorchPatcher(PatcherBase):
-    """What the framework-neutral policies need to know about torch modules, and the module swaps."""
+class TorchSwaps(SwapsBase):
+    """What the framework-neutral policies need to know about torch modules (``BACKEND.swaps``)."""
 
-    framework = "torch"
     convs = _CONVS
     norms = _NORMS
     eps_attr = "eps"
     island = FP32Island
     rescaled_norm = RescaledNorm
-    module_type = nn.Module
-    module_label = "an nn.Module"
     optimizer_type = torch.optim.Optimizer
     activations = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "silu": nn.SiLU, "gelu": nn.GELU}
-
-    def modules(self, model) -> dict:
-        return dict(model.named_modules(remove_duplicate=False))
+    module_label = "an nn.Module"
 
     def is_distributed(self, model) -> bool:
         return isinstance(model, nn.parallel.DistributedDataParallel)
-
-    def save_buffers(self, model):
-        """A function that puts every buffer of ``model`` back to its current value (``TorchBackend.snapshot``)."""
-        return BACKEND.snapshot(model)
-
-    def optimizer_params(self, optimizer):
-        return BACKEND.optimizer_params(optimizer)
 
     def new_batch_norm(self, conv) -> nn.Module:
         """A fresh ``BatchNorm{1,2,3}d`` for the conv's output, on its device and dtype, in its train mode."""
@@ -122,4 +109,4 @@ class TorchPatcher(PatcherBase):
         return bn
 
 
-ADAPTER = TorchPatcher()
+SWAPS = TorchSwaps(BACKEND)

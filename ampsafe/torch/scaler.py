@@ -36,7 +36,6 @@ is a view of the host's: reading ``_growth_tracker`` gives a fresh int32 tensor,
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import warnings
@@ -64,14 +63,6 @@ __all__ = ["GradScaler", "OptState", "device_scaler"]
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
 
 OptState = _torch_grad_scaler.OptState  # torch's enum: per-optimizer states compare equal to torch's
-
-
-def _autocast_state() -> tuple:
-    """(device, enabled, dtype) of CPU and CUDA autocast now: recorded at each captured forward."""
-    return (
-        ("cpu", torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
-        ("cuda", torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")),
-    )
 
 
 def _fresh_state() -> dict[str, Any]:
@@ -508,27 +499,11 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         self._core.set_scale(value)
         scale.fill_(float(self._core.scale))
 
-    # -- the framework side of the floor's replay and heal (HealingScaler) ----------------------------------------
+    # -- the framework of the floor's replay and heal (HealingScaler: its precision is ``backend.amp``) -----------
     def _backend(self):
         from .backend import BACKEND
 
         return BACKEND
-
-    def _amp_state_fn(self):
-        return _autocast_state
-
-    def _replay_context(self, state) -> contextlib.ExitStack:
-        """The autocast the captured forward ran under (no grad): the replay sees the step's float16 ops."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.no_grad())
-        for device, enabled, dtype in state or ():
-            if enabled:
-                stack.enter_context(torch.autocast(device, dtype=dtype))
-        return stack
-
-    def _heal_options(self, state) -> dict:
-        on_cpu = any(device == "cpu" and enabled for device, enabled, _ in state or ())
-        return {"target": "cpu" if on_cpu else "cuda"}
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
     def _param_names(self) -> dict[int, str]:

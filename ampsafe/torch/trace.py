@@ -17,23 +17,21 @@ example inputs. The graph's ``notes`` say so when it matters.
 from __future__ import annotations
 
 import math
-import random
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from .._framework import call
 from ..core import record
-from ..core.graph import MASK_LIMIT, Graph, OpKind
+from ..core.graph import Graph, OpKind
 from . import modstack
 from .backend import BACKEND
-from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, PLAIN_NORM_SUFFIXES, VIEW_OPS, canonical, runs_in_fp16
+from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, PLAIN_NORM_SUFFIXES, VIEW_OPS, canonical
 
-__all__ = ["trace", "trace_hooks", "preserved", "modules", "output_tensors"]
+__all__ = ["trace", "trace_hooks", "preserved"]
 
 
 def _is_norm_module(module) -> bool:
@@ -46,20 +44,8 @@ def _is_norm_module(module) -> bool:
     return BACKEND.norm_stats(module) is not None
 
 
-output_tensors = BACKEND.tensors  # tensors inside a model output: tuples/lists/namedtuples, dicts, nested
-modules = BACKEND.modules
-
-
 def _is_float(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_floating_point()
-
-
-def _dedupe(tensors: list) -> list:
-    out = []
-    for t in tensors:
-        if not any(t is o for o in out):
-            out.append(t)
-    return out
+    return isinstance(x, torch.Tensor) and BACKEND.tensors.is_float(x)
 
 
 def _written_args(func, args, kwargs) -> list:
@@ -76,36 +62,14 @@ def _written_args(func, args, kwargs) -> list:
 
 
 class _Hooks:
-    """torch's mechanics for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`)."""
+    """torch's tracer for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`)."""
 
-    framework = "torch"
-    tensor_type = torch.Tensor
     tracks_unseen = False  # the dispatch level sees every op
     # an output has no autograd node until dispatch returns: gradients are hooked where the tensor is read
     hooks_outputs_when_made = False
 
     def __init__(self, *, level: str, target: str):
         self.level, self.target = level, target
-
-    id_map = staticmethod(WeakTensorKeyDictionary)
-    no_grad = staticmethod(torch.no_grad)
-    maximum = staticmethod(torch.maximum)
-
-    @staticmethod
-    def version(t) -> int:
-        return _version(t)
-
-    @staticmethod
-    def float_leaves(obj) -> list:
-        return _dedupe([t for t in tree_leaves(obj) if _is_float(t)])
-
-    @staticmethod
-    def numel(t) -> int:
-        return t.numel()
-
-    @staticmethod
-    def is_batched(t) -> bool:
-        return t.dim() > 0
 
     @staticmethod
     def current_module():
@@ -114,7 +78,7 @@ class _Hooks:
     is_norm_module = staticmethod(_is_norm_module)
 
     def runs_low(self, op, kind, input_halves) -> bool:
-        return runs_in_fp16(op, kind, input_halves, target=self.target, level=self.level)
+        return BACKEND.amp.runs_low(op, kind, input_halves, level=self.level, target=self.target)
 
     @staticmethod
     def written(func, args, kwargs, inputs, versions) -> list:
@@ -123,47 +87,6 @@ class _Hooks:
     @staticmethod
     def measured(op: str) -> bool:
         return op not in VIEW_OPS and op not in NON_EXPANDING_OPS
-
-    @staticmethod
-    def describe(t):
-        return tuple(t.shape), str(t.dtype).removeprefix("torch.")
-
-    @staticmethod
-    def abs_max(t):
-        lo, hi = torch.aminmax(t.detach())
-        return torch.maximum(lo.abs(), hi.abs())
-
-    @staticmethod
-    def lane_abs_max(t):
-        t = t.detach()
-        lo, hi = torch.aminmax(torch.where(t <= -MASK_LIMIT, 0.0, t))
-        return torch.maximum(lo.abs(), hi.abs())
-
-    @staticmethod
-    def grad_hook(t, fn):
-        if not t.requires_grad or t.grad_fn is None:
-            return None
-
-        def on_grad(grad):
-            if grad is not None and grad.is_floating_point():
-                fn(grad)
-
-        return t.register_hook(on_grad)
-
-    @staticmethod
-    def custom_function(t):
-        node = t.grad_fn
-        if isinstance(node, torch.autograd.function.BackwardCFunction):
-            return type(node).__name__.removesuffix("Backward")
-        return None
-
-    @staticmethod
-    def requires_grad(t) -> bool:
-        return t.requires_grad
-
-    @staticmethod
-    def check_level(level: str) -> str:
-        return level
 
     @staticmethod
     def preserved(model):
@@ -259,9 +182,7 @@ class _AttentionRecorder(TorchFunctionMode):
     def _probe(self, args, kwargs):
         self.recorder.opaque += 1
         try:
-            with ExitStack() as stack:
-                for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
-                    stack.enter_context(torch.autocast(device, enabled=False))
+            with BACKEND.amp.float32():
                 return _logits_amax(*_sdpa_qk(args, kwargs))
         finally:
             self.recorder.opaque -= 1
@@ -291,14 +212,6 @@ def _logits_amax(q, k, scale, gqa: bool):
     return best
 
 
-def _version(t) -> int:
-    """``t._version``; inference-mode tensors have no version counter (and in-place writes on them go untracked)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return -1
-
-
 @contextmanager
 def preserved(model):
     """Restore train/eval flags, buffers (BatchNorm statistics), ``.grad`` and RNG state on exit.
@@ -310,9 +223,7 @@ def preserved(model):
     modes = [(m, m.training) for m in model.modules()]
     restore_state = BACKEND.snapshot(model)
     grads = [(p, p.grad) for p in model.parameters()]
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    py_rng = random.getstate()
+    restore_rng = BACKEND.rng_state()
     try:
         yield
     finally:
@@ -321,10 +232,7 @@ def preserved(model):
         restore_state()  # always copied back: kernels may update stats without a version bump
         for p, grad in grads:
             p.grad = grad
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-        random.setstate(py_rng)
+        restore_rng()
 
 
 def trace_hooks(model, *, level: str, target: str) -> _Hooks:
@@ -347,14 +255,6 @@ def trace(
     gets ``grad_amax`` (the scaled gradient's abs-max). Model state is restored afterwards in any case.
     Exceptions from the model propagate unchanged (``ampsafe.scan`` wraps them).
     """
-    hooks = trace_hooks(model, level=level, target=target)
     return record.trace(
-        hooks,
-        model,
-        example_inputs,
-        call=call,
-        tensors=output_tensors,
-        level=level,
-        loss_fn=loss_fn,
-        loss_scale=loss_scale,
+        BACKEND, model, example_inputs, call=call, level=level, target=target, loss_fn=loss_fn, loss_scale=loss_scale
     )

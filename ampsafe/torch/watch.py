@@ -22,13 +22,12 @@ import inspect
 import logging
 from contextlib import ExitStack
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
 from ..core import sentinel as core
 from ..core.sentinel import MOVEMENT_OPS
-from ..core.watcher import TensorOps, WatchBase, WatchPass, float_tensors, map_nested
+from ..core.watcher import WatchBase, WatchPass, map_nested
 from .backend import BACKEND, LOW_DTYPES
 from .modstack import current_module, module_stack
 
@@ -80,51 +79,11 @@ def op_name(func) -> tuple[str | None, bool]:
     return _RENAME.get(base, base), inplace
 
 
-_finite = BACKEND.all_finite
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return -1
-
-
-class _Ops(TensorOps):
-    tensor_type = torch.Tensor
-    finite = staticmethod(_finite)
-    key = staticmethod(_storage)
-    no_grad = staticmethod(torch.no_grad)
-
-    @staticmethod
-    def is_float(t) -> bool:
-        return t.is_floating_point()
-
-    @staticmethod
-    def is_checked(t) -> bool:
-        return t.is_floating_point() and t.device.type != "meta" and not t.is_sparse
-
-    to_numpy = staticmethod(BACKEND.to_numpy)  # float32 host copy
-
-    @staticmethod
-    def amax(floats: list):
-        return torch.stack([t.detach().abs().amax().float() for t in floats]).amax()
-
-    @staticmethod
-    def maximum(a, b):
-        return torch.maximum(a, b)
-
-    @staticmethod
-    def to_floats(scalars: list) -> list[float]:
-        return torch.stack(scalars).tolist()
-
-
-def _float_tensors(obj) -> list[torch.Tensor]:
-    return float_tensors(obj, _Ops)
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return _Ops.to_numpy(t)
+_tensors = BACKEND.tensors
+_finite = _tensors.finite
+_float_tensors = _tensors.checkable_leaves
+_np = _tensors.to_numpy
+_storage = _tensors.key
 
 
 def _upcast_leaf(obj):
@@ -184,7 +143,7 @@ class _ForwardMode(TorchFunctionMode):
 class Watch(WatchBase):
     """``ampsafe.watch`` for a ``torch.nn.Module`` (build it with :func:`ampsafe.watch`)."""
 
-    ops = _Ops
+    backend = BACKEND
     defers_origin = True
 
     def __init__(self, model, **options):
@@ -232,7 +191,7 @@ class Watch(WatchBase):
             return  # a view or copy of bad data: the first op computing with it is reported
         low = any(t.dtype in LOW_DTYPES for t in inputs + outputs)
         rerun_finite, rerun_error = self._rerun(func, args, kwargs, pre) if inputs_finite and low else (None, "")
-        dtype = str(outputs[0].dtype).replace("torch.", "")
+        dtype = _tensors.describe(outputs[0])[1]
         self._report_origin(
             module=module,
             op=name,
@@ -262,11 +221,7 @@ class Watch(WatchBase):
             args = (pre[1], *args[1:])
         up_args, up_kwargs = _upcast(tuple(args)), _upcast(dict(kwargs))
         try:
-            with ExitStack() as stack:
-                stack.enter_context(torch.no_grad())
-                for device in ("cpu", "cuda"):
-                    if device == "cpu" or torch.cuda.is_available():
-                        stack.enter_context(torch.autocast(device_type=device, enabled=False))
+            with BACKEND.amp.float32():
                 self._suspended += 1
                 try:
                     out = func(*up_args, **up_kwargs)
@@ -324,7 +279,7 @@ class Watch(WatchBase):
                 kind=kind,
                 sample=core.first_nonfinite_row(_np(bad[0]), p.batch_size),
                 stats=stats,
-                dtype=str(bad[0].dtype).replace("torch.", ""),
+                dtype=_tensors.describe(bad[0])[1],
                 where="gradient of its inputs/weights" + ("" if arrived_finite else ", arrived non-finite"),
                 step=p.step,
             )
@@ -334,21 +289,6 @@ class Watch(WatchBase):
         return hook
 
     # ------------------------------------------------------------------------------------------ guard
-    def _take_snapshot(self) -> dict:
-        snap = {"rng": torch.get_rng_state(), "state": BACKEND.snapshot(self.model)}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            snap["cuda_rng"] = torch.cuda.get_rng_state_all()
-        return snap
-
-    def _restore_snapshot(self, snap: dict) -> None:
-        torch.set_rng_state(snap["rng"])
-        if "cuda_rng" in snap:
-            torch.cuda.set_rng_state_all(snap["cuda_rng"])
-        snap["state"]()
-
-    def _rng_state(self):
-        return torch.get_rng_state()
-
     def _guard_finite(self, loss, grads: bool) -> bool:
         """The loss and the gradient norms (one ``_foreach_norm`` per dtype and device) in one host sync."""
         values = []
@@ -378,16 +318,7 @@ class Watch(WatchBase):
 
         return restore
 
-    def _runs_backward(self, loss) -> bool:
-        return isinstance(loss, torch.Tensor) and loss.requires_grad
-
     # ------------------------------------------------------------------------------------------ monitor
-    def _layers(self) -> dict:
-        return dict(self.model.named_modules())
-
-    def _post_hook(self, layer, hook):
-        return layer.register_forward_hook(hook)
-
     def _fallback_paths(self) -> list[tuple[str, tuple]]:
         kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
-        return [(n, (n,)) for n, m in self.model.named_modules() if isinstance(m, kinds)]
+        return [(n, (n,)) for n, m in BACKEND.modules(self.model).items() if isinstance(m, kinds)]

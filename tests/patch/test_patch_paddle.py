@@ -86,7 +86,7 @@ def test_island_layers_are_what_o2_decorate_must_exclude():
 
 
 def test_unpatch_and_failure_midway_restore_the_layer_exactly(monkeypatch, paddle_input):
-    from ampsafe.paddle import patch as paddle_patch
+    import ampsafe.patching
 
     model = build_paddle("homogeneous")
     before, kinds = snapshot(model), classes(model)
@@ -96,15 +96,15 @@ def test_unpatch_and_failure_midway_restore_the_layer_exactly(monkeypatch, paddl
     ampsafe.unpatch(model)
     assert classes(model) == kinds and same_state(snapshot(model), before)
 
-    real_apply, calls = paddle_patch.ADAPTER.apply, []
+    real_apply, calls = ampsafe.patching.apply_change, []
 
-    def failing_apply(module, change):
+    def failing_apply(swaps, module, change):
         calls.append(change.path)
         if len(calls) == 2:
             raise RuntimeError("injected failure")
-        real_apply(module, change)
+        real_apply(swaps, module, change)
 
-    monkeypatch.setattr(paddle_patch.ADAPTER, "apply", failing_apply)
+    monkeypatch.setattr(ampsafe.patching, "apply_change", failing_apply)
     with pytest.raises(RuntimeError, match="injected"):
         ampsafe.patch(model, policy="island", paths=["conv1", "conv2", "fc"])
     assert classes(model) == kinds and same_state(snapshot(model), before)

@@ -157,20 +157,20 @@ def test_patching_twice_is_a_noop(torch_input):
 
 
 def test_failure_midway_rolls_back_every_module(monkeypatch):
-    from ampsafe.torch import patch as torch_patch
+    import ampsafe.patching
 
     model = build_torch("overflow")
     before, kinds = snapshot(model), classes(model)
-    real_apply = torch_patch.ADAPTER.apply
+    real_apply = ampsafe.patching.apply_change
     calls = []
 
-    def failing_apply(module, change):
+    def failing_apply(swaps, module, change):
         calls.append(change.path)
         if len(calls) == 3:
             raise RuntimeError("injected failure")
-        real_apply(module, change)
+        real_apply(swaps, module, change)
 
-    monkeypatch.setattr(torch_patch.ADAPTER, "apply", failing_apply)
+    monkeypatch.setattr(ampsafe.patching, "apply_change", failing_apply)
     with pytest.raises(RuntimeError, match="injected"):
         ampsafe.patch(model, policy="island", paths=["conv1", "conv2", "bn", "fc"])
     assert calls == ["conv1", "conv2", "bn"]

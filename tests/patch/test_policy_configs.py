@@ -193,7 +193,7 @@ from dataclasses import dataclass
 
 from ampsafe.errors import ConfigError
 from ampsafe.policies import Change, Plan, PolicyConfig, action, path_starts, register
-from ampsafe.policies._swap import SwapMixin, swap
+from ampsafe.core.swaps import SwapMixin, swap
 
 
 class Tagged(SwapMixin):
@@ -212,7 +212,7 @@ class Tag(PolicyConfig):
 
 
 @action("tag", protection="tagged")
-def swap_tag(adapter, module, change):
+def swap_tag(swaps, module, change):
     swap(module, Tagged, _ampsafe_note=change.params["note"])
 
 

@@ -1,0 +1,179 @@
+"""What ``ampsafe run``'s child puts in place in Paddle, right after paddle is imported: :func:`install`, called by
+``PaddleBackend.install_run``.
+
+In this order:
+
+* ``--emulate-fp16``: :mod:`ampsafe.paddle.amp_emulation` (Paddle's AMP as float16 AMP on a CPU place); once
+  PaddleDetection's trainer is imported, its ``amp`` Trainer too (``install_ppdet``);
+* the FP32 guard: every ``paddle.optimizer.Optimizer`` subclass's ``step`` and ``minimize(loss)`` are guarded at
+  its first construction, and every ``Tensor.backward`` notes its loss;
+* ``paddle.amp.GradScaler`` and ``paddle.amp.AmpScaler`` (also in ``paddle.amp.grad_scaler``) resolve to
+  :class:`ampsafe.paddle.GradScaler` with the run's floor, as :meth:`RunOptions.scaler_kwargs` spells it for
+  Paddle (``min_loss_scaling``); ``AmpScaler`` keeps its own defaults;
+* once ppdet's batch transforms are imported, the ones that turn ``gt_bbox`` into targets check the boxes first.
+
+Every patch goes through the run's ledger (:class:`~ampsafe.core.attr_patches.AttrPatches`), so
+``ampsafe.auto.uninstall()`` undoes all of it. The run's framework-neutral pieces come in ``site`` (see
+``Backend.install_run``): this package is below ``ampsafe.run`` and never imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from .backend import BACKEND
+
+__all__ = ["install", "PPDET_BATCH_TRANSFORMS"]
+
+# ppdet's batch transforms that read gt_bbox, and the box format they read it in (ppdet 2.6.0's sources)
+PPDET_BATCH_TRANSFORMS = {
+    "Gt2YoloTarget": "cxcywh",  # after BboxXYXY2XYWH + NormalizeBox: gx, gy, gw, gh
+    "Gt2FCOSTarget": "xyxy",
+    "Gt2GFLTarget": "xyxy",
+    "Gt2TTFTarget": "xyxy",
+    "Gt2Solov2Target": "xyxy",
+    "Gt2CenterNetTarget": "xyxy",
+}
+
+
+def install(options, ledger, site) -> None:
+    """Put ``ampsafe run``'s Paddle hooks in place (``options``: a :class:`~ampsafe.run.options.RunOptions`)."""
+    _emulate(options, ledger, site)
+    _guard_optimizers(ledger, site)
+    _swap_scalers(options, ledger, site)
+    site.when_imported(
+        "ppdet.data.transform.batch_operators",
+        lambda module: _check_targets(module, options.on_bad_target, ledger, site),
+    )
+
+
+def _emulate(options, ledger, site) -> None:
+    if not options.emulate_fp16:
+        return
+    from . import amp_emulation
+
+    for line in amp_emulation.install():
+        site.tell(line)
+    ledger.on_restore(amp_emulation.uninstall)
+
+    def ppdet_trainer(module) -> None:
+        # ppdet's Trainer passes enable=cfg.use_gpu to its scaler and every auto_cast: false on a CPU build
+        for line in amp_emulation.install_ppdet(module):
+            site.tell(line)
+
+    site.when_imported("ppdet.engine.trainer", ppdet_trainer)
+
+
+def _swap_scalers(options, ledger, site) -> None:
+    import paddle
+
+    try:
+        from .scaler import GradScaler, amp_scaler
+    except ImportError as exc:  # what a broken Paddle install looks like: training goes on with Paddle's scaler
+        site.say(f"paddle.amp.GradScaler left as is: ampsafe.paddle.scaler unavailable ({exc})")
+        return
+    name = BACKEND.name
+    native = sys.modules.get("paddle.amp.grad_scaler")
+    scaler = site.scaler_class(
+        GradScaler,
+        name,
+        defaults=options.scaler_kwargs(name),
+        scale=GradScaler.get_loss_scaling,
+        guards=lambda s: s._guard or s.is_enable(),  # scaling, or ampsafe's own FP32 guard mode
+        steps=("step", "minimize"),
+        replaces=getattr(native, "GradScaler", None),
+    )
+    # AmpScaler built as a scaler: its own defaults (init_loss_scaling=2**15, incr_every_n_steps=1000)
+    amp = site.shim(amp_scaler(scaler), getattr(native, "AmpScaler", None))
+    floor = options.scaler_text(name)
+
+    def swap(owner, attr: str, value, label: str) -> None:
+        if hasattr(owner, attr):
+            ledger.set(owner, attr, value)
+            site.note(label)
+
+    swap(paddle.amp, "GradScaler", scaler, f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
+    swap(paddle.amp, "AmpScaler", amp, f"paddle.amp.AmpScaler -> ampsafe.paddle.GradScaler ({floor})")
+    if native is not None:
+        swap(native, "GradScaler", scaler, "paddle.amp.grad_scaler.GradScaler -> ampsafe.paddle.GradScaler")
+        swap(native, "AmpScaler", amp, "paddle.amp.grad_scaler.AmpScaler -> ampsafe.paddle.GradScaler")
+    site.say(f"paddle.amp.GradScaler / AmpScaler -> ampsafe.paddle.GradScaler ({floor})")
+
+
+def _guard_optimizers(ledger, site) -> None:
+    import paddle
+
+    from .grads import nonfinite_params, unscale_and_check_
+
+    def finite(optimizer, loss) -> bool:
+        # Paddle's check_finite_and_unscale kernel at scale 1, as its scaler checks; the loss with it; one sync
+        found = unscale_and_check_(optimizer, paddle.ones([1], dtype="float32"))
+        if loss is not None and isinstance(loss, paddle.Tensor) and loss._is_initialized():
+            bad_loss = paddle.logical_not(paddle.isfinite(loss).all()).reshape([1])
+            found = paddle.logical_or(found.reshape([1]), bad_loss)
+        return not bool(found.item())
+
+    guard = site.step_guard(BACKEND, finite, nonfinite_params)
+    guard.training = lambda model: model.training and paddle.is_grad_enabled()
+    Optimizer = paddle.optimizer.Optimizer
+    original_init = Optimizer.__init__
+
+    def no_loss(args, kwargs):
+        return None
+
+    def minimize_loss(args, kwargs):
+        return args[0] if args else kwargs.get("loss")
+
+    def no_closure(args, kwargs):
+        return None
+
+    @functools.wraps(original_init)
+    def __init__(self, *args: Any, **kwargs: Any):
+        original_init(self, *args, **kwargs)
+        guard.wrap_step(type(self), "step", loss_of=no_loss, closure_of=no_closure)
+        # Paddle's minimize returns (optimize_ops, params_grads), which its GradScaler.minimize unpacks
+        guard.wrap_step(
+            type(self), "minimize", loss_of=minimize_loss, closure_of=no_closure, skipped=lambda: (None, [])
+        )
+        guard.new_optimizer(self)
+
+    ledger.set(Optimizer, "__init__", __init__)
+    original_backward = paddle.Tensor.backward
+
+    @functools.wraps(original_backward)
+    def backward(self, *args: Any, **kwargs: Any):
+        guard.note_loss(self)
+        return original_backward(self, *args, **kwargs)
+
+    ledger.set(paddle.Tensor, "backward", backward)
+    site.tell(
+        "paddle.optimizer.Optimizer step/minimize guarded without a scaler (skip non-finite; "
+        f"max_skips={guard.max_skips})"
+    )
+
+
+def _check_targets(batch_operators, policy: str, ledger, site) -> None:
+    """ppdet's batch transforms that turn ``gt_bbox`` into targets check the boxes as they read them:
+    ``Gt2YoloTarget`` silently drops a zero-width box and crashes on a NaN centre."""
+    names = []
+    for name, box_format in PPDET_BATCH_TRANSFORMS.items():
+        cls = getattr(batch_operators, name, None)
+        if cls is None:
+            continue
+        hook = site.target_hook(f"ppdet {name}", policy)
+
+        def make(original, _hook=hook, _format=box_format):
+            def __call__(self, samples, context=None, *args: Any, **kwargs: Any):
+                items = samples if isinstance(samples, (list, tuple)) else [samples]
+                items = [s for s in items if isinstance(s, dict) and "gt_bbox" in s]
+                if items:
+                    _hook.check(items, box_format=_format, padded=True)  # PadBox's zero rows are padding
+                return original(self, samples, context, *args, **kwargs)
+
+            return __call__
+
+        ledger.wrap(cls, "__call__", make, mark="__ampsafe_targets__")
+        names.append(name)
+    site.tell(f"ppdet {', '.join(names)}: gt_bbox checked first (on_bad_target={policy!r})")

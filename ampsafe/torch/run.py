@@ -1,0 +1,200 @@
+"""What ``ampsafe run``'s child puts in place in torch, right after torch is imported: :func:`install`, called by
+``TorchBackend.install_run``.
+
+In this order:
+
+* ``--emulate-fp16``: :mod:`ampsafe.torch.cuda_emulation` (CUDA AMP as CPU float16 AMP). First, because the
+  scalers below build their device through its ``map_device``;
+* every spelling of torch's GradScaler (``torch.GradScaler``, ``torch.amp[.grad_scaler].GradScaler``, the
+  deprecated ``torch.{cuda,cpu}.amp[.grad_scaler].GradScaler``) resolves to :class:`ampsafe.torch.GradScaler`
+  with the run's floor, as :meth:`RunOptions.scaler_kwargs` spells it for torch;
+* the FP32 guard: every ``torch.optim.Optimizer`` subclass's ``step`` is guarded at its first construction, every
+  ``Tensor.backward`` notes its loss, and torch's global step pre-hook counts the steps nobody checked;
+* once torchvision's detection models are imported, ``GeneralizedRCNN.forward`` checks its training targets.
+
+Every patch goes through the run's ledger (:class:`~ampsafe.core.attr_patches.AttrPatches`), so
+``ampsafe.auto.uninstall()`` undoes all of it. The run's framework-neutral pieces (its scaler class, the step
+guard, the target hooks, the banner) come in ``site`` (see ``Backend.install_run``): this package is below
+``ampsafe.run`` and never imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .backend import BACKEND
+
+__all__ = ["install"]
+
+TOP_CALLS_STEPS = 8  # optimizer steps (of any optimizer) during which top-level module calls are watched
+
+
+def install(options, ledger, site) -> None:
+    """Put ``ampsafe run``'s torch hooks in place (``options``: a :class:`~ampsafe.run.options.RunOptions`)."""
+    map_device = _emulate(options, ledger, site)
+    _swap_scalers(options, ledger, site, map_device)
+    _guard_optimizers(ledger, site)
+    site.when_imported(
+        "torchvision.models.detection.generalized_rcnn",
+        lambda module: _check_targets(module, options.on_bad_target, ledger, site),
+    )
+
+
+def _emulate(options, ledger, site):
+    """``--emulate-fp16``: the emulator installed, its lines in the banner; its ``map_device`` (else None)."""
+    if not options.emulate_fp16:
+        return None
+    from . import cuda_emulation
+
+    for line in cuda_emulation.install():
+        site.tell(line)
+    ledger.on_restore(cuda_emulation.uninstall)
+    return cuda_emulation.map_device
+
+
+def _swap_scalers(options, ledger, site, map_device) -> None:
+    import torch
+    import torch.amp.grad_scaler
+
+    from .scaler import GradScaler, device_scaler
+
+    name = BACKEND.name
+    floor = options.scaler_text(name)
+    scaler = site.scaler_class(
+        GradScaler,
+        name,
+        defaults=options.scaler_kwargs(name),
+        scale=GradScaler.get_scale,
+        guards=lambda s: s._guard or s.is_enabled(),  # scaling, or ampsafe's own FP32 guard mode
+        steps=("step",),
+        map_device=map_device,
+        replaces=torch.amp.GradScaler,
+    )
+    # the deprecated spellings: device fixed, torch's FutureWarning; isinstance still answers for torch's own class
+    aliases = {}
+    for device in ("cuda", "cpu"):
+        amp = getattr(getattr(torch, device, None), "amp", None)
+        aliases[device] = site.shim(device_scaler(scaler, device), getattr(amp, "GradScaler", None))
+
+    def swap(owner, attr: str, value, label: str) -> None:
+        if owner is not None and hasattr(owner, attr):
+            ledger.set(owner, attr, value)
+            site.note(label)
+
+    swap(torch, "GradScaler", scaler, f"torch.GradScaler -> ampsafe.torch.GradScaler ({floor})")
+    swap(torch.amp, "GradScaler", scaler, f"torch.amp.GradScaler -> ampsafe.torch.GradScaler ({floor})")
+    swap(torch.amp.grad_scaler, "GradScaler", scaler, "torch.amp.grad_scaler.GradScaler -> ampsafe.torch.GradScaler")
+    for device, alias in aliases.items():
+        amp = getattr(getattr(torch, device, None), "amp", None)
+        for module in (amp, getattr(amp, "grad_scaler", None)):
+            if module is not None:
+                label = f"{module.__name__}.GradScaler -> ampsafe.torch.GradScaler (deprecated alias)"
+                swap(module, "GradScaler", alias, label)
+    site.say(f"torch / torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
+
+
+def _finite(optimizer, loss) -> bool:
+    """The loss and every gradient finite, read-only, one host sync: each gradient's L2 norm by one fused call per
+    (device, dtype), accumulated in float32. NaN and inf reach the norm, and so does a norm past float32's range
+    (~1.8e19): a diverged step either way."""
+    import torch
+
+    by_kind: dict = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            grad = p.grad
+            if grad is not None:
+                grad = grad._values() if grad.is_sparse else grad
+                by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
+    if not by_kind and loss is None:
+        return True
+    flags = []
+    with torch.no_grad():
+        for (_device, dtype), grads in by_kind.items():
+            wide = None if dtype in (torch.float32, torch.float64) else torch.float32
+            flags.append(torch.stack(torch._foreach_norm(grads, 2.0, dtype=wide)).isfinite().all())
+        if loss is not None and loss.is_floating_point():
+            flags.append(torch.isfinite(loss.detach()).all())
+        device = flags[0].device
+        ok = torch.stack([f.to(device) for f in flags]).all() if len(flags) > 1 else flags[0]
+    return bool(ok.item())
+
+
+def _closure_of(args, kwargs):
+    """``step(closure)`` / ``step(closure=...)``; ``step(None)`` is a plain step (accelerate's)."""
+    closure = args[0] if args else kwargs.get("closure")
+    return closure if callable(closure) else None
+
+
+def _guard_optimizers(ledger, site) -> None:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from .callhooks import TOP_CALLS
+    from .grads import nonfinite_params
+
+    guard = site.step_guard(BACKEND, _finite, nonfinite_params)
+    # an optimizer's forward: train mode with autograd on (eval(), no_grad and inference_mode forwards are not)
+    guard.training = lambda model: model.training and torch.is_grad_enabled()
+    guard.is_loss = lambda value: isinstance(value, torch.Tensor)
+
+    def call_closure(closure):
+        with torch.enable_grad():  # as torch's optimizers call it: their step runs under no_grad
+            return closure()
+
+    guard.call_closure = call_closure
+    Optimizer = torch.optim.Optimizer
+    original_init = Optimizer.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, *args: Any, **kwargs: Any):
+        original_init(self, *args, **kwargs)
+        # wrapped at the class's first construction; torch's own step wrapper (profiler, step hooks) sits inside
+        guard.wrap_step(type(self), "step", loss_of=lambda args, kwargs: None, closure_of=_closure_of)
+        guard.new_optimizer(self)
+
+    ledger.set(Optimizer, "__init__", __init__)
+    # The module each step calls with its batch (TorchBackend.owner_of) is watched over the first steps only, while
+    # the models are resolved: global module hooks put every module call on torch's slow path.
+    TOP_CALLS.start()
+    ledger.on_restore(TOP_CALLS.reset)
+    seen = [0]
+
+    def step_pre_hook(_optimizer, _args, _kwargs) -> None:
+        # every torch optimizer step passes here: one neither guarded nor a scaler's is counted as unchecked, so
+        # a summary never calls a run with unchecked steps guarded
+        guard.saw_step()
+        seen[0] += 1
+        if seen[0] == TOP_CALLS_STEPS:
+            TOP_CALLS.stop()
+
+    ledger.on_restore(register_optimizer_step_pre_hook(step_pre_hook).remove)
+    original_backward = torch.Tensor.backward
+
+    @functools.wraps(original_backward)
+    def backward(self, *args: Any, **kwargs: Any):
+        guard.note_loss(self)
+        return original_backward(self, *args, **kwargs)
+
+    ledger.set(torch.Tensor, "backward", backward)
+    site.tell(f"torch.optim.Optimizer steps guarded without a scaler (skip non-finite; max_skips={guard.max_skips})")
+
+
+def _check_targets(generalized_rcnn, policy: str, ledger, site) -> None:
+    """torchvision's ``GeneralizedRCNN.forward`` (Faster / Mask / Keypoint R-CNN) checks ``targets`` at every
+    training call, image sizes read from ``images``: torchvision's own check is an assert after the transform that
+    names no sample, and a NaN box passes it to end as ``loss_box_reg = nan``."""
+    hook = site.target_hook("torchvision GeneralizedRCNN targets", policy)
+
+    def make(original):
+        def forward(self, images, targets=None, *args: Any, **kwargs: Any):
+            if targets is not None and self.training:
+                sizes = [tuple(img.shape[-2:]) for img in images] if isinstance(images, (list, tuple)) else None
+                hook.check(targets, image_size=sizes)
+            return original(self, images, targets, *args, **kwargs)
+
+        return forward
+
+    ledger.wrap(generalized_rcnn.GeneralizedRCNN, "forward", make, mark="__ampsafe_targets__")
+    site.tell(f"torchvision GeneralizedRCNN.forward: targets checked first (on_bad_target={policy!r})")

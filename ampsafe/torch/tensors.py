@@ -1,0 +1,114 @@
+"""PyTorch's :class:`~ampsafe.core.backend.Tensors` (``TorchBackend.tensors``): every torch tensor fact the
+tracer, the watcher and the heal read, stated here once."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from ..core.backend import TensorsBase
+from ..core.graph import MASK_LIMIT
+
+__all__ = ["TorchTensors", "TENSORS"]
+
+
+class TorchTensors(TensorsBase):
+    """``torch.Tensor``: weakly keyed by ``WeakTensorKeyDictionary``, versioned by ``_version``, data identified
+    by its storage pointer."""
+
+    tensor_type = torch.Tensor
+
+    @staticmethod
+    def is_float(t) -> bool:
+        return t.is_floating_point()
+
+    @staticmethod
+    def checkable(t) -> bool:
+        return t.is_floating_point() and t.device.type != "meta" and not t.is_sparse
+
+    @staticmethod
+    def numel(t) -> int:
+        return t.numel()
+
+    @staticmethod
+    def is_batched(t) -> bool:
+        return t.dim() > 0
+
+    @staticmethod
+    def describe(t):
+        return tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+    id_map = staticmethod(WeakTensorKeyDictionary)
+
+    @staticmethod
+    def version(t) -> int:
+        """``t._version``; inference-mode tensors have none (and their in-place writes go untracked): -1."""
+        try:
+            return t._version
+        except RuntimeError:
+            return -1
+
+    @staticmethod
+    def key(t) -> int:
+        """The storage's data pointer: views and ``detach()`` copies of a parameter or input share it."""
+        try:
+            return t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return -1
+
+    @staticmethod
+    def finite(t) -> bool:
+        return t.numel() == 0 or bool(torch.isfinite(t).all())
+
+    @staticmethod
+    def to_numpy(t):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return None
+        return t.detach().to("cpu", torch.float32).numpy()
+
+    @staticmethod
+    def abs_max(t):
+        """``aminmax``: two reductions in one kernel, no full-size ``|t|`` temporary."""
+        lo, hi = torch.aminmax(t.detach())
+        return torch.maximum(lo.abs(), hi.abs()).float()
+
+    @staticmethod
+    def lane_abs_max(t):
+        t = t.detach()
+        lo, hi = torch.aminmax(torch.where(t <= -MASK_LIMIT, 0.0, t))
+        return torch.maximum(lo.abs(), hi.abs()).float()
+
+    maximum = staticmethod(torch.maximum)
+
+    @staticmethod
+    def to_floats(scalars: list) -> list[float]:
+        return torch.stack(scalars).tolist()
+
+    no_grad = staticmethod(torch.no_grad)
+
+    @staticmethod
+    def requires_grad(t) -> bool:
+        return t.requires_grad
+
+    @staticmethod
+    def grad_hook(t, fn):
+        """On the tensor's autograd node: an op output has none until dispatch returns, so it is hooked where the
+        tensor is read (see ``TraceHooks.hooks_outputs_when_made``)."""
+        if not t.requires_grad or t.grad_fn is None:
+            return None
+
+        def on_grad(grad):
+            if grad is not None and grad.is_floating_point():
+                fn(grad)
+
+        return t.register_hook(on_grad)
+
+    @staticmethod
+    def custom_function(t):
+        node = t.grad_fn
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            return type(node).__name__.removesuffix("Backward")
+        return None
+
+
+TENSORS = TorchTensors()
