@@ -207,3 +207,16 @@ def test_the_layer_check_sees_imports_inside_functions():
     source = "def heal():\n    from ..scanner import scan\n    import ampsafe.patching\n    from .. import sentinel\n"
     found = _all_imports("ampsafe.healing.healer", source, known)
     assert {t for t in found if _is_front(t)} == {"ampsafe.scanner", "ampsafe.patching", "ampsafe.sentinel"}
+
+
+# the modules every framework package has, by the same name: a Backend and its parts, and the mechanics each
+# framework writes for them (see README "Adding a framework")
+SHARED_MODULES = {"backend", "tensors", "patch", "trace", "watch", "scaler", "grads", "run"}
+
+
+def test_every_registered_framework_package_has_the_shared_module_names():
+    from ampsafe._framework import REGISTRY
+
+    for name in REGISTRY:
+        found = {p.stem for p in (PACKAGE / name).glob("*.py")}
+        assert SHARED_MODULES <= found, f"ampsafe/{name}/ lacks {sorted(SHARED_MODULES - found)}"

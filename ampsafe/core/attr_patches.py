@@ -1,9 +1,10 @@
 """Every attribute ampsafe sets on another library's object, in one process-wide ledger, and put back exactly.
 
 Who patches: ``ampsafe run``'s child (:mod:`ampsafe.run.auto` and the framework hooks it installs: scalers, the
-FP32 guard, target checks, trainer integrations), Paddle's op interception (:mod:`ampsafe.paddle.intercept`) and
-the two float16 emulators. Each holds its own :class:`AttrPatches` (a party, named) and undoes its own patches at
-its own time, but every patch is recorded in the one ledger, for two reasons:
+FP32 guard, target checks, trainer integrations), Paddle's op interception (:mod:`ampsafe.paddle.intercept`),
+the two float16 emulators and torch's per-instance call hooks (:mod:`ampsafe.torch.callhooks`). Each holds its
+own :class:`AttrPatches` (a party, named) and undoes its own patches at its own time, but every patch is
+recorded in the one ledger, for two reasons:
 
 * two parties may patch the same attribute, and undo in any order. Undoing the older patch first must not put
   its original back over the newer one: the newer patch is handed that original, and puts it back when it is
@@ -45,6 +46,11 @@ class AttrPatches:
     :meth:`on_restore` an undo step of another kind; :meth:`restore` undoes this party's, newest first
     (idempotent: the party can patch again afterwards)."""
 
+    # The ledger's one re-entrant lock, for a party that keeps a record of its own beside its patches (callhooks'
+    # hooked instances): guarding that record with a second lock, taken before this one, could deadlock with a
+    # thread that holds this one when a weakref callback or the garbage collector runs the party's code.
+    lock = _lock
+
     def __init__(self, name: str = "") -> None:
         self.name = name
         self._steps: list[_Patch | Callable[[], Any]] = []
@@ -68,6 +74,19 @@ class AttrPatches:
         setattr(wrapped, mark, True)
         self.set(owner, attr, wrapped)
         return True
+
+    def undo(self, owner, attr: str) -> bool:
+        """Undo this party's latest patch of ``owner.attr`` alone, its other patches staying in force (a patch
+        whose life is not the party's: ``callhooks`` patches a class while it has hooked instances). Whether
+        there was one."""
+        with _lock:
+            for at in range(len(self._steps) - 1, -1, -1):
+                step = self._steps[at]
+                if isinstance(step, _Patch) and step.owner is owner and step.attr == attr:
+                    del self._steps[at]
+                    _undo(step)
+                    return True
+            return False
 
     def on_restore(self, undo: Callable[[], Any]) -> None:
         """Call ``undo()`` when :meth:`restore` reaches this point (an emulator to uninstall, a hook to remove)."""

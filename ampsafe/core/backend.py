@@ -141,6 +141,9 @@ class Amp(Protocol):
     """The framework's automatic mixed precision, as far as ampsafe reasons about it. ``backend.amp``."""
 
     low_dtypes: tuple  # the low-precision float dtypes AMP computes in (float16, bfloat16)
+    # level -> (where, advice) for a level whose island line differs from the default one (Paddle O2: applied
+    # after ``paddle.amp.decorate``, which casts the parameters): ``ampsafe run``'s report words its fix with them
+    island_levels: dict
 
     def float32(self) -> ContextManager:
         """No autocast, no float16 emulation, no grad: what float32 really gives (a float32 replay or reference,

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import ConfigError, LossScaleFloorError
 from .amp import ON_FLOOR
+from .modpath import parent
 from .verdict import HealVerdict
 
 __all__ = [
@@ -495,7 +496,7 @@ class ScalerBase:
         return FloorInfo(
             step=step,
             offenders=tuple(labelled),
-            modules=tuple(name.rpartition(".")[0] for name in labelled),
+            modules=tuple(parent(name) for name in labelled),
             scale_before_collapse=self._core.last_clean_scale,
             scale_history=tuple(self._core.stats.scale_history),
             scale_independent=independent,

@@ -48,6 +48,15 @@ class PaddleAmp:
     (``intercept.fp32_region``) also keeps ampsafe's float16 emulators off."""
 
     low_dtypes = LOW_DTYPES
+    # O2's ``paddle.amp.decorate`` casts the parameters to float16, so an island there is applied after it
+    island_levels = {
+        "O2": (
+            "Paddle O2, after paddle.amp.decorate",
+            "With Paddle O2, island the same modules right after `paddle.amp.decorate(..., level='O2')`: their "
+            "compute runs in float32 (decorate's `excluded_layers` alone keeps only their parameters in float32; "
+            "their convs stay on the float16 white list):",
+        )
+    }
     in_float32 = staticmethod(intercept.in_fp32_region)
 
     @staticmethod
@@ -186,7 +195,7 @@ class PaddleBackend(core.AdapterModules):
         return None
 
     def running_stats(self, model):
-        for path, layer in model.named_sublayers(include_self=True):
+        for path, layer in self.modules(model).items():
             stats = self.norm_stats(layer)
             if stats is not None:
                 yield path, layer, *stats

@@ -330,7 +330,10 @@ def op_mode(mode: OpMode) -> Iterator[OpMode]:
 @contextlib.contextmanager
 def module_stack(model: paddle.nn.Layer) -> Iterator[None]:
     """Track which sublayer's forward is running (forward pre/post hooks on every sublayer), so that
-    :func:`current_module` names the owner of each op as ``named_sublayers()`` spells it (root: ``""``)."""
+    :func:`current_module` names the owner of each op by its path in the Backend's ``modules(model)`` (root:
+    ``""``)."""
+    from .backend import BACKEND  # backend.py imports this module
+
     handles = []
     stack = _local.modules
     depth = len(stack)
@@ -345,9 +348,8 @@ def module_stack(model: paddle.nn.Layer) -> Iterator[None]:
         if _local.modules:
             _local.modules.pop()
 
-    layers = [("", model)] + list(model.named_sublayers())
     try:
-        for path, layer in layers:
+        for path, layer in BACKEND.modules(model).items():
             handles.append(layer.register_forward_pre_hook(push(path)))
             handles.append(layer.register_forward_post_hook(pop))
         yield

@@ -34,6 +34,7 @@ from typing import Any, Callable
 __all__ = ["install", "uninstall", "summary", "format_summary", "installed", "ENV_OPTIONS", "ENV_REPORT"]
 
 from ..core.attr_patches import AttrPatches
+from ..core.modpath import innermost
 from .launcher import format_summary
 from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 
@@ -157,6 +158,14 @@ def _note_holder(scaler, entry: dict) -> None:
 BACKOFF_SCAN_AT = 3  # overflowing steps above the floor before the report's scan looks at the batch
 
 
+def _island_levels(framework: str) -> dict:
+    """level -> [where, advice] of the framework's levels whose island line differs (``Amp.island_levels``), as
+    the report reads them from the summary (JSON)."""
+    from .._framework import backend_named
+
+    return {level: list(words) for level, words in backend_named(framework).amp.island_levels.items()}
+
+
 def _backoff_scan(scaler, entry: dict) -> Callable:
     """Many backoffs without a floor hit are lost steps the summary counts; at the ``BACKOFF_SCAN_AT``-th one
     the step's batch (the scaler's capture, still held during ``update()``) is scanned once, so the report can
@@ -187,7 +196,7 @@ def _backoff_scan(scaler, entry: dict) -> Callable:
         result["paths"] = [p.start for p in risky]
         layers = list(dict.fromkeys(layer for p in risky for layer in p.layers))
         # a container listed as a consumer (an op in its own forward) would island all it holds: its members do
-        result["modules"] = [m for m in layers if m and not any(o.startswith(m + ".") for o in layers)]
+        result["modules"] = innermost([m for m in layers if m])
 
     return on_step
 
@@ -656,6 +665,7 @@ def summary() -> dict:
                 "steps": list(entry["steps"]),
                 "watch_backoffs": list(entry.get("watch_backoffs") or [])[-100:],
                 "backoff_scan": backoff_scan,
+                "island_levels": _island_levels(entry["framework"]),
                 "reloads": list(entry.get("reloads") or []),
                 **stats,
             }

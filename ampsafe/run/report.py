@@ -21,6 +21,8 @@ import shlex
 import tempfile
 from pathlib import Path
 
+from ..core.modpath import parts
+
 __all__ = ["write_reports", "permanent_fix", "to_markdown", "format_summary", "problems"]
 
 
@@ -42,6 +44,17 @@ def _healed_paths(report: dict) -> dict[str, list[str]]:
         for h in s.get("heal_records", []):
             paths = out.setdefault(s["framework"], [])
             paths += [p for p in h.get("paths", []) if p not in paths]
+    return out
+
+
+def _level_islands(report: dict, healed: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
+    """``<framework>_<level>`` -> (island line, advice) for each level whose island line differs from the default
+    (the framework's ``Amp.island_levels``, recorded on its scalers), for the frameworks that healed."""
+    out: dict[str, tuple[str, str]] = {}
+    for s in report.get("scalers", []):
+        for level, (_, advice) in (s.get("island_levels") or {}).items():
+            if healed.get(s["framework"]):
+                out[f"{s['framework']}_{level.lower()}"] = (_island_line(healed[s["framework"]], level), advice)
     return out
 
 
@@ -202,7 +215,7 @@ def _disabled_text(reason: str) -> str:
 def _attr_path(path: str) -> str:
     """``backbone.stages.0.conv`` -> ``model.backbone.stages[0].conv`` (Python that reaches the module)."""
     out = "model"
-    for part in path.split(".") if path else []:
+    for part in parts(path):
         out += f"[{part}]" if part.isdigit() else f".{part}" if part.isidentifier() else f"[{part!r}]"
     return out
 
@@ -251,20 +264,21 @@ def permanent_fix(
 ) -> dict:
     """What to change so that the next run needs no healing (data; :func:`to_markdown` words it).
 
-    ``patch``: the healed modules as one island line (the modules each heal's log line named); ``paddle_o2``:
-    the same modules for a Paddle O2 model, applied after ``paddle.amp.decorate``: an island keeps their
-    compute in float32, where ``decorate``'s ``excluded_layers`` keeps only their parameters (their convs stay
-    on the float16 white list); ``advice``: one sentence per other problem (skipped steps, many backoffs,
-    bad targets, a script that stopped itself)."""
-    fix: dict = {"patch": None, "paddle_o2": None, "swap_neck": None, "advice": [], "problems": []}
+    ``patch``: the healed modules as one island line (the modules each heal's log line named);
+    ``<framework>_<level>`` (``paddle_o2``): the same modules for a level whose island line differs, with its
+    advice in ``level_islands`` (Paddle O2 islands after ``paddle.amp.decorate``: an island keeps their compute in
+    float32, where ``decorate``'s ``excluded_layers`` keeps only their parameters); ``advice``: one sentence per
+    other problem (skipped steps, many backoffs, bad targets, a script that stopped itself)."""
+    fix: dict = {"patch": None, "level_islands": {}, "swap_neck": None, "advice": [], "problems": []}
     fix["problems"] = problems(report, returncode)
     healed = _healed_paths(report)
     all_paths = [p for paths in healed.values() for p in paths]
     if all_paths:
         fix["patch"] = _island_line(all_paths)
     fix["hf_keep_in_fp32"] = _hf_keep_line(report)
-    if healed.get("paddle"):
-        fix["paddle_o2"] = _island_line(healed["paddle"], "O2")
+    for key, (line, advice) in _level_islands(report, healed).items():
+        fix[key] = line  # e.g. fix["paddle_o2"]
+        fix["level_islands"][key] = advice
     swap = _swap_neck(config)
     if swap is not None:
         fix["swap_neck"] = swap
@@ -325,10 +339,9 @@ def permanent_fix(
                 text += (
                     f"`ampsafe.scan` on the batch of step {scan['step']} finds {len(scan['paths'])} risky path(s) "
                     f"starting at {_cut(scan['paths'], 6)}; island them up front: `{_island_line(scan['modules'])}`"
-                    + (
-                        f" (Paddle O2, after paddle.amp.decorate: `{_island_line(scan['modules'], 'O2')}`)"
-                        if s["framework"] == "paddle"
-                        else ""
+                    + "".join(
+                        f" ({where}: `{_island_line(scan['modules'], level)}`)"
+                        for level, (where, _) in (s.get("island_levels") or {}).items()
                     )
                     + "."
                 )
@@ -426,17 +439,8 @@ def to_markdown(
             "```",
             "",
         ]
-    if fix.get("paddle_o2"):
-        lines += [
-            "With Paddle O2, island the same modules right after `paddle.amp.decorate(..., level='O2')`: their "
-            "compute runs in float32 (decorate's `excluded_layers` alone keeps only their parameters in float32; "
-            "their convs stay on the float16 white list):",
-            "",
-            "```python",
-            fix["paddle_o2"],
-            "```",
-            "",
-        ]
+    for key, advice in (fix.get("level_islands") or {}).items():
+        lines += [advice, "", "```python", fix[key], "```", ""]
     swap = fix.get("swap_neck")
     if swap and swap.get("applicable"):
         lines += [

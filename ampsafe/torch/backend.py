@@ -32,6 +32,7 @@ class TorchAmp:
     """``torch.autocast``: which ops it runs in float16 is :mod:`ampsafe.torch.ops`' lists, per target."""
 
     low_dtypes = LOW_DTYPES
+    island_levels: dict = {}  # autocast casts per op, never the parameters: one island line fits every level
     in_float32 = staticmethod(in_float32)
     check_level = staticmethod(levels.check_level)
 
@@ -164,7 +165,7 @@ class TorchBackend(core.AdapterModules):
         return (mean, var) if mean is not None and var is not None else None
 
     def running_stats(self, model):
-        for path, m in model.named_modules():
+        for path, m in self.modules(model).items():
             stats = self.norm_stats(m)
             if stats is not None:
                 yield path, m, *stats

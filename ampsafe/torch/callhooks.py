@@ -8,8 +8,10 @@ keeps feeding the live model's capture.
 
 Here the hooks are kept in a registry keyed by the module's identity, and the module's *class* gets a
 ``__call__`` that looks the instance up (one dict lookup per call of that class; other instances, copies
-included, pass straight through). The class attribute is restored when its last hooked instance is released.
-A pickle of the module holds no trace of ampsafe; a deep copy is another instance, so it is not hooked.
+included, pass straight through). That class attribute is patched through the process ledger
+(:mod:`ampsafe.core.attr_patches`, party ``"ampsafe.torch.callhooks"``), which puts it back when the class's last
+hooked instance is released, also when another party patched the same ``__call__`` since. A pickle of the module
+holds no trace of ampsafe; a deep copy is another instance, so it is not hooked.
 
     handle = pre_hook(model, lambda args, kwargs: ...)   # before each model(...) call
     handle = post_hook(model, lambda: ...)                # after each call, also when the forward raised
@@ -22,13 +24,15 @@ import threading
 import weakref
 from typing import Any, Callable
 
+from ..core.attr_patches import AttrPatches
+
 __all__ = ["pre_hook", "post_hook", "hooked", "TOP_CALLS"]
 
-_lock = threading.RLock()
 # id(module) -> [weakref(module), {key: pre fn}, {key: post fn}]
 _hooks: dict[int, list] = {}
-# class -> (had its own __call__, that attribute) for the classes patched now, with their hooked instance count
-_classes: dict[type, list] = {}
+_patches = AttrPatches("ampsafe.torch.callhooks")  # each hooked class's __call__, while it has hooked instances
+_lock = _patches.lock  # the ledger's own: a released module's weakref callback may run while a thread holds it
+_users: dict[type, int] = {}  # hooked class -> how many of its instances are hooked now
 _keys = iter(range(1 << 62))
 
 
@@ -76,29 +80,21 @@ def _call_for(cls: type, original: Callable) -> Callable:
 
 
 def _acquire(cls: type) -> None:
-    slot = _classes.get(cls)
-    if slot is not None:
-        slot[2] += 1
-        return
-    own = "__call__" in cls.__dict__
-    saved = cls.__dict__.get("__call__")
-    _classes[cls] = [own, saved, 1]
-    type.__setattr__(cls, "__call__", _call_for(cls, cls.__call__))
+    count = _users.get(cls, 0)
+    if not count:
+        _patches.set(cls, "__call__", _call_for(cls, cls.__call__))
+    _users[cls] = count + 1
 
 
 def _release(cls: type) -> None:
-    slot = _classes.get(cls)
-    if slot is None:
+    count = _users.get(cls)
+    if count is None:
         return
-    slot[2] -= 1
-    if slot[2] > 0:
+    if count > 1:
+        _users[cls] = count - 1
         return
-    del _classes[cls]
-    own, saved, _ = slot
-    if own:
-        type.__setattr__(cls, "__call__", saved)
-    else:
-        type.__delattr__(cls, "__call__")
+    del _users[cls]
+    _patches.undo(cls, "__call__")
 
 
 def _forget(ident: int, cls: type, lock=_lock, hooks=_hooks) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
+from .backend import BACKEND
+
 __all__ = ["module_stack", "current_module", "current_module_object"]
 
 _local = threading.local()
@@ -30,7 +32,7 @@ class _Stack:
     """One ``module_stack`` context: module -> path, and the stack of (path, module) being run."""
 
     def __init__(self, model):
-        self.names = {m: name for name, m in model.named_modules(remove_duplicate=True)}
+        self.names = {m: name for name, m in BACKEND.modules(model).items()}
         self.frames: list[tuple[str, object]] = []
 
     def push(self, module) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
 
 
@@ -61,14 +62,19 @@ def test_report_of_a_clean_fp32_run_says_nothing_to_change(tmp_path):
 
 
 def test_paddle_heals_give_the_island_patch_for_O1_and_after_decorate_for_O2():
+    pytest.importorskip("paddle")
+    from ampsafe._framework import backend_named
     from ampsafe.run.report import permanent_fix, to_markdown
 
+    # the summary records the levels whose island line differs, as Paddle's backend states them
+    island_levels = {level: list(words) for level, words in backend_named("paddle").amp.island_levels.items()}
     report = {
         "pid": 1,
         "scalers": [
             {
                 "class": "ampsafe.paddle.scaler.GradScaler",
                 "framework": "paddle",
+                "island_levels": island_levels,
                 "total_steps": 30,
                 "overflow_steps": 4,
                 "skipped_steps": 4,

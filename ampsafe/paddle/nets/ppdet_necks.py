@@ -32,6 +32,9 @@ from paddle import ParamAttr, nn
 from paddle.regularizer import L2Decay
 from ppdet.modeling.necks.fpn import FPN
 
+from ...core import modpath
+from ..backend import BACKEND
+
 __all__ = ["AmpSafeFPN", "normalized_conv_report", "NORM_SUFFIX"]
 
 NORM_SUFFIX = "_norm"  # the normalization after conv ``<name>`` is the sibling ``<name>_norm``
@@ -123,11 +126,11 @@ def normalized_conv_report(layer: nn.Layer) -> dict[str, bool]:
     holding exactly one conv and a normalization layer), or a conv ``<name>`` with a normalization sibling
     ``<name>_norm`` (AmpSafeFPN's layout)? ``{conv path: normalized}``; the evidence behind ALREADY_SAFE."""
     report = {}
-    for parent_name, parent in [("", layer), *layer.named_sublayers()]:
+    for parent_name, parent in BACKEND.modules(layer).items():
         children = dict(parent.named_children())
         convs = [n for n, c in children.items() if isinstance(c, nn.Conv2D)]
         has_norm = any(isinstance(c, _NORMS) for c in children.values())
         for n in convs:
             paired = isinstance(children.get(n + NORM_SUFFIX), _NORMS)
-            report[f"{parent_name}.{n}" if parent_name else n] = paired or (has_norm and len(convs) == 1)
+            report[modpath.join(parent_name, n)] = paired or (has_norm and len(convs) == 1)
     return report
