@@ -10,6 +10,8 @@ free of paddle.
 
 from __future__ import annotations
 
+from ampsafe._lazy import lazy_attributes
+
 # the public names of ampsafe.paddle.nets.paddleocr_necks; any public name (these and its helpers, e.g. DSConv) is read
 # from there the first time it is used
 _NAMES = (
@@ -25,15 +27,4 @@ _NAMES = (
 __all__ = list(_NAMES)
 
 
-def __getattr__(name: str):
-    if name.startswith("_"):  # dunder probes (__path__, ...) and private helpers: not forwarded
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from ampsafe.paddle.nets import paddleocr_necks
-
-    value = getattr(paddleocr_necks, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES))
+__getattr__, __dir__ = lazy_attributes(__name__, "ampsafe.paddle.nets.paddleocr_necks", _NAMES, any_public=True)

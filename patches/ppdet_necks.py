@@ -9,6 +9,8 @@ framework when it is imported. Each name below resolves the first time it is rea
 
 from __future__ import annotations
 
+from ampsafe._lazy import lazy_attributes
+
 # the public names of ampsafe.paddle.nets.ppdet_necks; any public name is read from there the first time it is used
 _NAMES = (
     "AmpSafeFPN",
@@ -18,15 +20,4 @@ _NAMES = (
 __all__ = list(_NAMES)
 
 
-def __getattr__(name: str):
-    if name.startswith("_"):  # dunder probes (__path__, ...) and private helpers: not forwarded
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from ampsafe.paddle.nets import ppdet_necks
-
-    value = getattr(ppdet_necks, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES))
+__getattr__, __dir__ = lazy_attributes(__name__, "ampsafe.paddle.nets.ppdet_necks", _NAMES, any_public=True)

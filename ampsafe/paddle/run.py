@@ -19,7 +19,6 @@ Every patch goes through the run's ledger (:class:`~ampsafe.core.attr_patches.At
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
@@ -117,8 +116,6 @@ def _guard_optimizers(ledger, site) -> None:
 
     guard = site.step_guard(BACKEND, finite, nonfinite_params)
     guard.training = lambda model: model.training and paddle.is_grad_enabled()
-    Optimizer = paddle.optimizer.Optimizer
-    original_init = Optimizer.__init__
 
     def no_loss(args, kwargs):
         return None
@@ -129,25 +126,13 @@ def _guard_optimizers(ledger, site) -> None:
     def no_closure(args, kwargs):
         return None
 
-    @functools.wraps(original_init)
-    def __init__(self, *args: Any, **kwargs: Any):
-        original_init(self, *args, **kwargs)
-        guard.wrap_step(type(self), "step", loss_of=no_loss, closure_of=no_closure)
+    def wrap_class(cls) -> None:
+        guard.wrap_step(cls, "step", loss_of=no_loss, closure_of=no_closure)
         # Paddle's minimize returns (optimize_ops, params_grads), which its GradScaler.minimize unpacks
-        guard.wrap_step(
-            type(self), "minimize", loss_of=minimize_loss, closure_of=no_closure, skipped=lambda: (None, [])
-        )
-        guard.new_optimizer(self)
+        guard.wrap_step(cls, "minimize", loss_of=minimize_loss, closure_of=no_closure, skipped=lambda: (None, []))
 
-    ledger.set(Optimizer, "__init__", __init__)
-    original_backward = paddle.Tensor.backward
-
-    @functools.wraps(original_backward)
-    def backward(self, *args: Any, **kwargs: Any):
-        guard.note_loss(self)
-        return original_backward(self, *args, **kwargs)
-
-    ledger.set(paddle.Tensor, "backward", backward)
+    guard.guard_new_optimizers(paddle.optimizer.Optimizer, wrap_class)
+    guard.note_losses(paddle.Tensor)
     site.tell(
         "paddle.optimizer.Optimizer step/minimize guarded without a scaler (skip non-finite; "
         f"max_skips={guard.max_skips})"

@@ -202,6 +202,37 @@ class StepGuard:
         """The tensor a ``backward()`` started from (the step's loss, checked with the gradients)."""
         self._loss = loss
 
+    def guard_new_optimizers(self, optimizer_class: type, wrap_class: Callable[[type], None]) -> None:
+        """Wrap ``optimizer_class.__init__`` (recorded in the ledger): every optimizer built has its class's step
+        methods wrapped by ``wrap_class(type(optimizer))`` (once per class, :meth:`wrap_step`) and its model found
+        now (:meth:`new_optimizer`). Wrapping at construction puts the guard outside a framework's own step
+        wrapper (torch's profiler and step hooks)."""
+        guard = self
+
+        def make(original):
+            def __init__(optimizer, *args, **kwargs):
+                original(optimizer, *args, **kwargs)
+                wrap_class(type(optimizer))
+                guard.new_optimizer(optimizer)
+
+            return __init__
+
+        self._patches.wrap(optimizer_class, "__init__", make, mark="__ampsafe_init__")
+
+    def note_losses(self, tensor_class: type) -> None:
+        """Wrap ``tensor_class.backward`` (recorded in the ledger) so that every backward notes its tensor
+        (:meth:`note_loss`): a step without a scaler never hands its loss to the optimizer."""
+        guard = self
+
+        def make(original):
+            def backward(tensor, *args, **kwargs):
+                guard.note_loss(tensor)
+                return original(tensor, *args, **kwargs)
+
+            return backward
+
+        self._patches.wrap(tensor_class, "backward", make, mark="__ampsafe_loss__")
+
     def new_optimizer(self, optimizer) -> None:
         """Find the model now and hook its forward, so that even step 0 has its snapshot and inputs."""
         if self.enabled:

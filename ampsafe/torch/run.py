@@ -20,7 +20,6 @@ guard, the target hooks, the banner) come in ``site`` (see ``Backend.install_run
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from .backend import BACKEND
@@ -144,17 +143,10 @@ def _guard_optimizers(ledger, site) -> None:
             return closure()
 
     guard.call_closure = call_closure
-    Optimizer = torch.optim.Optimizer
-    original_init = Optimizer.__init__
-
-    @functools.wraps(original_init)
-    def __init__(self, *args: Any, **kwargs: Any):
-        original_init(self, *args, **kwargs)
-        # wrapped at the class's first construction; torch's own step wrapper (profiler, step hooks) sits inside
-        guard.wrap_step(type(self), "step", loss_of=lambda args, kwargs: None, closure_of=_closure_of)
-        guard.new_optimizer(self)
-
-    ledger.set(Optimizer, "__init__", __init__)
+    guard.guard_new_optimizers(
+        torch.optim.Optimizer,
+        lambda cls: guard.wrap_step(cls, "step", loss_of=lambda args, kwargs: None, closure_of=_closure_of),
+    )
     # The module each step calls with its batch (TorchBackend.owner_of) is watched over the first steps only, while
     # the models are resolved: global module hooks put every module call on torch's slow path.
     TOP_CALLS.start()
@@ -170,14 +162,7 @@ def _guard_optimizers(ledger, site) -> None:
             TOP_CALLS.stop()
 
     ledger.on_restore(register_optimizer_step_pre_hook(step_pre_hook).remove)
-    original_backward = torch.Tensor.backward
-
-    @functools.wraps(original_backward)
-    def backward(self, *args: Any, **kwargs: Any):
-        guard.note_loss(self)
-        return original_backward(self, *args, **kwargs)
-
-    ledger.set(torch.Tensor, "backward", backward)
+    guard.note_losses(torch.Tensor)
     site.tell(f"torch.optim.Optimizer steps guarded without a scaler (skip non-finite; max_skips={guard.max_skips})")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
+from ..._lazy import lazy_attributes
 from ...errors import ConfigError
 from ..base import Workload
 from .config import load_config
@@ -51,18 +52,7 @@ _NETS = (
 )
 
 
-def __getattr__(name: str):
-    if name not in _NETS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from ampsafe.paddle.nets import dbnet
-
-    value = getattr(dbnet, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NETS))
+__getattr__, __dir__ = lazy_attributes(__name__, "ampsafe.paddle.nets.dbnet", _NETS)
 
 
 class DBNetWorkload(Workload):
