@@ -89,9 +89,7 @@ def _swap_scalers(options, ledger, site) -> None:
     floor = options.scaler_text(name)
 
     def swap(owner, attr: str, value, label: str) -> None:
-        if hasattr(owner, attr):
-            ledger.set(owner, attr, value)
-            site.note(label)
+        site.swap(ledger, owner, attr, value, label)
 
     swap(paddle.amp, "GradScaler", scaler, f"paddle.amp.GradScaler -> ampsafe.paddle.GradScaler ({floor})")
     swap(paddle.amp, "AmpScaler", amp, f"paddle.amp.AmpScaler -> ampsafe.paddle.GradScaler ({floor})")

@@ -331,6 +331,13 @@ class _Site:
         self.note(line)
         self.say(line)
 
+    def swap(self, ledger, owner, attr: str, value, label: str) -> None:
+        """``owner.attr = value`` (recorded in ``ledger``) where ``owner`` has that attribute, ``label`` noted in
+        the summary: a framework version without one of the spellings keeps going."""
+        if owner is not None and hasattr(owner, attr):
+            ledger.set(owner, attr, value)
+            self.note(label)
+
     def when_imported(self, name: str, callback: Callable) -> None:
         """``callback(module)`` right after module ``name`` is imported (now if it is)."""
         _when_imported(name, callback)

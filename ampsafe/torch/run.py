@@ -77,9 +77,7 @@ def _swap_scalers(options, ledger, site, map_device) -> None:
         aliases[device] = site.shim(device_scaler(scaler, device), getattr(amp, "GradScaler", None))
 
     def swap(owner, attr: str, value, label: str) -> None:
-        if owner is not None and hasattr(owner, attr):
-            ledger.set(owner, attr, value)
-            site.note(label)
+        site.swap(ledger, owner, attr, value, label)
 
     swap(torch, "GradScaler", scaler, f"torch.GradScaler -> ampsafe.torch.GradScaler ({floor})")
     swap(torch.amp, "GradScaler", scaler, f"torch.amp.GradScaler -> ampsafe.torch.GradScaler ({floor})")
