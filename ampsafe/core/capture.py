@@ -19,6 +19,7 @@ state), so ``backend.amp.replay(capture.state)`` runs the forward as the step di
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,16 +33,27 @@ class InputCapture:
     ``latest`` is None before the first forward and after :meth:`drop`; each forward replaces it. The
     tuple and dict are the ones the framework passed to the hook (the tensors are never copied). Paddle's
     pre-hooks see no keyword arguments, so there ``kwargs`` is always ``{}``.
+
+    ``model`` is held weakly: the capture watches a model its owner (a scaler, a healer) and the training script
+    hold; it does not keep alive a model they dropped (a sweep builds many). It is None once the model is freed.
     """
 
     def __init__(self, backend, model, state: Callable[[], Any] | None = None) -> None:
         self.backend = backend
-        self.model = model
+        try:
+            self._model = weakref.ref(model)
+        except TypeError:  # an object that takes no weak reference: held as it is
+            self._model = lambda model=model: model
         self._state_fn = state
         self._latest: tuple[tuple, dict] | None = None
         self._state: Any = None
         self._paused = 0
         self._handle = backend.forward_pre_hook(model, self._record)
+
+    @property
+    def model(self):
+        """The captured model, or None once it was freed."""
+        return self._model()
 
     def _record(self, args: tuple, kwargs: dict) -> None:
         if self._paused:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
@@ -33,6 +34,13 @@ from .verdict import not_replayed
 __all__ = ["Healer"]
 
 log = logging.getLogger("ampsafe.heal")
+
+
+def _weak(obj) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # an object that takes no weak reference: held as it is
+        return lambda: obj
 
 
 class Healer:
@@ -67,8 +75,9 @@ class Healer:
             raise ConfigError(f"max_heals must be an int >= 0, got {max_heals!r}")
         if loss_fn is not None and not callable(loss_fn):
             raise ConfigError("loss_fn must be callable: loss_fn(output) -> scalar tensor")
-        self.model = unwrap(model)
-        self.backend = backend_of(self.model)
+        model = unwrap(model)
+        self._model = _weak(model)  # the script holds its model; a healer kept in a scaler must not keep it alive
+        self.backend = backend_of(model)
         self.framework = self.backend.name
         self.level, self.target, self.margin_bits = level, target, margin_bits
         self.max_heals, self.loss_fn = max_heals, loss_fn
@@ -77,6 +86,11 @@ class Healer:
         self._own_capture = capture is None
         self.capture = InputCapture(self.backend, self.model) if capture is None else capture
         self._scan, self._patch = scan, patch
+
+    @property
+    def model(self):
+        """The healed model, held weakly (None once the script dropped it)."""
+        return self._model()
 
     @property
     def last_inputs(self) -> Any:

@@ -20,6 +20,7 @@ replays the batch in it (``amp.replay``) and says what the Healer scans (``amp.h
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
@@ -58,7 +59,7 @@ class HealingScaler(ScalerBase):
     disabled_reason: Optional[str] = None
     _patience: Optional[int] = None
     _attached_patience: Optional[int] = None  # ``ampsafe.heal(..., patience=)``: left behind by pickling, as the hook
-    _resolved: Any = None
+    _resolved_ref: Optional[Callable[[], Any]] = None  # the resolved model, weakly (see ``_resolved``)
     _resolve_done: bool = False
     _unresolved_why: str = ""
     _capture: Optional[InputCapture] = None
@@ -69,7 +70,7 @@ class HealingScaler(ScalerBase):
     def _init_healing(self, patience) -> None:
         self._patience = check_patience(patience, self._core.policy.on_floor)
         self._attached_patience = None
-        self._resolved, self._resolve_done, self._unresolved_why = None, False, ""
+        self._resolved_ref, self._resolve_done, self._unresolved_why = None, False, ""
         self._capture = self._healer = None
         self._streak, self._in_range = 0, False
 
@@ -77,8 +78,14 @@ class HealingScaler(ScalerBase):
     @property
     def model(self):
         """The model this scaler replays and heals: ``model=``, or the one resolved at the first step (None
-        before it, or when no module holds every parameter of the optimizer)."""
+        before it, when no module holds every parameter of the optimizer, or once the script dropped the model)."""
         return self._resolved
+
+    @property
+    def _resolved(self):
+        """The resolved model, held weakly: the script that trains it holds it; a scaler kept after the script
+        dropped its model (``ampsafe run`` keeps every scaler for its summary) does not keep it in memory."""
+        return self._resolved_ref() if self._resolved_ref is not None else None
 
     @property
     def capture(self) -> Optional[InputCapture]:
@@ -103,7 +110,10 @@ class HealingScaler(ScalerBase):
                 "no live module holds every parameter of the optimizer, so no model was resolved (pass model=)"
             )
             return
-        self._resolved = model
+        try:
+            self._resolved_ref = weakref.ref(model)
+        except TypeError:  # an object that takes no weak reference: held as it is
+            self._resolved_ref = lambda model=model: model
         self._capture = InputCapture(backend, model, state=backend.amp.state)
 
     def _end_step(self) -> None:
@@ -199,7 +209,7 @@ class HealingScaler(ScalerBase):
     # -- pickling ------------------------------------------------------------------------------------------------------
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state.update(_resolved=None, _resolve_done=False, _capture=None, _healer=None, _streak=0, _in_range=False)
+        state.update(_resolved_ref=None, _resolve_done=False, _capture=None, _healer=None, _streak=0, _in_range=False)
         state.update(_attached_patience=None)
         return state
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -80,6 +81,14 @@ def through_scaler(guards: bool):
     return _inside("scaler") if guards else contextlib.nullcontext()
 
 
+def _weak(obj) -> Callable[[], Any]:
+    """A weak reference to ``obj``; a strong one for an object that takes none."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 class _Replay:
     """The closure an optimizer gets after the guard has called the real one: its first call returns that result
     (the loss and gradients are already there), later calls (LBFGS' line search) evaluate the real closure."""
@@ -104,21 +113,32 @@ class _Tracked:
     (BatchNorm running statistics, ``num_batches_tracked``). It copies the state tensors only (a few
     thousand floats on a resnet18), once per step. The inputs are kept by reference, never copied, for a
     replay: the step's origin under ``--watch``, or at exit when the script stopped itself before stepping.
+
+    The model is held weakly: the guard watches it, the script owns it. When the script drops it, the guard
+    forgets it (``guard._tracked``) and the hook goes with it.
     """
 
     def __init__(self, guard: StepGuard, model) -> None:
-        self.guard, self.backend, self.model = guard, guard.backend, model
+        self.guard, self.backend = guard, guard.backend
+        ident, tracked = id(model), guard._tracked
+        self._model = weakref.ref(model, lambda _ref: tracked.pop(ident) if tracked.get(ident) is self else None)
         self.restore: Callable[[], None] | None = None
         self.latest: tuple[tuple, dict] | None = None
         self.paused = 0
         self._handle = self.backend.forward_pre_hook(model, self._pre)
 
+    @property
+    def model(self):
+        """The guarded model, or None once the script dropped it."""
+        return self._model()
+
     def _pre(self, args, kwargs) -> None:
-        if self.paused or not self.guard.enabled:
+        model = self.model
+        if self.paused or not self.guard.enabled or model is None:
             return
         if self.restore is None:
-            self.restore = self.backend.snapshot(self.model)
-        if self.guard.training(self.model):
+            self.restore = self.backend.snapshot(model)
+        if self.guard.training(model):
             self.latest = (args if isinstance(args, tuple) else tuple(args), dict(kwargs) if kwargs else {})
 
     def drop(self) -> None:
@@ -168,7 +188,9 @@ class StepGuard:
         self.training: Callable[[Any], bool] = lambda model: True  # a training forward (adapters: mode, grad)
         self.restored: list[str] = []  # what the last skip put back (state tensor names)
         self.exit_origin: dict | None = None  # what a replay at exit found (the script stopped before stepping)
-        self._models: dict[int, Any] = {}  # id(optimizer) -> model
+        # id(optimizer) -> (weakref(optimizer), weakref(model) or None, the model's class name): weak, so that a
+        # model the script dropped is freed (a sweep builds many); the name stays for the summary
+        self._models: dict[int, tuple] = {}
         self._tracked: dict[int, _Tracked] = {}  # id(model) -> its forward pre-hook (snapshot, inputs)
         self._announced: set[int] = set()
         self._loss = None
@@ -251,7 +273,7 @@ class StepGuard:
             return run()
         if _depth("scaler"):
             self.scaler_steps += 1
-            self._drop(self._models.get(id(optimizer)))
+            self._drop(self._known(optimizer))
             with _inside("accounted"):
                 return run()
         with _inside("step"):
@@ -294,7 +316,7 @@ class StepGuard:
             called = self.backend.owner_of(optimizer)
         except Exception:  # naming and replay only
             return
-        if called is not None and called is not self._models.get(id(optimizer)):
+        if called is not None and called is not self._known(optimizer):
             self._models.pop(id(optimizer), None)
             self._model_of(optimizer)
 
@@ -306,7 +328,7 @@ class StepGuard:
 
     def models(self) -> list:
         """The models found for the optimizers seen so far (owner of each optimizer's parameters)."""
-        return [m for m in self._models.values() if m is not None]
+        return [m for _opt, ref, _name in self._models.values() if ref is not None and (m := ref()) is not None]
 
     # -- internals
     def _drop(self, model) -> None:
@@ -314,20 +336,30 @@ class StepGuard:
         if tracked is not None:
             tracked.drop()
 
+    def _known(self, optimizer):
+        """The model found for ``optimizer`` so far (None: not looked for yet, none found, or dropped since)."""
+        entry = self._models.get(id(optimizer))
+        if entry is None or entry[0]() is not optimizer or entry[1] is None:
+            return None
+        return entry[1]()
+
     def _model_of(self, optimizer):
         key = id(optimizer)
-        if key not in self._models:
+        entry = self._models.get(key)
+        if entry is not None and entry[0]() is optimizer:
+            return entry[1]() if entry[1] is not None else None
+        try:
+            model = self.backend.owner_of(optimizer)
+        except Exception:  # finding the model is for naming and replay only: the guard works without it
+            model = None
+        ref = _weak(model) if model is not None else None
+        self._models[key] = (_weak(optimizer), ref, type(model).__name__ if model is not None else None)
+        if model is not None and id(model) not in self._tracked:
             try:
-                model = self.backend.owner_of(optimizer)
-            except Exception:  # finding the model is for naming and replay only: the guard works without it
-                model = None
-            self._models[key] = model
-            if model is not None and id(model) not in self._tracked:
-                try:
-                    self._tracked[id(model)] = _Tracked(self, model)
-                except Exception as exc:  # a model that takes no forward hook: skips restore parameters only
-                    self._say(f"cannot hook {type(model).__name__}'s forward ({exc}): a skip restores no buffers")
-        return self._models[key]
+                self._tracked[id(model)] = _Tracked(self, model)
+            except Exception as exc:  # a model that takes no forward hook: skips restore parameters only
+                self._say(f"cannot hook {type(model).__name__}'s forward ({exc}): a skip restores no buffers")
+        return model
 
     def _restore(self, model) -> list[str]:
         """Put back the state the skipped step's forwards moved; the names of the tensors that had changed."""
@@ -357,11 +389,11 @@ class StepGuard:
         e.g. on a non-finite loss) is replayed once in float32 under ``ampsafe.watch``; what it names, or None."""
         import ampsafe
 
-        for tracked in self._tracked.values():
-            if tracked.latest is None:
+        for tracked in list(self._tracked.values()):
+            model, b = tracked.model, self.backend
+            if tracked.latest is None or model is None:
                 continue
             args, kwargs = tracked.latest
-            model, b = tracked.model, self.backend
             step = self.total_steps + self.scaler_steps  # the optimizer step that never came
             restore = b.snapshot(model)
             tracked.paused += 1
@@ -475,7 +507,7 @@ class StepGuard:
         )
 
     def to_dict(self) -> dict:
-        models = {type(m).__name__ for m in self._models.values() if m is not None}
+        models = {name for _opt, _ref, name in self._models.values() if name is not None}
         return {
             "framework": self.backend.name,
             "model": ", ".join(sorted(models)) or None,

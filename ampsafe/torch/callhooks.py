@@ -13,6 +13,11 @@ included, pass straight through). That class attribute is patched through the pr
 hooked instance is released, also when another party patched the same ``__call__`` since. A pickle of the module
 holds no trace of ampsafe; a deep copy is another instance, so it is not hooked.
 
+The registry holds the module weakly, and a hook that is a bound method (``capture._record``) weakly too: the
+hook goes when its object does. So a model whose hook's object holds it (an input capture's ``model``) is freed
+once its users drop it and that object, and its class's ``__call__`` is put back then. Whoever hooks a bound
+method keeps its object alive for as long as the hook should fire.
+
     handle = pre_hook(model, lambda args, kwargs: ...)   # before each model(...) call
     handle = post_hook(model, lambda: ...)                # after each call, also when the forward raised
     handle.remove()
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from types import MethodType
 from typing import Any, Callable
 
 from ..core.attr_patches import AttrPatches
@@ -66,12 +72,16 @@ def _call_for(cls: type, original: Callable) -> Callable:
         if entry is None or entry[0]() is not self:
             return original(self, *args, **kwargs)
         for fn in list(entry[1].values()):
+            if type(fn) is weakref.WeakMethod and (fn := fn()) is None:
+                continue
             fn(args, kwargs)
         posts = entry[2]
         try:
             return original(self, *args, **kwargs)
         finally:
             for fn in list(posts.values()):
+                if type(fn) is weakref.WeakMethod and (fn := fn()) is None:
+                    continue
                 fn()
 
     __call__.__ampsafe_call_hooks__ = True
@@ -105,15 +115,31 @@ def _forget(ident: int, cls: type, lock=_lock, hooks=_hooks) -> None:
             _release(cls)
 
 
+def _drop(ident: int, key: int, cls: type, lock=_lock, hooks=_hooks) -> None:
+    """The weakref callback of a bound-method hook's object: that hook goes (as its handle's ``remove()``)."""
+    with lock:
+        entry = hooks.get(ident)
+        if entry is None or (entry[1].pop(key, None) is None and entry[2].pop(key, None) is None):
+            return
+        if not entry[1] and not entry[2]:
+            del hooks[ident]
+            if _release is not None:
+                _release(cls)
+
+
 def _add(module, fn: Callable, slot: int) -> _Handle:
     with _lock:
-        key = next(_keys)
-        entry = _hooks.get(id(module))
+        key, cls, ident = next(_keys), type(module), id(module)
+        entry = _hooks.get(ident)
         if entry is None or entry[0]() is not module:
-            cls, ident = type(module), id(module)
             ref = weakref.ref(module, lambda _ref, forget=_forget: forget(ident, cls))
             entry = _hooks[ident] = [ref, {}, {}]
             _acquire(cls)
+        if isinstance(fn, MethodType):
+            try:
+                fn = weakref.WeakMethod(fn, lambda _ref, drop=_drop: drop(ident, key, cls))
+            except TypeError:  # an object without weak references: held as it is
+                pass
         entry[slot][key] = fn
         return _Handle(module, key)
 
