@@ -26,9 +26,14 @@ PaddlePaddle's CPU build has no AMP: ``paddle.amp.auto_cast``, ``paddle.amp.deco
   that scaler asks :func:`active` instead.
 
 Which model an ``auto_cast`` block emulates (the O2 weights are that model's): the models given to the latest
-``decorate(models=...)``; else, resolved once at the first block and cached, the smallest layer owning every
-parameter of the live optimizers (``Backend.owner_of``; several optimizers over separate models: all of those
-models); else the live root layer with the most parameters. At O1 the model only names what is reported.
+``decorate(models=...)``; else the smallest layer owning every parameter of the live optimizers
+(``Backend.owner_of``; several optimizers over separate models: all of those models); else the live root layer
+with the most parameters. At O1 the model only names what is reported. That resolution walks the garbage
+collector's objects, so it is cached, weakly: it is made again at the first block after a new optimizer is built
+(``Optimizer.__init__`` counts them) or after a resolved model died. A process that trains several models one after
+the other (a sweep, k-fold, a notebook) thus emulates each block for the model trained now, and no model is kept
+alive by the emulation: neither by that cache nor by an emulator (a block's emulator holds its model weakly; its
+O2 float16 parameters are dropped with the model).
 The block's level decides, as the emulator defines its levels (O2 = decorate + ``auto_cast(level='O2')``): an
 O2 block without ``decorate(level='O2')`` gets float16 weights anyway, and an O1 block after it float32
 weights; each says so once in a warning (on a GPU the weights are what decorate made them).
@@ -75,7 +80,8 @@ def _reset_state() -> None:
         installed=False,
         models=None,  # weakrefs to the models of the latest decorate()
         decorate_level=None,
-        owner=None,  # the cached resolution: (model, source)
+        owner=None,  # the cached resolution: (weakrefs to its models, source, optimizers_built when made)
+        optimizers_built=0,  # paddle.optimizer.Optimizer instances built since install (the cache's trigger)
         blocks=0,
         emulated_blocks=0,
         not_emulated={},  # reason -> count
@@ -83,6 +89,7 @@ def _reset_state() -> None:
         warned=set(),
         ppdet_as_gpu=0,  # ppdet Trainer calls run with cfg.use_gpu read as true (install_ppdet)
         ppdet_trainers=[],  # the Trainer classes install_ppdet patched
+        empty=None,  # the empty layer a block without any live layer resolved to
     )
 
 
@@ -109,12 +116,13 @@ def current():
 
 
 def last():
-    """The emulator of the most recent emulated ``auto_cast`` block (its ``emulated``, ``counts``, ``report()``)."""
+    """The emulator of the most recent emulated ``auto_cast`` block (its ``emulated``, ``counts``, ``report()``).
+    It holds its model weakly: ``last().model`` is None once the script dropped that model."""
     return _state["last"]
 
 
 def summary() -> dict:
-    """Blocks seen, emulated, and not emulated (by reason); the model used and how it was found."""
+    """Blocks seen, emulated, and not emulated (by reason); how the model used was found."""
     owner = _state["owner"]
     return {
         "active": active(),
@@ -170,7 +178,32 @@ def _emulator_class():
 
     class BlockEmulator(Fp16Emulator):
         """``Fp16Emulator`` of one ``auto_cast`` block: it acts only while its block is this thread's innermost,
-        so a nested block (``enable=False``, other lists) decides alone."""
+        so a nested block (``enable=False``, other lists) decides alone.
+
+        Its models are held weakly, and its O2 float16 parameters are dropped when one of them dies: :func:`last`
+        and a scaler's capture (which keeps the emulator of the latest forward, for replays) keep no model alive.
+        ``model``: the model, several joined in a ``LayerList`` (a new one at each read), None once one died.
+        """
+
+        def __init__(self, models: list, *args, **kwargs):
+            emulator = weakref.ref(self)
+
+            def dead(_ref) -> None:
+                alive = emulator()
+                if alive is not None:
+                    alive._fp16_params = {}
+
+            self._models = [weakref.ref(m, dead) for m in models]
+            super().__init__(_several(models), *args, **kwargs)
+
+        @property
+        def model(self):
+            models = [ref() for ref in self._models]
+            return None if any(m is None for m in models) else _several(models)
+
+        @model.setter
+        def model(self, _joined) -> None:
+            """``Fp16Emulator.__init__`` sets it: the models are the weak ones recorded before."""
 
         def __call__(self, op, func, args, kwargs):
             blocks = _local.blocks
@@ -207,9 +240,23 @@ def _several(models: list):
     return models[0] if len(models) == 1 else paddle.nn.LayerList(models)
 
 
+def _cached_owner():
+    """The cached resolution as (models, source), or None when there is none, a new optimizer was built since it
+    was made, or one of its models died."""
+    cached = _state["owner"]
+    if cached is None:
+        return None
+    refs, source, built = cached
+    models = [ref() for ref in refs]
+    if built != _state["optimizers_built"] or any(m is None for m in models):
+        return None
+    return models, source
+
+
 def _resolve_model():
-    """(model, source) for an auto_cast block: decorate's models, else the owner of the optimizers' parameters
-    (cached), else the live root layer with the most parameters, else an empty layer."""
+    """(models, source) for an auto_cast block: decorate's models, else the owners of the optimizers' parameters,
+    else the live root layer with the most parameters, else an empty layer; cached weakly (see the module
+    docstring)."""
     import paddle
 
     from .._framework import backend_named, unwrap
@@ -217,9 +264,13 @@ def _resolve_model():
 
     models = [m for m in (ref() for ref in _state["models"] or []) if m is not None]
     if models:
-        return _several([unwrap(m) for m in models]), "decorate"
+        return [unwrap(m) for m in models], "decorate"
+    cached = _cached_owner()
+    if cached is not None:
+        return cached
     if _state["owner"] is not None:
-        return _state["owner"]
+        gc.collect()  # a model or an optimizer dropped in a reference cycle must not be found again
+    built = _state["optimizers_built"]
     backend = backend_named("paddle")
     roots = live_roots(backend)
     optimizers = [o for o in gc.get_objects() if issubclass(type(o), paddle.optimizer.Optimizer)]
@@ -232,12 +283,14 @@ def _resolve_model():
     inner = {id(s) for o in owners.values() for s in o.sublayers()}
     owners = [o for key, o in owners.items() if key not in inner]
     if owners:
-        resolved = (_several(owners), "optimizer")
+        models, source = owners, "optimizer"
     else:
         best = max(roots, key=lambda m: len(backend.parameters(m)), default=None)
-        resolved = (best, "largest live layer") if best is not None else (paddle.nn.Layer(), "none")
-    _state["owner"] = resolved
-    return resolved
+        models, source = ([best], "largest live layer") if best is not None else ([paddle.nn.Layer()], "none")
+    _state["owner"] = (tuple(weakref.ref(m) for m in models), source, built)
+    if source == "none":
+        _state["empty"] = models[0]  # no model at all: this empty layer is the resolution, kept here
+    return models, source
 
 
 # --------------------------------------------------------------------------------------------- the patches
@@ -280,10 +333,10 @@ def _amp_guard(original):
                 _not_emulated("OD")
                 _warn_once("OD", "paddle.amp.auto_cast(level='OD') is not emulated: the block runs in float32")
             else:
-                model, _source = _resolve_model()
+                models, _source = _resolve_model()
                 _check_levels(norm_level)
                 emulator = BlockEmulator(
-                    model,
+                    models,
                     norm_level,
                     use_promote=use_promote,
                     custom_white_list=custom_white_list,
@@ -392,6 +445,18 @@ class _TracerOnGpu:
         return getattr(self._tracer, name)
 
 
+def _optimizer_init(original):
+    """Count the optimizers built: the next block resolves its model again (a new model is trained now).
+    ``updated=()``: no marks of another party's wrapper are copied onto this one (``AttrPatches.wrap``)."""
+
+    @functools.wraps(original, updated=())
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _state["optimizers_built"] += 1
+
+    return __init__
+
+
 def _scaler_init(original, grad_scaler_module):
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
@@ -492,6 +557,7 @@ def install() -> list[str]:
         )
         _patch(grad_scaler.AmpScaler, "__init__", _scaler_init(grad_scaler.AmpScaler.__init__, grad_scaler))
         lines.append("paddle.amp.GradScaler -> enabled on this CPU as on a GPU (it scales the loss)")
+        _patch(paddle.optimizer.Optimizer, "__init__", _optimizer_init(paddle.optimizer.Optimizer.__init__))
         _state["installed"] = True
         return lines + install_ppdet()
 
