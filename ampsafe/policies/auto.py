@@ -57,7 +57,7 @@ def plan_auto(ctx: PatchContext) -> Plan:
             targets.append(op.module)
             why.setdefault(op.module, f"FP32 island (risky op {op.op})")
     for item in items:
-        mods = island_modules(item, ctx.level)
+        mods = island_modules(item, ctx.level, ctx.backend)
         targets += mods
         if isinstance(item, RiskPath):
             for m in mods:

@@ -34,7 +34,8 @@ from typing import Any, Callable
 __all__ = ["install", "uninstall", "summary", "format_summary", "installed", "ENV_OPTIONS", "ENV_REPORT"]
 
 from ..core.attr_patches import AttrPatches
-from ..core.modpath import innermost
+from ..core.modpath import outermost
+from ..policies.island import island_modules
 from .launcher import format_summary
 from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 
@@ -194,9 +195,11 @@ def _backoff_scan(scaler, entry: dict) -> Callable:
             return
         risky = [p for p in report.paths if p.risky and not p.protected]
         result["paths"] = [p.start for p in risky]
-        layers = list(dict.fromkeys(layer for p in risky for layer in p.layers))
-        # a container listed as a consumer (an op in its own forward) would island all it holds: its members do
-        result["modules"] = innermost([m for m in layers if m])
+        # the modules policy "island" would island for these paths (a container only when its own forward needs
+        # float32): the report's island line is that patch
+        backend = scaler._backend() if hasattr(scaler, "_backend") else None
+        mods = [m for p in risky for m in island_modules(p, report.level, backend) if m]
+        result["modules"] = outermost(mods)
 
     return on_step
 
