@@ -83,7 +83,18 @@ def test_torch_model_healed_by_its_scaler_is_freed():
     assert cls not in _callhooks_classes()
 
 
-RUN = """
+# what both frameworks' run scripts check once their models are dropped
+FREED_AFTER_THE_RUN = """
+ref_a, ref_b, g = train()
+gc.collect()
+assert ref_a() is None and ref_b() is None, "a model of the run is still alive"
+assert g.models() == [] and g._tracked == {}
+assert g.to_dict()["model"] == "Linear"  # the summary still names it
+auto.uninstall()
+"""
+
+RUN = (
+    """
 import gc, weakref
 import torch
 from ampsafe.core import attr_patches
@@ -103,15 +114,13 @@ def train():
     assert any(m is b for m in g.models()), g.models()
     return weakref.ref(a), weakref.ref(b), g
 
-ref_a, ref_b, g = train()
-gc.collect()
-assert ref_a() is None and ref_b() is None, "a model of the run is still alive"
-assert g.models() == [] and g._tracked == {}
-assert g.to_dict()["model"] == "Linear"  # the summary still names it
-auto.uninstall()
+"""
+    + FREED_AFTER_THE_RUN
+    + """
 assert not [p for p in attr_patches.live() if p[0] == "ampsafe.torch.callhooks"], attr_patches.live()
 print("ok")
 """
+)
 
 
 @pytest.mark.slow  # a subprocess: ampsafe run's install is process-wide
@@ -149,7 +158,8 @@ def test_paddle_model_healed_by_its_scaler_is_freed():
     assert ref() is None
 
 
-PADDLE_RUN = """
+PADDLE_RUN = (
+    """
 import gc, weakref
 import paddle
 from ampsafe.run import auto, guard
@@ -169,14 +179,12 @@ def train():
     assert any(m is b for m in g.models()), g.models()
     return weakref.ref(a), weakref.ref(b), g
 
-ref_a, ref_b, g = train()
-gc.collect()
-assert ref_a() is None and ref_b() is None, "a model of the run is still alive"
-assert g.models() == [] and g._tracked == {}
-assert g.to_dict()["model"] == "Linear"  # the summary still names it
-auto.uninstall()
+"""
+    + FREED_AFTER_THE_RUN
+    + """
 print("ok")
 """
+)
 
 
 @pytest.mark.slow  # a subprocess: ampsafe run's install is process-wide
