@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from trainer_helpers import ampsafe_run, float16_rerun_overflows, load_growth, needs, patch_line
+from trainer_helpers import emulated_run, float16_rerun_overflows, load_growth, needs, patch_line
 
 needs("accelerate")
 pytestmark = pytest.mark.slow
@@ -17,16 +17,7 @@ pytestmark = pytest.mark.slow
 def test_hf_trainer_gpt2_nan_loss_is_skipped_and_fp16_under_emulate_fp16_heals_its_own_overflow(tmp_path):
     needs("transformers")
     report = tmp_path / "rep"
-    proc = ampsafe_run(
-        "--emulate-fp16",
-        "--min-scale",
-        "2048",
-        "--report",
-        str(report),
-        script="train_hf.py",
-        script_args=["--runs", "fp32:1e-3:8:3,fp16:2:16"],
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = emulated_run(report, "train_hf.py", ["--runs", "fp32:1e-3:8:3,fp16:2:16"])
     out = proc.stdout
     # FP32: accelerate's optimizer.step(None) is guarded; the NaN loss of step 3 is skipped and counted
     assert "script: done (fp32), parameters finite: True, trainer steps: 8, scaler: None" in out, out
@@ -63,16 +54,7 @@ def _apply_to_a_fresh_gpt2(line: str) -> None:
 
 def test_accelerate_fp16_under_emulate_fp16_heals_its_own_overflow_and_the_patch_line_applies(tmp_path):
     report = tmp_path / "rep"
-    proc = ampsafe_run(
-        "--emulate-fp16",
-        "--min-scale",
-        "2048",
-        "--report",
-        str(report),
-        script="train_accelerate.py",
-        script_args=["--mixed-precision", "fp16", "--steps", "12"],
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = emulated_run(report, "train_accelerate.py", ["--mixed-precision", "fp16", "--steps", "12"])
     assert "--emulate-fp16 [accelerate]: Accelerator(mixed_precision='fp16') on a CPU takes its CUDA float16" in (
         proc.stderr
     )

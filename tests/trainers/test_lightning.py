@@ -6,7 +6,7 @@ patch line applies to the LightningModule the user holds."""
 from __future__ import annotations
 
 import pytest
-from trainer_helpers import SCRIPTS, ampsafe_run, float16_rerun_overflows, needs, patch_line
+from trainer_helpers import SCRIPTS, emulated_run, float16_rerun_overflows, needs, patch_line
 
 needs("lightning")
 pytestmark = pytest.mark.slow
@@ -14,16 +14,9 @@ pytestmark = pytest.mark.slow
 
 def test_fp32_nan_batches_are_skipped_and_16_mixed_under_emulate_fp16_heals_its_own_overflow(tmp_path, monkeypatch):
     report = tmp_path / "rep"
-    proc = ampsafe_run(
-        "--emulate-fp16",
-        "--min-scale",
-        "2048",
-        "--report",
-        str(report),
-        script="train_lightning.py",
-        script_args=["--runs", "32:automatic:2,32:manual:2,16-mixed:automatic", "--steps", "12"],
+    proc = emulated_run(
+        report, "train_lightning.py", ["--runs", "32:automatic:2,32:manual:2,16-mixed:automatic", "--steps", "12"]
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     # precision="32": Lightning passes a closure both ways (manual: do_nothing_closure); each NaN step is checked,
     # skipped and counted by the FP32 guard

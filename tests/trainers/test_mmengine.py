@@ -5,7 +5,7 @@ the layer its own training drives past 65504; the report's patch line applies to
 from __future__ import annotations
 
 import pytest
-from trainer_helpers import ampsafe_run, float16_rerun_overflows, load_growth, needs, patch_line
+from trainer_helpers import emulated_run, float16_rerun_overflows, load_growth, needs, patch_line
 
 needs("mmengine")
 pytestmark = pytest.mark.slow
@@ -13,16 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_fp32_nan_batch_is_skipped_and_amp_optim_wrapper_under_emulate_fp16_heals_its_own_overflow(tmp_path):
     report = tmp_path / "rep"
-    proc = ampsafe_run(
-        "--emulate-fp16",
-        "--min-scale",
-        "2048",
-        "--report",
-        str(report),
-        script="train_mmengine.py",
-        script_args=["--runs", "fp32:2,amp", "--steps", "12"],
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = emulated_run(report, "train_mmengine.py", ["--runs", "fp32:2,amp", "--steps", "12"])
     out = proc.stdout
     # FP32 (OptimWrapper): the NaN batch of step 2 skipped by the FP32 guard, parameters finite
     assert "script: done (fp32), parameters finite: True, embed dtype: float32, optim wrapper: OptimWrapper" in out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from trainer_helpers import ampsafe_run, needs, patch_line
+from trainer_helpers import ampsafe_run, emulated_run, needs, patch_line
 
 needs("ultralytics")
 pytestmark = pytest.mark.slow
@@ -38,16 +38,7 @@ def test_watch_guards_the_detection_model_saves_checkpoints_and_a_nan_batch_is_s
 
 def test_amp_under_emulate_fp16_heals_a_forward_overflow_instead_of_raising(tmp_path):
     report = tmp_path / "rep"
-    proc = ampsafe_run(
-        "--emulate-fp16",
-        "--min-scale",
-        "8192",
-        "--report",
-        str(report),
-        script="train_yolo.py",
-        script_args=["--amp", "--overflow", "--epochs", "4"],
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = emulated_run(report, "train_yolo.py", ["--amp", "--overflow", "--epochs", "4"], min_scale=8192)
     assert "--emulate-fp16 [ultralytics]: check_amp passes for a model on a CPU" in proc.stderr
     assert "LossScaleFloorError" not in proc.stderr
     assert "ampsafe heal at step" in proc.stderr and "scale restored to 65536.0" in proc.stderr

@@ -29,6 +29,15 @@ def ampsafe_run(*args: str, script: str, script_args=(), timeout: int = 300) -> 
     return subprocess.run([*command, *script_args], capture_output=True, text=True, timeout=timeout, cwd=SCRATCH)
 
 
+def emulated_run(report: Path, script: str, script_args=(), *, min_scale: int = 2048) -> subprocess.CompletedProcess:
+    """``ampsafe run --emulate-fp16 --min-scale MIN_SCALE --report REPORT -- python scripts/SCRIPT ...``, which must
+    exit 0: a trainer's own float16 path on this CPU, its overflow healed above a floor of ``min_scale``."""
+    args = ("--emulate-fp16", "--min-scale", str(min_scale), "--report", str(report))
+    proc = ampsafe_run(*args, script=script, script_args=script_args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def needs(module: str):
     """The framework, or a skip naming the extra that installs it."""
     return pytest.importorskip(module, reason=f"{module} is not installed (pip install ampsafe[...] extras)")
