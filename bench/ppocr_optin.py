@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -471,23 +472,57 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
     return "\n".join(lines + closing_lines(RECIPE_NOTE, machine)) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ppocr_optin", description=__doc__.split("\n")[0])
+def optin_parser(prog: str, description: str, *, levels: list[str], out: str, runs=RUNS) -> argparse.ArgumentParser:
+    """The options both opt-in PaddleOCR benches take (``--src --levels --runs --work --out --collect``); a bench
+    adds its own before :func:`optin_args`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--src", default=os.environ.get("PADDLEOCR_SRC"), help="PaddleOCR checkout")
-    parser.add_argument("--levels", nargs="+", default=["O1", "O2"])
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    parser.add_argument("--levels", nargs="+", default=levels)
+    parser.add_argument("--runs", nargs="+", default=list(runs), choices=runs)
     parser.add_argument("--work", default=None, help="keep logs and per-step records here (default: a temp dir)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ppocr_optin"), help="OUT.md / OUT.json")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / out), help="OUT.md / OUT.json")
     parser.add_argument(
         "--collect", action="store_true", help="no training: write the results from WORK/<run>-<level>/result.json"
     )
+    return parser
+
+
+def optin_args(parser: argparse.ArgumentParser, argv: list[str] | None):
+    """Parsed options; a run without a PaddleOCR tree, or ``--collect`` without ``--work``, is a usage error."""
     args = parser.parse_args(argv)
     if not args.src and not args.collect:
         parser.error("set PADDLEOCR_SRC or pass --src")
     if args.collect and not args.work:
         parser.error("--collect needs --work")
+    return args
+
+
+def print_result(r: dict, head: str) -> None:
+    """One line per finished run, as the benches print it while they go."""
+    print(
+        f"{head}: rc {r['returncode']}, {r['steps']} steps, {r['overflowing_steps']} overflowing "
+        f"(first {r['first_overflow']}), final scale {r['final_scale']}, final loss {r['final_loss']}, "
+        f"heals {r['heals']} ({r['seconds']} s)",
+        flush=True,
+    )
+
+
+def write_results(out: Path, results: list[dict], markdown: Callable[[list[dict], dict], str]) -> None:
+    """``OUT.json`` (the results without their log tails, machine recorded) and ``OUT.md``, also printed."""
     from bench.common import machine
 
+    info = machine()
+    slim = [{k: v for k, v in r.items() if k not in ("log_tail", "report")} for r in results]
+    for r in slim:
+        r["command"] = [str(c) for c in r["command"]]
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": slim}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(results, info))
+    print(markdown(results, info))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = optin_parser("python -m bench.ppocr_optin", __doc__.split("\n")[0], levels=["O1", "O2"], out="ppocr_optin")
+    args = optin_args(parser, argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="ppocr-optin-"))
     results = []
     for level in args.levels:
@@ -499,21 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                 r = json.loads(path.read_text(encoding="utf-8"))
             else:
                 r = run_one(Path(args.src), work, run, level)
-            print(
-                f"{level} {run}: rc {r['returncode']}, {r['steps']} steps, {r['overflowing_steps']} overflowing "
-                f"(first {r['first_overflow']}), final scale {r['final_scale']}, final loss {r['final_loss']}, "
-                f"heals {r['heals']} ({r['seconds']} s)",
-                flush=True,
-            )
+            print_result(r, f"{level} {run}")
             results.append(r)
-    info = machine()
-    out = Path(args.out)
-    slim = [{k: v for k, v in r.items() if k != "log_tail"} for r in results]
-    for r in slim:
-        r["command"] = [str(c) for c in r["command"]]
-    out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": slim}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(to_markdown(results, info))
-    print(to_markdown(results, info))
+    write_results(Path(args.out), results, to_markdown)
     return 0
 
 

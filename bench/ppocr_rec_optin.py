@@ -20,7 +20,6 @@ records: loss, scale before and after, overflow, heals.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -29,7 +28,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ppocr_optin import STEPLOG_ENV, _fmt, closing_lines, command, parse_log, summarize, write_shim
+from bench.ppocr_optin import (
+    STEPLOG_ENV,
+    _fmt,
+    closing_lines,
+    command,
+    optin_args,
+    optin_parser,
+    parse_log,
+    print_result,
+    summarize,
+    write_results,
+    write_shim,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/rec/rec_svtrnet.yml"
@@ -213,24 +224,12 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ppocr_rec_optin", description=__doc__.split("\n")[0])
-    parser.add_argument("--src", default=os.environ.get("PADDLEOCR_SRC"), help="PaddleOCR checkout")
-    parser.add_argument("--levels", nargs="+", default=["O2", "O1"])
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    parser = optin_parser(
+        "python -m bench.ppocr_rec_optin", __doc__.split("\n")[0], levels=["O2", "O1"], out="ppocr_rec_optin", runs=RUNS
+    )
     parser.add_argument("--lrs", nargs="+", type=float, default=[LR], help="learning rates (one row set each)")
     parser.add_argument("--epochs", nargs="+", type=int, default=[1], help=f"epochs of {STEPS} steps (each a row set)")
-    parser.add_argument("--work", default=None, help="keep logs and per-step records here (default: a temp dir)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ppocr_rec_optin"), help="OUT.md / .json")
-    parser.add_argument(
-        "--collect", action="store_true", help="no training: write the results from WORK/<run>-<level>/result.json"
-    )
-    args = parser.parse_args(argv)
-    if not args.src and not args.collect:
-        parser.error("set PADDLEOCR_SRC or pass --src")
-    if args.collect and not args.work:
-        parser.error("--collect needs --work")
-    from bench.common import machine
-
+    args = optin_args(parser, argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="ppocr-rec-optin-"))
     results = []
     combos = [(lv, lr, ep, run) for lv in args.levels for lr in args.lrs for ep in args.epochs for run in args.runs]
@@ -244,19 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 r["heal_log"] = heal_lines((path.parent / "log.txt").read_text(encoding="utf-8"))
         else:
             r = run_one(Path(args.src), work, run, level, lr=lr, epochs=epochs)
-        print(
-            f"{level} {run}: rc {r['returncode']}, {r['steps']} steps, {r['overflowing_steps']} overflowing "
-            f"(first {r['first_overflow']}), final scale {r['final_scale']}, final loss {r['final_loss']}, "
-            f"heals {r['heals']} ({r['seconds']} s)",
-            flush=True,
-        )
+        print_result(r, f"{level} {run}")
         results.append(r)
-    info = machine()
-    out = Path(args.out)
-    slim = [{k: v for k, v in r.items() if k not in ("log_tail", "report")} for r in results]
-    out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": slim}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(to_markdown(results, info))
-    print(to_markdown(results, info))
+    write_results(Path(args.out), results, to_markdown)
     return 0
 
 
