@@ -18,9 +18,10 @@ import): an HF model is one with ``_keep_in_fp32_modules`` and ``_get_dtype_plan
 
 from __future__ import annotations
 
+from ..core.graph import FP16_MAX
+
 __all__ = ["is_hf_model", "keep_in_fp32", "follow"]
 
-FP16_MAX = 65504.0
 _MEMO = "_ampsafe_hf_keep_in_fp32"  # on the scaler: {"done": heals measured, "names": modules found}
 
 

@@ -6,7 +6,30 @@ how its framework registers a forward hook, and how to read a value from an outp
 
 from __future__ import annotations
 
-__all__ = ["AmaxRecorder"]
+import time
+
+from ..core.graph import FP16_MAX
+
+__all__ = ["AmaxRecorder", "FP16_MAX", "over_fp16", "record_head"]
+
+
+def over_fp16(amax_by_layer: dict) -> dict:
+    """The modules whose output abs-max is past float16's range, largest first."""
+    return {k: v for k, v in sorted(amax_by_layer.items(), key=lambda kv: -kv[1]) if v > FP16_MAX}
+
+
+def record_head(seed: int, recipe: dict, crossed: dict, history: list, started: float, **versions) -> dict:
+    """What every brink record starts with: the seed and recipe, the framework ``versions`` it was trained with,
+    the first step a module's output passed float16's range, the steps trained and how long they took (since the
+    ``time.perf_counter()`` value ``started``)."""
+    return {
+        "seed": seed,
+        "recipe": recipe,
+        **versions,
+        "crossed_step": crossed["step"],
+        "steps_trained": len(history),
+        "train_seconds": round(time.perf_counter() - started, 2),
+    }
 
 
 class AmaxRecorder:

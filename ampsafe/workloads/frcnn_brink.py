@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Union
 
-from .amax import AmaxRecorder
+from .amax import FP16_MAX, AmaxRecorder, over_fp16, record_head
 from .cache import cache_dir as _cache_dir
 from .cache import load_or_build, load_or_build_torch, recipe_key
 
@@ -43,7 +43,6 @@ __all__ = [
     "warm_start",
 ]
 
-FP16_MAX = 65504.0
 PROBE_FACTOR = 2.0  # the probe must exceed 2 x 65504: one bit of margin for float16's different proposals
 RECIPE = {
     "backbone": "mobilenet",
@@ -172,15 +171,10 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
             f"(first crossing: {crossed and crossed['step']})"
         )
     by_layer = crossed["amax_by_layer"]
-    over = {k: v for k, v in sorted(by_layer.items(), key=lambda kv: -kv[1]) if v > FP16_MAX}
+    over = over_fp16(by_layer)
     probe = _probe(workload, seed)
     record = {
-        "seed": seed,
-        "recipe": RECIPE,
-        "torch": torch.__version__,
-        "crossed_step": crossed["step"],
-        "steps_trained": len(history),
-        "train_seconds": round(time.perf_counter() - started, 2),
+        **record_head(seed, RECIPE, crossed, history, started, torch=torch.__version__),
         "first_layer": next(name for name, value in by_layer.items() if value > FP16_MAX),
         "over_fp16_at_crossing": over,
         "watched_at_crossing": {name: by_layer.get(name) for name in WATCHED},

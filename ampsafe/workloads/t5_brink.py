@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Union
 
+from .amax import FP16_MAX, over_fp16, record_head
 from .cache import cache_dir as _cache_dir
 from .cache import load_or_build_torch, recipe_key
 from .frcnn_brink import leaf_amax  # every leaf module's output abs-max, the same probe as frcnn's
@@ -48,7 +49,6 @@ __all__ = [
     "qk_logits_amax",
 ]
 
-FP16_MAX = 65504.0
 PROBE_FACTOR = 1.1  # the brink's wo output on example_inputs is this far past 65504 (float16 rounds at 0.05%)
 RECIPE = {
     "seq_len": 32,
@@ -154,14 +154,9 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
     by_layer = crossed["amax_by_layer"]
     probe = _probe(workload)
     record = {
-        "seed": seed,
-        "recipe": RECIPE,
-        "torch": torch.__version__,
-        "crossed_step": crossed["step"],
-        "steps_trained": len(history),
-        "train_seconds": round(time.perf_counter() - started, 2),
+        **record_head(seed, RECIPE, crossed, history, started, torch=torch.__version__),
         "first_layer": max(by_layer, key=by_layer.get),
-        "over_fp16_at_crossing": {k: v for k, v in sorted(by_layer.items(), key=lambda kv: -kv[1]) if v > FP16_MAX},
+        "over_fp16_at_crossing": over_fp16(by_layer),
         "probe": {k: v for k, v in sorted(probe.items(), key=lambda kv: -kv[1])[:8]},
         "over_fp16_probe": {k: v for k, v in probe.items() if v > FP16_MAX},
         "qk_logits_probe": qk_logits_amax(workload),

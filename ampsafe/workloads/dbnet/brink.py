@@ -20,7 +20,7 @@ from typing import Union
 
 import numpy as np
 
-from ..amax import AmaxRecorder
+from ..amax import FP16_MAX, AmaxRecorder, over_fp16, record_head
 from ..cache import cache_dir as _cache_dir
 from ..cache import load_or_build, recipe_key
 
@@ -38,7 +38,6 @@ __all__ = [
     "cache_path",
 ]
 
-FP16_MAX = 65504.0
 RECIPE = {
     "config": "det_mv3_db",
     "image_size": 128,
@@ -152,13 +151,9 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
                 break
     if crossed is None:
         raise RuntimeError(f"DBNet seed {seed} did not exceed float16's range in {RECIPE['max_steps']} steps")
-    over = {k: v for k, v in sorted(crossed["amax_by_layer"].items(), key=lambda kv: -kv[1]) if v > FP16_MAX}
+    over = over_fp16(crossed["amax_by_layer"])
     record = {
-        "seed": seed,
-        "recipe": RECIPE,
-        "crossed_step": crossed["step"],
-        "steps_trained": len(history),
-        "train_seconds": round(time.perf_counter() - started, 2),
+        **record_head(seed, RECIPE, crossed, history, started),
         "first_layer": next(name for name, value in crossed["amax_by_layer"].items() if value > FP16_MAX),
         "watched_at_crossing": {name: crossed["amax_by_layer"].get(name) for name in WATCHED},
         "over_fp16_at_crossing": over,
