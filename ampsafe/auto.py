@@ -1,7 +1,8 @@
 """``import ampsafe.auto``: put ampsafe in place for code you don't edit (a notebook, or ``ampsafe run``'s child).
 
 Importing it installs with ``ampsafe run``'s options (the ``AMPSAFE_RUN_OPTIONS`` environment variable) or the
-defaults; ``install(...)`` afterwards changes them. The machinery lives in :mod:`ampsafe.run.auto`.
+defaults; ``install(...)`` afterwards changes them. The machinery lives in :mod:`ampsafe.run.auto` (each
+installation one :class:`~ampsafe.run.session.RunSession`).
 """
 
 from .run.auto import (  # noqa: F401

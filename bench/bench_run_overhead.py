@@ -47,9 +47,9 @@ def guard_overhead(rounds: int, batch: int) -> dict:
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    import ampsafe.run.auto as run_auto
+    from ampsafe.run.session import current
 
-    (guard,) = [g for g in run_auto._state["guards"] if g.backend.name == "torch"]
+    (guard,) = [g for g in current().guards if g.backend.name == "torch"]
     x, y = torch.randn(batch, 3, 224, 224), torch.randint(0, 1000, (batch,))
     capture: list = []
 

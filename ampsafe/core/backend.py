@@ -20,14 +20,14 @@ What a new framework supplies: one package ``ampsafe/<name>/`` whose ``backend.p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any, Protocol
 
 from .graph import Graph
 from .swaps import Swaps
 
-__all__ = ["Backend", "Tensors", "TensorsBase", "Amp", "AdapterModules", "owner_of", "live_roots"]
+__all__ = ["Backend", "Tensors", "TensorsBase", "Amp", "Site", "AdapterModules", "owner_of", "live_roots"]
 
 
 class Tensors(Protocol):
@@ -144,6 +144,9 @@ class Amp(Protocol):
     # level -> (where, advice) for a level whose island line differs from the default one (Paddle O2: applied
     # after ``paddle.amp.decorate``, which casts the parameters): ``ampsafe run``'s report words its fix with them
     island_levels: dict
+    # the run's scaler options as this framework's GradScaler spells them ({"min_scale": "min_loss_scaling", ...}):
+    # ``ampsafe run`` passes its floor to the scaler under these names
+    scaler_args: Mapping[str, str]
 
     def float32(self) -> ContextManager:
         """No autocast, no float16 emulation, no grad: what float32 really gives (a float32 replay or reference,
@@ -253,11 +256,45 @@ class Backend(Protocol):
     def install_run(self, options, ledger, site) -> None:
         """Put ``ampsafe run``'s hooks in place in this framework, called right after it is imported in the run's
         child: its GradScaler spellings -> ampsafe's scaler (``site.scaler_class``, floor from
-        ``options.scaler_kwargs(name)``), the FP32 guard on its optimizers (``site.step_guard``), ``--emulate-fp16``
+        ``options.scaler_kwargs(amp.scaler_args)``), the FP32 guard on its optimizers (``site.step_guard``), ``--emulate-fp16``
         emulation, target checks of its detection libraries (``site.target_hook``). Every patch goes through
         ``ledger`` (an :class:`~ampsafe.core.attr_patches.AttrPatches`: ``set``, ``wrap``, ``on_restore``), which
-        ``ampsafe.auto.uninstall`` undoes; ``site`` (``ampsafe.run.auto._Site``) also prints and records the banner
+        ``ampsafe.auto.uninstall`` undoes; ``site`` (a :class:`Site`) also prints and records the banner
         lines (``say``, ``note``, ``tell``) and runs code after a later import (``when_imported``)."""
+
+
+class Site(Protocol):
+    """The run's framework-neutral pieces, as ``Backend.install_run(options, ledger, site)`` gets them: they live
+    in the run (``ampsafe.run.site.RunSite``), which a backend package never imports."""
+
+    def say(self, line: str) -> None:
+        """A line for the banner (stderr) only."""
+
+    def note(self, line: str) -> None:
+        """A line for the summary's list of changes only (one per patched attribute)."""
+
+    def tell(self, line: str) -> None:
+        """A line for both."""
+
+    def swap(self, ledger, owner, attr: str, value, label: str) -> None:
+        """``owner.attr = value`` (in ``ledger``) where ``owner`` has that attribute, ``label`` noted."""
+
+    def when_imported(self, name: str, callback: Callable) -> None:
+        """``callback(module)`` right after module ``name`` is imported (now if it is)."""
+
+    def scaler_class(self, base: type, framework: str, **how) -> type:
+        """The class put in place of ``framework``'s GradScaler: ``base`` with the run's floor as defaults
+        (``defaults``), told ``scale``, ``guards``, ``steps``, ``map_device``, ``replaces``."""
+
+    def shim(self, cls: type, replaces: type | None) -> type:
+        """Another spelling of :meth:`scaler_class`'s class, answering ``isinstance`` for ``replaces``."""
+
+    def step_guard(self, backend, finite: Callable, offenders: Callable) -> Any:
+        """The FP32 guard of ``backend``'s optimizers (``ampsafe.run.guard.StepGuard``) with the run's options."""
+
+    def target_hook(self, where: str, policy: str) -> Any:
+        """A target check of one detection entry point (``ampsafe.run.targets.TargetHook``), counted in the
+        summary."""
 
 
 class AdapterModules:

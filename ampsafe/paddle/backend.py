@@ -49,6 +49,7 @@ class PaddleAmp:
 
     low_dtypes = LOW_DTYPES
     # O2's ``paddle.amp.decorate`` casts the parameters to float16, so an island there is applied after it
+    scaler_args = {"min_scale": "min_loss_scaling", "on_floor": "on_floor"}  # ampsafe.paddle.GradScaler's names
     island_levels = {
         "O2": (
             "Paddle O2, after paddle.amp.decorate",

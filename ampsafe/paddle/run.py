@@ -8,7 +8,7 @@ In this order:
 * the FP32 guard: every ``paddle.optimizer.Optimizer`` subclass's ``step`` and ``minimize(loss)`` are guarded at
   its first construction, and every ``Tensor.backward`` notes its loss;
 * ``paddle.amp.GradScaler`` and ``paddle.amp.AmpScaler`` (also in ``paddle.amp.grad_scaler``) resolve to
-  :class:`ampsafe.paddle.GradScaler` with the run's floor, as :meth:`RunOptions.scaler_kwargs` spells it for
+  :class:`ampsafe.paddle.GradScaler` with the run's floor, as its ``amp.scaler_args`` spell it for
   Paddle (``min_loss_scaling``); ``AmpScaler`` keeps its own defaults;
 * once ppdet's batch transforms are imported, the ones that turn ``gt_bbox`` into targets check the boxes first.
 
@@ -78,7 +78,7 @@ def _swap_scalers(options, ledger, site) -> None:
     scaler = site.scaler_class(
         GradScaler,
         name,
-        defaults=options.scaler_kwargs(name),
+        defaults=options.scaler_kwargs(BACKEND.amp.scaler_args),
         scale=GradScaler.get_loss_scaling,
         guards=lambda s: s._guard or s.is_enable(),  # scaling, or ampsafe's own FP32 guard mode
         steps=("step", "minimize"),
@@ -86,7 +86,7 @@ def _swap_scalers(options, ledger, site) -> None:
     )
     # AmpScaler built as a scaler: its own defaults (init_loss_scaling=2**15, incr_every_n_steps=1000)
     amp = site.shim(amp_scaler(scaler), getattr(native, "AmpScaler", None))
-    floor = options.scaler_text(name)
+    floor = options.scaler_text(BACKEND.amp.scaler_args)
 
     def swap(owner, attr: str, value, label: str) -> None:
         site.swap(ledger, owner, attr, value, label)

@@ -18,11 +18,27 @@ import): an HF model is one with ``_keep_in_fp32_modules`` and ``_get_dtype_plan
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..core.graph import FP16_MAX
 
 __all__ = ["is_hf_model", "keep_in_fp32", "follow"]
 
-_MEMO = "_ampsafe_hf_keep_in_fp32"  # on the scaler: {"done": heals measured, "names": modules found}
+_MEMO = "_ampsafe_hf_keep_in_fp32"  # on the scaler: its _Measured
+
+
+@dataclass
+class _Measured:
+    """What was measured of one scaler's heals so far: how many heals, and the modules found past float16."""
+
+    done: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+def _paths(record, name: str) -> tuple:
+    """A heal record's ``paths`` / ``patched`` (a dict or a record object)."""
+    value = record.get(name, ()) if isinstance(record, dict) else getattr(record, name, ())
+    return tuple(value or ())
 
 
 def is_hf_model(model) -> bool:
@@ -38,24 +54,24 @@ def _measure(scaler) -> None:
     """Measure the heals ``scaler`` made since the last call, on the healer's last batch, into its memo."""
     healer = _healer(scaler)
     heals = getattr(healer, "heals", None) or []
-    memo = scaler.__dict__.setdefault(_MEMO, {"done": 0, "names": []})
+    memo = scaler.__dict__.setdefault(_MEMO, _Measured())
     model = getattr(healer, "model", None)
-    if len(heals) <= memo["done"] or not is_hf_model(model):
+    if len(heals) <= memo.done or not is_hf_model(model):
         return
     inputs = healer.last_inputs
     if inputs is None:
         return  # the step's batch is gone: the next step's callback measures on its batch
     modules = healer.backend.modules(model)
     owners: list[str] = []
-    for record in heals[memo["done"] :]:
-        for path in [*record.get("paths", ()), *record.get("patched", ())]:
+    for record in heals[memo.done :]:
+        for path in [*_paths(record, "paths"), *_paths(record, "patched")]:
             module = modules.get(path)
             if path and path not in owners and module is not None and any(True for _ in module.parameters(False)):
                 owners.append(path)
     amax = _output_amax(healer.backend, model, {path: modules[path] for path in owners}, inputs) if owners else {}
     # NaN counts as past the range
-    memo["names"] += [p for p in owners if p not in memo["names"] and not amax.get(p, 0.0) <= FP16_MAX]
-    memo["done"] = len(heals)
+    memo.names += [p for p in owners if p not in memo.names and not amax.get(p, 0.0) <= FP16_MAX]
+    memo.done = len(heals)
 
 
 def follow(scaler):
@@ -84,7 +100,7 @@ def keep_in_fp32(scaler) -> list[str] | None:
     if not is_hf_model(getattr(healer, "model", None)) or not getattr(healer, "heals", None):
         return None
     _measure(scaler)  # heals not measured yet, if the batch is still there
-    return list(scaler.__dict__.get(_MEMO, {}).get("names", []))
+    return list(scaler.__dict__.get(_MEMO, _Measured()).names)
 
 
 def _output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:

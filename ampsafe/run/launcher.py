@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     options, source = _resolve(args, command)
     print(
         f"ampsafe run: torch's and Paddle's GradScalers (every spelling) -> ampsafe's scalers with "
-        f"the script's arguments plus {options.scaler_text('torch')}"
+        f"the script's arguments plus {options.scaler_text()}"
         f"{', watch' if options.watch else ''}{source}; other optimizer steps guarded (max_skips="
         f"{options.max_skips}); detection targets checked (on_bad_target={options.on_bad_target!r})"
         f"{'; float16 emulated on the CPU' if options.emulate_fp16 else ''}; safe necks registered for "

@@ -4,12 +4,13 @@ Why: the parent process (the command line and a config's ``ampsafe:`` section), 
 environment variable) and ``ampsafe.auto.install(...)`` (a notebook) all state the same options. One frozen
 dataclass validated once at construction means a bad value is refused where it was written, each name is
 spelled once, and what each framework calls an option (Paddle's ``min_loss_scaling``) is stated here, not in the
-middle of the code that builds its scaler. Pure Python: imports no framework.
+middle of the code that builds its scaler: each backend's ``amp.scaler_args`` names them. Pure Python: imports
+no framework, and names none.
 
     options = RunOptions.from_cli(args, config_section)   # the parent
     env[ENV_OPTIONS] = options.to_env()                   # handed to the child
     options = RunOptions.from_env()                       # the child (defaults when unset)
-    options.scaler_kwargs("paddle")                       # {"min_loss_scaling": 1.0, "on_floor": "heal"}
+    options.scaler_kwargs(backend.amp.scaler_args)        # Paddle: {"min_loss_scaling": 1.0, "on_floor": "heal"}
 """
 
 from __future__ import annotations
@@ -32,12 +33,7 @@ ENV_REPORT = "AMPSAFE_RUN_REPORT"  # a directory: each process of the command wr
 ON_BAD_TARGET = ("raise", "drop")
 DEFAULT_REPORT_DIR = "ampsafe-run"
 
-# what each framework's GradScaler calls the run's scaler options (the scalers take the script's own arguments
-# plus these as defaults)
-_SCALER_NAMES = {
-    "torch": {"min_scale": "min_scale", "on_floor": "on_floor"},
-    "paddle": {"min_scale": "min_loss_scaling", "on_floor": "on_floor"},
-}
+SCALER_ARGS = ("min_scale", "on_floor")  # the options a run's scaler takes (``Amp.scaler_args`` renames them)
 
 
 @dataclass(frozen=True)
@@ -136,17 +132,12 @@ class RunOptions:
         return dataclasses.replace(self, **changes)
 
     # -- per framework
-    def scaler_kwargs(self, framework: str) -> dict[str, Any]:
-        """The floor options as ``framework``'s GradScaler spells them (torch ``min_scale``, Paddle
-        ``min_loss_scaling``)."""
-        try:
-            names = _SCALER_NAMES[framework]
-        except KeyError:
-            raise ConfigError(
-                f"no scaler option names for framework {framework!r}; known: {sorted(_SCALER_NAMES)}"
-            ) from None
-        return {names["min_scale"]: self.min_scale, names["on_floor"]: self.on_floor}
+    def scaler_kwargs(self, names: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The floor options as a framework's GradScaler spells them: ``names`` is its ``amp.scaler_args``
+        (Paddle's ``min_loss_scaling``); None: as the options are named (torch's spelling too)."""
+        names = names or {}
+        return {names.get(name, name): getattr(self, name) for name in SCALER_ARGS}
 
-    def scaler_text(self, framework: str) -> str:
+    def scaler_text(self, names: Mapping[str, str] | None = None) -> str:
         """``min_loss_scaling=1.0, on_floor='heal'``: the floor as the framework's scaler is told it."""
-        return ", ".join(f"{k}={v!r}" for k, v in self.scaler_kwargs(framework).items())
+        return ", ".join(f"{k}={v!r}" for k, v in self.scaler_kwargs(names).items())

@@ -33,6 +33,7 @@ class TorchAmp:
 
     low_dtypes = LOW_DTYPES
     island_levels: dict = {}  # autocast casts per op, never the parameters: one island line fits every level
+    scaler_args = {"min_scale": "min_scale", "on_floor": "on_floor"}  # ampsafe.torch.GradScaler's names
     in_float32 = staticmethod(in_float32)
     check_level = staticmethod(levels.check_level)
 

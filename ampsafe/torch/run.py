@@ -7,7 +7,7 @@ In this order:
   scalers below build their device through its ``map_device``;
 * every spelling of torch's GradScaler (``torch.GradScaler``, ``torch.amp[.grad_scaler].GradScaler``, the
   deprecated ``torch.{cuda,cpu}.amp[.grad_scaler].GradScaler``) resolves to :class:`ampsafe.torch.GradScaler`
-  with the run's floor, as :meth:`RunOptions.scaler_kwargs` spells it for torch;
+  with the run's floor, as its ``amp.scaler_args`` spell it for torch;
 * the FP32 guard: every ``torch.optim.Optimizer`` subclass's ``step`` is guarded at its first construction, every
   ``Tensor.backward`` notes its loss, and torch's global step pre-hook counts the steps nobody checked;
 * once torchvision's detection models are imported, ``GeneralizedRCNN.forward`` checks its training targets.
@@ -59,11 +59,11 @@ def _swap_scalers(options, ledger, site, map_device) -> None:
     from .scaler import GradScaler, device_scaler
 
     name = BACKEND.name
-    floor = options.scaler_text(name)
+    floor = options.scaler_text(BACKEND.amp.scaler_args)
     scaler = site.scaler_class(
         GradScaler,
         name,
-        defaults=options.scaler_kwargs(name),
+        defaults=options.scaler_kwargs(BACKEND.amp.scaler_args),
         scale=GradScaler.get_scale,
         guards=lambda s: s._guard or s.is_enabled(),  # scaling, or ampsafe's own FP32 guard mode
         steps=("step",),

@@ -113,22 +113,18 @@ def test_run_backoff_scan_names_the_modules_the_island_of_its_paths_patches(back
     from types import SimpleNamespace
 
     from ampsafe.core.capture import InputCapture
-    from ampsafe.run.auto import BACKOFF_SCAN_AT, _backoff_scan
+    from ampsafe.run.tracked import backoff_scan
 
     model, x = make(backbone_cls)
     backend = backend_of(model)
     scaler = SimpleNamespace(model=model, capture=InputCapture(backend, model), _backend=lambda: backend)
     model(x)  # the step's batch, as the scaler's capture holds it during update()
-    entry: dict = {}
-    on_step = _backoff_scan(scaler, entry)
-    for step in range(BACKOFF_SCAN_AT):
-        on_step(SimpleNamespace(found_inf=True, floor_hit=False, step=step))
-    scan = entry["backoff_scan"]
-    assert "backbone.blocks" in scan["paths"], scan
+    scan = backoff_scan(scaler, step=2)
+    assert "backbone.blocks" in scan.paths, scan
     if backbone_cls is Moves:
-        assert {"backbone.blocks", "backbone.merge"} <= set(scan["modules"]) and "backbone" not in scan["modules"]
+        assert {"backbone.blocks", "backbone.merge"} <= set(scan.modules) and "backbone" not in scan.modules
     else:
-        assert "backbone" in scan["modules"] and not any(m.startswith("backbone.") for m in scan["modules"])
+        assert "backbone" in scan.modules and not any(m.startswith("backbone.") for m in scan.modules)
     risky = [p for p in ampsafe.scan(model, (x,)).paths if p.risky]
     ampsafe.patch(model, policy="island", paths=risky)  # what the heal does with the same paths
-    assert set(ampsafe.patching.patched_modules(model)) == set(scan["modules"])
+    assert set(ampsafe.patching.patched_modules(model)) == set(scan.modules)

@@ -20,10 +20,14 @@ def test_options_round_trip_through_the_child_environment():
 
 
 def test_each_framework_gets_the_floor_in_its_own_words():
+    from ampsafe._framework import backend_named
+
     options = RunOptions(min_scale=2.0, on_floor="raise")
-    assert options.scaler_kwargs("torch") == {"min_scale": 2.0, "on_floor": "raise"}
-    assert options.scaler_kwargs("paddle") == {"min_loss_scaling": 2.0, "on_floor": "raise"}
-    assert options.scaler_text("paddle") == "min_loss_scaling=2.0, on_floor='raise'"
+    torch_args, paddle_args = (backend_named(name).amp.scaler_args for name in ("torch", "paddle"))
+    assert options.scaler_kwargs(torch_args) == {"min_scale": 2.0, "on_floor": "raise"}
+    assert options.scaler_kwargs(paddle_args) == {"min_loss_scaling": 2.0, "on_floor": "raise"}
+    assert options.scaler_text(paddle_args) == "min_loss_scaling=2.0, on_floor='raise'"
+    assert options.scaler_text() == "min_scale=2.0, on_floor='raise'"  # the options' own names
 
 
 def test_command_line_over_config_over_defaults():

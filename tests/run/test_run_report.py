@@ -89,12 +89,14 @@ def test_paddle_heals_give_the_island_patch_for_O1_and_after_decorate_for_O2():
     }
     fix = permanent_fix(report)
     paths = ["neck.in2_conv", "head.binarize.conv1", "backbone.stages.0.conv"]
-    assert fix["patch"] == f'ampsafe.patch(model, policy="island", paths={json.dumps(paths)})'
+    assert fix.patch == f'ampsafe.patch(model, policy="island", paths={json.dumps(paths)})'
     # O2: the islands' compute in float32 (decorate's excluded_layers keeps only their parameters)
-    assert fix["paddle_o2"] == f'ampsafe.patch(model, policy="island", level="O2", paths={json.dumps(paths)})'
+    assert (
+        fix.level_lines["paddle_o2"] == f'ampsafe.patch(model, policy="island", level="O2", paths={json.dumps(paths)})'
+    )
     markdown = to_markdown(report, fix)
-    assert fix["patch"] in markdown and fix["paddle_o2"] in markdown and "level='O2'" in markdown
-    assert "excluded_layers" not in fix["paddle_o2"] and "Nothing to change" not in markdown
+    assert fix.patch in markdown and fix.level_lines["paddle_o2"] in markdown and "level='O2'" in markdown
+    assert "excluded_layers" not in fix.level_lines["paddle_o2"] and "Nothing to change" not in markdown
 
 
 def test_next_run_line_keeps_the_run_options_and_is_shell_quoted(upstream, tmp_path):
@@ -104,7 +106,7 @@ def test_next_run_line_keeps_the_run_options_and_is_shell_quoted(upstream, tmp_p
     command = ["python", "tools/train.py", "-c", str(config), "-o", "weights=my dir/model.pdparams"]
     fix = permanent_fix({"scalers": []}, config=config, command=command, run_args=["--emulate-fp16"])
     out = config.with_name("faster_rcnn_r50_fpn_1x_coco_ampsafe.yml")
-    assert fix["swap_neck"]["run"] == (
+    assert fix.swap_neck.run == (
         f"ampsafe run --emulate-fp16 -- python tools/train.py -c {out} -o 'weights=my dir/model.pdparams'"
     )
     assert "Command: `python tools/train.py -c" in to_markdown({"scalers": []}, fix, command=command, plot=None)

@@ -83,12 +83,12 @@ def test_run_report_words_a_heal_in_hf_terms_only_for_hf_models():
     row = {"framework": "torch", "class": "ampsafe.torch.scaler.GradScaler", "heals": 1, "scale": 1024.0}
     row["heal_records"] = [{"step": 3, "paths": [WO, "decoder.final_layer_norm"]}]
     plain = permanent_fix({"scalers": [{**row, "hf_keep_in_fp32": None}]})
-    assert plain["hf_keep_in_fp32"] is None and WO in plain["patch"]
+    assert plain.hf_keep_in_fp32 is None and WO in plain.patch
     report = {"scalers": [{**row, "hf_keep_in_fp32": [WO]}]}
     fix = permanent_fix(report)
-    assert fix["hf_keep_in_fp32"] == f'model._keep_in_fp32_modules = ["{WO}"]'
+    assert fix.hf_keep_in_fp32 == f'model._keep_in_fp32_modules = ["{WO}"]'
     text = to_markdown(report, fix, plot=None)
-    assert fix["hf_keep_in_fp32"] in text and fix["patch"] in text and "from_pretrained" in text
+    assert fix.hf_keep_in_fp32 in text and fix.patch in text and "from_pretrained" in text
 
 
 @pytest.mark.trajectory

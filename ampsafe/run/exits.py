@@ -1,0 +1,71 @@
+"""How the script ended, and the child's summary written at exit.
+
+Why: a run that stops early must say why in its report. ``sys.excepthook`` notes the error that ended it;
+``sys.exit`` notes the script's own exit status and where it asked for it (torchvision's engine exits 1 on a
+non-finite loss before any optimizer step). Both are patched through the run's ledger, so ``uninstall`` puts
+them back. At exit (``atexit``, ``ampsafe run``'s child), :func:`write_report` writes ``<pid>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..core.attr_patches import AttrPatches
+from .options import ENV_REPORT
+from .records import Ended
+
+__all__ = ["ExitHooks", "write_report"]
+
+
+class ExitHooks:
+    """``sys.excepthook`` and ``sys.exit`` noting how the run ended (:attr:`ended`, None while it goes on)."""
+
+    def __init__(self) -> None:
+        self.ended: Ended | None = None
+        self._excepthook = sys.excepthook
+        self._sys_exit = sys.exit
+
+    def install(self, ledger: AttrPatches) -> None:
+        self.ended = None
+        self._excepthook, self._sys_exit = sys.excepthook, sys.exit
+        ledger.set(sys, "excepthook", self.note_exception)
+        ledger.set(sys, "exit", self.note_exit)
+
+    def note_exception(self, exc_type, exc, tb) -> None:
+        """``sys.excepthook``: the error that ended the run, quoted in the summary and the report."""
+        if exc_type is not None and not issubclass(exc_type, KeyboardInterrupt):
+            first = (str(exc).splitlines() or [""])[0]
+            self.ended = Ended(exception=f"{exc_type.__name__}: {first}"[:500])
+        self._excepthook(exc_type, exc, tb)
+
+    def note_exit(self, code=None):
+        """``sys.exit``: the script's own exit status and where it asked for it."""
+        frame = sys._getframe(1)
+        where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        self.ended = Ended(exit=code if code is None or isinstance(code, int) else str(code)[:500], where=where)
+        self._sys_exit(code)
+
+
+def _explain_exit(guards: list) -> None:
+    """The script stopped with a forward no optimizer step followed: replay it once in float32 (FP32 guard)."""
+    if any(g.exit_origin for g in guards):
+        return
+    for guard in guards:
+        if guard.explain_exit() is not None:
+            return
+
+
+def write_report(session) -> None:
+    """``<pid>.json`` in ``AMPSAFE_RUN_REPORT``: the summary of ``session`` (a
+    :class:`~ampsafe.run.session.RunSession`), when it is still installed."""
+    directory = os.environ.get(ENV_REPORT)
+    if not directory or not session.open:
+        return
+    _explain_exit(session.guards)
+    try:
+        with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as fh:
+            json.dump(session.summary().to_dict(), fh, default=repr)
+    except OSError as exc:
+        print(f"[ampsafe] could not write the run report: {exc}", file=sys.stderr)

@@ -1,0 +1,299 @@
+"""What ``ampsafe run``'s child hands its parent, and what the report reads: frozen records, each with
+``to_dict`` / ``from_dict`` (JSON), as :class:`~ampsafe.run.options.RunOptions` has.
+
+Why: the child writes its summary as JSON at exit (``<pid>.json``), the parent reads it back, and the report words
+it. One record per kind of fact, every field declared with its default, means a key is spelled once, a summary
+from an older or partial source still reads (a missing key is its default), and the report reads attributes.
+
+    summary = RunSummary.from_dict(json.load(fh))     # the parent
+    summary.scalers[0].skipped_at                     # the report
+    fix = permanent_fix(summary); fix.to_dict()       # report.json's "fix"
+
+Pure Python: imports no framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from .options import RunOptions
+
+__all__ = [
+    "Heal",
+    "BackoffScan",
+    "WatchBackoff",
+    "Reload",
+    "ScalerRecord",
+    "Origin",
+    "GuardRecord",
+    "TargetRecord",
+    "Ended",
+    "RunSummary",
+    "SwapNeck",
+    "PermanentFix",
+]
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it: records as dicts, tuples as lists."""
+    if isinstance(value, _Record):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+class _Record:
+    """``to_dict`` / ``from_dict`` by the dataclass fields. ``_KEYS``: field -> its JSON key where they differ;
+    ``_ONE`` / ``_MANY``: field -> the record type of one nested value / of each item of a sequence."""
+
+    _KEYS: ClassVar[Mapping[str, str]] = {}
+    _ONE: ClassVar[Mapping[str, type]] = {}
+    _MANY: ClassVar[Mapping[str, type]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {self._KEYS.get(f.name, f.name): _plain(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None):
+        """The record a :meth:`to_dict` (or its JSON) holds; a missing key is the field's default, an unknown
+        one is ignored (a later summary may carry more)."""
+        data = data or {}
+        values = {}
+        for f in fields(cls):
+            key = cls._KEYS.get(f.name, f.name)
+            if key not in data:
+                continue
+            value = data[key]
+            if f.name in cls._ONE and value is not None and not isinstance(value, _Record):
+                value = cls._ONE[f.name].from_dict(value)
+            elif f.name in cls._MANY:
+                kind = cls._MANY[f.name]
+                value = tuple(v if isinstance(v, _Record) else kind.from_dict(v) for v in value or ())
+            elif isinstance(value, list):
+                value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+            values[f.name] = value
+        return cls(**values)
+
+
+# --------------------------------------------------------------------------------------------- one scaler
+
+
+@dataclass(frozen=True)
+class Heal(_Record):
+    """One heal as the summary keeps it: the step and the module paths it islanded (relative to the holder)."""
+
+    step: int | None = None
+    paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackoffScan(_Record):
+    """``ampsafe.scan`` on the batch of the ``BACKOFF_SCAN_AT``-th backoff above the floor: the risky paths, the
+    modules an island of them patches, or why the scan could not run."""
+
+    step: int | None = None
+    paths: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class WatchBackoff(_Record):
+    """``--watch``: one routine backward overflow the scaler absorbed (counted, not raised)."""
+
+    step: int | None = None
+    scale: float | None = None
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class Reload(_Record):
+    """The script loaded its scaler's state (a checkpoint reload) mid-run."""
+
+    after_step: int | None = None
+    scale_before: float | None = None
+    scale_after: float | None = None
+
+
+@dataclass(frozen=True)
+class ScalerRecord(_Record):
+    """One scaler the run built: the summary's row. ``steps``: ``(step, scale, overflow, floor hit)`` per step
+    (the plot); ``island_levels``: level -> (where, advice) of the framework's levels whose island line differs;
+    the counters are the scaler's ``stats``."""
+
+    _KEYS: ClassVar[Mapping[str, str]] = {"class_name": "class"}
+    _ONE: ClassVar[Mapping[str, type]] = {"backoff_scan": BackoffScan}
+    _MANY: ClassVar[Mapping[str, type]] = {"heal_records": Heal, "watch_backoffs": WatchBackoff, "reloads": Reload}
+
+    class_name: str = ""
+    framework: str = ""
+    script_kwargs: Mapping[str, str] = field(default_factory=dict)
+    scale: float | None = None
+    disabled_reason: str | None = None
+    model: str | None = None
+    model_path: str | None = None
+    heal_records: tuple[Heal, ...] = ()
+    hf_keep_in_fp32: tuple[str, ...] | None = None
+    steps: tuple[tuple, ...] = ()
+    watch_backoffs: tuple[WatchBackoff, ...] = ()
+    backoff_scan: BackoffScan | None = None
+    island_levels: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    reloads: tuple[Reload, ...] = ()
+    total_steps: int = 0
+    skipped_steps: int = 0
+    overflow_steps: int = 0
+    floor_hits: int = 0
+    scale_history: tuple[float, ...] = ()
+    heals: int = 0
+
+    @property
+    def skipped_at(self) -> list[int]:
+        """The steps that overflowed (skipped), from the per-step records."""
+        return [r[0] for r in self.steps if r[2]]
+
+    @property
+    def first_scale(self) -> float | None:
+        return self.steps[0][1] if self.steps else None
+
+
+# --------------------------------------------------------------------------------------------- guards, targets
+
+
+@dataclass(frozen=True)
+class Origin(_Record):
+    """Where a replay or the sentinel found the first non-finite value: op, module, pass, sample, kind."""
+
+    step: int | None = None
+    phase: str = ""
+    module: str | None = None
+    op: str = ""
+    kind: str = ""
+    sample: int | None = None
+    where: str = ""
+    how: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class GuardRecord(_Record):
+    """One framework's FP32 guard (:class:`~ampsafe.run.guard.StepGuard`): the optimizer steps it saw and skipped."""
+
+    _ONE: ClassVar[Mapping[str, type]] = {"exit_origin": Origin}
+
+    framework: str = ""
+    model: str | None = None
+    total_steps: int = 0
+    skipped_steps: int = 0
+    skipped_at: tuple[int, ...] = ()
+    offenders: tuple[str, ...] = ()
+    scaler_steps: int = 0
+    unchecked_steps: int = 0
+    max_skips: int = 0
+    restored: tuple[str, ...] = ()
+    exit_origin: Origin | None = None
+
+
+@dataclass(frozen=True)
+class TargetRecord(_Record):
+    """One checked detection entry point (:class:`~ampsafe.run.targets.TargetHook`)."""
+
+    where: str = ""
+    policy: str = ""
+    calls: int = 0
+    bad_boxes: int = 0
+    first: str | None = None
+
+
+@dataclass(frozen=True)
+class Ended(_Record):
+    """What ended the run early: an uncaught error (``exception``) or the script's own ``sys.exit`` (``exit`` and
+    ``where`` it was called)."""
+
+    exception: str | None = None
+    exit: int | str | None = None
+    where: str | None = None
+
+
+@dataclass(frozen=True)
+class RunSummary(_Record):
+    """One process of the run: what ampsafe changed, its scalers, guards, target checks and how it ended."""
+
+    _ONE: ClassVar[Mapping[str, type]] = {"ended": Ended}
+    _MANY: ClassVar[Mapping[str, type]] = {"scalers": ScalerRecord, "guards": GuardRecord, "targets": TargetRecord}
+
+    pid: int | None = None
+    options: RunOptions | None = None
+    changes: tuple[str, ...] = ()
+    scalers: tuple[ScalerRecord, ...] = ()
+    guards: tuple[GuardRecord, ...] = ()
+    targets: tuple[TargetRecord, ...] = ()
+    ended: Ended | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["options"] = self.options.to_dict() if self.options is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RunSummary:
+        data = dict(data or {})
+        options = data.pop("options", None)
+        summary = super().from_dict(data)
+        if isinstance(options, Mapping):
+            options = RunOptions.from_mapping(options, where="the run summary's options")
+        return dataclasses.replace(summary, options=options)
+
+    @property
+    def watch(self) -> bool:
+        return bool(self.options is not None and self.options.watch)
+
+
+# --------------------------------------------------------------------------------------------- the fix
+
+
+@dataclass(frozen=True)
+class SwapNeck(_Record):
+    """The ``ampsafe swap-neck`` command for the ``-c`` config (``applicable``), or why there is none."""
+
+    applicable: bool = False
+    reason: str | None = None
+    command: str | None = None
+    config: str | None = None
+    run: str | None = None
+
+
+@dataclass(frozen=True)
+class PermanentFix(_Record):
+    """What to change so that the next run needs no healing (``report.json``'s ``fix``).
+
+    ``patch``: the healed modules as one island line; ``level_lines``: ``<framework>_<level>`` (``paddle_o2``) ->
+    the island line for a level whose line differs, with its advice in ``level_islands`` (in JSON each line sits
+    under its own key beside ``patch``); ``hf_keep_in_fp32``: HF's ``_keep_in_fp32_modules`` line; ``advice``: one
+    sentence per other problem; ``problems``: everything that went wrong (:func:`ampsafe.run.report.problems`)."""
+
+    _ONE: ClassVar[Mapping[str, type]] = {"swap_neck": SwapNeck}
+
+    patch: str | None = None
+    level_islands: Mapping[str, str] = field(default_factory=dict)
+    swap_neck: SwapNeck | None = None
+    advice: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    hf_keep_in_fp32: str | None = None
+    level_lines: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        lines = data.pop("level_lines")
+        return {**data, **lines}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PermanentFix:
+        data = dict(data or {})
+        lines = {key: data.pop(key) for key in data.get("level_islands") or {} if key in data}
+        return dataclasses.replace(super().from_dict(data), level_lines=lines)
