@@ -395,38 +395,9 @@ def canonical(func, args: tuple) -> tuple[str, OpKind]:
 
 # --- torch autocast lists, in canonical names ------------------------------------------------------------
 
-# CUDA "lower_precision_fp" (ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP)
-_CUDA_FP16 = frozenset(
-    {
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "conv_tbc",
-        "conv_transpose1d",
-        "conv_transpose2d",
-        "conv_transpose3d",
-        "prelu",
-        "linear",
-        "matmul",
-        "einsum",
-        "mv",
-        "addmv",
-        "addr",
-        "linalg_vecdot",
-        "addbmm",
-        "baddbmm",
-        "bmm",
-        "chain_matmul",
-        "linalg_multi_dot",
-        "lstm_cell",
-        "gru_cell",
-        "rnn_tanh_cell",
-        "rnn_relu_cell",
-        "scaled_dot_product_attention",
-    }
-)
-# CPU "lower_precision_fp": no matrix-vector products, no RNN cells (checked with torch.autocast("cpu")).
-_CPU_FP16 = frozenset(
+# The convolutions and matrix products autocast runs in float16 on CUDA and on CPU alike
+# (ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP)
+_BOTH_FP16 = frozenset(
     {
         "conv1d",
         "conv2d",
@@ -445,9 +416,21 @@ _CPU_FP16 = frozenset(
         "bmm",
         "linalg_multi_dot",
         "scaled_dot_product_attention",
-        "multi_head_attention",
     }
 )
+# CUDA "lower_precision_fp" adds the matrix-vector products and the RNN cells
+_CUDA_FP16 = _BOTH_FP16 | {
+    "mv",
+    "addmv",
+    "addr",
+    "chain_matmul",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+}
+# CPU "lower_precision_fp" adds multi-head attention (checked with torch.autocast("cpu"))
+_CPU_FP16 = _BOTH_FP16 | {"multi_head_attention"}
 # CUDA "fp32" and "fp32_set_opt_dtype": these compute in float32 whatever their inputs are
 _CUDA_FP32 = frozenset(
     {
