@@ -163,6 +163,28 @@ _REDUCTION = {
     "nansum",
     "nanmean",
 }
+# ops that only reshape or re-slice their input (its values, in its dtype); :data:`VIEW_OPS` adds the other views
+_RESHAPES = frozenset(
+    {
+        "view",
+        "reshape",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "contiguous",
+        "clone",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+    }
+)
 _ELEMENTWISE = {
     "add",
     "sub",
@@ -209,24 +231,7 @@ _ELEMENTWISE = {
     "_adaptive_avg_pool2d",
     "adaptive_avg_pool3d",
     "adaptive_max_pool2d",
-    "view",
-    "reshape",
-    "permute",
-    "transpose",
-    "t",
-    "expand",
-    "squeeze",
-    "unsqueeze",
-    "flatten",
-    "clone",
-    "contiguous",
     "cast",
-    "slice",
-    "select",
-    "split",
-    "split_with_sizes",
-    "unbind",
-    "chunk",
     "constant_pad_nd",
     "reflection_pad2d",
     "replication_pad2d",
@@ -237,7 +242,7 @@ _ELEMENTWISE = {
     "addcmul",
     "addcdiv",
     "lerp",
-}
+} | _RESHAPES
 # ops whose output values do not come from their floating inputs' values: they allocate (``empty_like`` reads only
 # a shape) or overwrite in place with constants or random draws. In train mode dropout records as
 # ``empty_like -> bernoulli_ -> div -> mul``: the ``empty_like`` output is uninitialized memory, never a value.
@@ -271,30 +276,13 @@ FILL_OPS = frozenset(
 )
 
 # ops that only re-label storage: their values equal (a subset of) their input's, so measuring them is waste
-VIEW_OPS = frozenset(
+VIEW_OPS = _RESHAPES | frozenset(
     {
-        "view",
-        "reshape",
-        "permute",
-        "transpose",
-        "t",
-        "expand",
-        "squeeze",
-        "unsqueeze",
-        "flatten",
         "detach",
         "alias",
         "lift_fresh",
-        "contiguous",
-        "clone",
-        "slice",
-        "select",
         "as_strided",
         "unfold",
-        "split",
-        "split_with_sizes",
-        "unbind",
-        "chunk",
         "narrow",
         "expand_as",
         "view_as",
