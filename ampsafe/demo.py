@@ -378,6 +378,7 @@ def _torch_step(scaler, opt, ours: bool, skipped_before: int) -> bool:
 
 
 def _heal_note(heal, healed: str) -> str:
+    """A heal's line in the run's notes: its step, ``healed`` (what it patched) and the scale before and after."""
     return f"healed at step {heal.step}: {healed}, scale {heal.scale_before:g} -> {heal.scale_after:g}"
 
 
