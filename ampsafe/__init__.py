@@ -16,21 +16,14 @@ from __future__ import annotations
 
 import importlib
 
+from . import errors
 from .core.report import PatchReport, RiskOp, RiskPath, ScanReport
-from .errors import (
-    AmpSafeError,
-    BadTargetError,
-    ConfigError,
-    LossScaleFloorError,
-    MissingFrameworkError,
-    NonFiniteError,
-    UnsupportedModelError,
-)
+from .errors import *  # noqa: F403 (every exception is public at the top: errors.__all__)
 from .healing import fronts as _healing_fronts
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__ = [  # noqa: F405 (the functions and policies load on first use, see __getattr__)
     "scan",
     "patch",
     "unpatch",
@@ -46,13 +39,7 @@ __all__ = [
     "PatchReport",
     "RiskPath",
     "RiskOp",
-    "AmpSafeError",
-    "LossScaleFloorError",
-    "NonFiniteError",
-    "BadTargetError",
-    "UnsupportedModelError",
-    "ConfigError",
-    "MissingFrameworkError",
+    *errors.__all__,
 ]
 
 # public name -> (module, attribute); loaded on first access so that `import ampsafe` stays light.

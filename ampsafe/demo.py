@@ -201,16 +201,10 @@ def run_torch(
     import torch
 
     import ampsafe
-    from ampsafe.torch import GradScaler
     from ampsafe.workloads import frcnn_brink
 
     trace = RunTrace(mode)
-
-    def island(workload) -> None:
-        scanned = ampsafe.scan(workload.model, workload.example_inputs, level=level, target=device)  # device lists
-        report = ampsafe.patch(workload.model, workload.example_inputs, policy="island", level=level, report=scanned)
-        trace.notes.append(f"island: {len(report.patched)} modules patched")
-
+    island = _torch_island(trace, level, target=device)  # the device's autocast lists
     first = 0
     if resume:
         if device != "cpu" or optimizer != "adam":
@@ -234,16 +228,9 @@ def run_torch(
         workload_out.append(w)
     model = w.model
     ours = mode not in ("fp32", "bf16", "native")
-    if not ours:
-        enabled = mode == "native"
-        scaler = torch.amp.GradScaler(device, init_scale=init_scale, enabled=enabled)
-    else:
-        scaler = GradScaler(
-            device, init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise"
-        )
-        if mode == "heal":  # as run_paddle: heal after 2 overflowing steps in a row, not only at the floor
-            options = {"patience": 2} if heal_options is None else heal_options
-            ampsafe.heal(model, scaler=scaler, level=level, target=device, **options)
+    scaler = _torch_scaler(
+        mode, ours, model, device=device, target=device, level=level, init_scale=init_scale, heal_options=heal_options
+    )
     dtype = torch.bfloat16 if mode == "bf16" else torch.float16
     torch.manual_seed(seed)  # RoI sampling: the same draws in every mode
     t0 = time.perf_counter()
@@ -256,15 +243,7 @@ def run_torch(
             with torch.autocast(device, dtype=dtype, enabled=mode != "fp32"):
                 loss = w.loss(batch)
             scaler.scale(loss).backward()
-            scaler.step(opt)
-            if ours:
-                scaler.update()
-                skipped = scaler.stats.skipped_steps > skipped_before
-            else:
-                # torch's scaler skips exactly the steps with non-finite grads; read its verdict before update()
-                found = scaler._found_inf_per_device(opt) if scaler.is_enabled() else {}
-                skipped = any(bool(v.item()) for v in found.values())
-                scaler.update()
+            skipped = _torch_step(scaler, opt, ours, skipped_before)
             opt.zero_grad(set_to_none=True)
             if sched is not None:
                 sched.step()
@@ -273,11 +252,9 @@ def run_torch(
             trace.overflowed.append(skipped)
     trace.seconds = time.perf_counter() - t0
     if ours:
-        for heal in scaler.stats.heals:
-            trace.notes.append(
-                f"healed at step {heal.step}: {len(heal.paths)} paths ({', '.join(heal.paths)}), "
-                f"scale {heal.scale_before:g} -> {heal.scale_after:g}"
-            )
+        trace.notes += [
+            _heal_note(heal, f"{len(heal.paths)} paths ({', '.join(heal.paths)})") for heal in scaler.stats.heals
+        ]
     return trace
 
 
@@ -303,8 +280,6 @@ def run_t5(
     """
     import torch
 
-    import ampsafe
-    from ampsafe.torch import GradScaler
     from ampsafe.workloads import t5_brink
     from ampsafe.workloads.t5 import emulated_cuda_amp
 
@@ -313,12 +288,7 @@ def run_t5(
     if level != "O1":
         raise ValueError("the t5 demo runs torch autocast, which is O1: pass level='O1'")
     trace = RunTrace(mode)
-
-    def island(workload) -> None:
-        scanned = ampsafe.scan(workload.model, workload.example_inputs, level=level, target="cuda")  # CUDA's lists
-        report = ampsafe.patch(workload.model, workload.example_inputs, policy="island", level=level, report=scanned)
-        trace.notes.append(f"island: {len(report.patched)} modules patched")
-
+    island = _torch_island(trace, level, target="cuda")  # CUDA's lists
     w, opt, first = t5_brink.brink_start(seed, patch_fn=island if mode == "island" else None, warm=warm)
     trace.notes.insert(0, f"resumed after {first} FP32 steps")
     if lr is not None:
@@ -326,13 +296,9 @@ def run_t5(
             group["lr"] = lr
     model = w.model
     ours = mode in ("island", "heal")
-    if ours:
-        scaler = GradScaler("cpu", init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise")
-        if mode == "heal":  # as run_torch: heal after 2 overflowing steps in a row, not only at the floor
-            options = {"patience": 2} if heal_options is None else heal_options
-            ampsafe.heal(model, scaler=scaler, level=level, target="cuda", **options)
-    else:
-        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, enabled=mode == "native")
+    scaler = _torch_scaler(
+        mode, ours, model, device="cpu", target="cuda", level=level, init_scale=init_scale, heal_options=heal_options
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 256x128 activations: more threads only synchronize (and spin on a shared machine)
     t0 = time.perf_counter()
@@ -349,14 +315,7 @@ def run_t5(
                 skipped = not all(bool(p.grad.isfinite().all()) for p in model.parameters() if p.grad is not None)
                 opt.step()
             else:
-                scaler.step(opt)
-                if ours:
-                    scaler.update()
-                    skipped = scaler.stats.skipped_steps > skipped_before
-                else:  # torch's scaler skips exactly the steps with non-finite grads; read it before update()
-                    found = scaler._found_inf_per_device(opt) if scaler.is_enabled() else {}
-                    skipped = any(bool(v.item()) for v in found.values())
-                    scaler.update()
+                skipped = _torch_step(scaler, opt, ours, skipped_before)
             opt.zero_grad(set_to_none=True)
             trace.scales.append(float(scale))
             trace.losses.append(loss.item())
@@ -370,12 +329,57 @@ def run_t5(
         if not all(bool(p.isfinite().all()) for p in model.parameters()):
             trace.notes.append("parameters non-finite at the end")
     if ours:
-        for heal in scaler.stats.heals:
-            trace.notes.append(
-                f"healed at step {heal.step}: {len(heal.paths)} modules, scale {heal.scale_before:g} -> "
-                f"{heal.scale_after:g}"
-            )
+        trace.notes += [_heal_note(heal, f"{len(heal.paths)} modules") for heal in scaler.stats.heals]
     return trace
+
+
+def _torch_island(trace: RunTrace, level: str, *, target: str):
+    """The ``patch_fn`` of the "island" runs: islands what the scan with ``target``'s autocast lists finds."""
+    import ampsafe
+
+    def island(workload) -> None:
+        scanned = ampsafe.scan(workload.model, workload.example_inputs, level=level, target=target)
+        report = ampsafe.patch(workload.model, workload.example_inputs, policy="island", level=level, report=scanned)
+        trace.notes.append(f"island: {len(report.patched)} modules patched")
+
+    return island
+
+
+def _torch_scaler(
+    mode: str, ours: bool, model, *, device: str, target: str, level: str, init_scale: float, heal_options: dict | None
+):
+    """torch's GradScaler (enabled for "native" only), or for ``ours`` ampsafe's with a floor of 1; "heal" heals
+    after 2 overflowing steps in a row, as :func:`run_paddle`, not only at the floor."""
+    import torch
+
+    import ampsafe
+    from ampsafe.torch import GradScaler
+
+    if not ours:
+        return torch.amp.GradScaler(device, init_scale=init_scale, enabled=mode == "native")
+    scaler = GradScaler(device, init_scale=init_scale, min_scale=1.0, on_floor="heal" if mode == "heal" else "raise")
+    if mode == "heal":
+        options = {"patience": 2} if heal_options is None else heal_options
+        ampsafe.heal(model, scaler=scaler, level=level, target=target, **options)
+    return scaler
+
+
+def _torch_step(scaler, opt, ours: bool, skipped_before: int) -> bool:
+    """``scaler.step(opt)`` and ``update()``; whether the step was skipped (non-finite gradients)."""
+    scaler.step(opt)
+    if ours:
+        scaler.update()
+        return scaler.stats.skipped_steps > skipped_before
+    # torch's scaler skips exactly the steps with non-finite grads; read its verdict before update()
+    found = scaler._found_inf_per_device(opt) if scaler.is_enabled() else {}
+    skipped = any(bool(v.item()) for v in found.values())
+    scaler.update()
+    return skipped
+
+
+def _heal_note(heal, healed: str) -> str:
+    """A heal's line in the run's notes: its step, ``healed`` (what it patched) and the scale before and after."""
+    return f"healed at step {heal.step}: {healed}, scale {heal.scale_before:g} -> {heal.scale_after:g}"
 
 
 # ------------------------------------------------------------------------------------------------ output

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ampsafe._lazy import lazy_attributes
 
-# the public names of ampsafe.paddle.nets.paddleocr_necks; any public name (these and its helpers, e.g. DSConv) is read
-# from there the first time it is used
+# the public names of ampsafe.paddle.nets.paddleocr_necks (its __all__ is this list); any public name (these and its
+# helpers, e.g. DSConv) is read from there the first time it is used
 _NAMES = (
     "DBFPN",
     "RSEFPN",

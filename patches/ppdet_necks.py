@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ampsafe._lazy import lazy_attributes
 
-# the public names of ampsafe.paddle.nets.ppdet_necks; any public name is read from there the first time it is used
+# the public names of ampsafe.paddle.nets.ppdet_necks (its __all__ is this list); any public name is read from there
+# the first time it is used
 _NAMES = (
     "AmpSafeFPN",
     "normalized_conv_report",

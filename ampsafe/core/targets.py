@@ -228,16 +228,7 @@ def find_bad_boxes(
     return problems
 
 
-def check_targets(
-    targets,
-    *,
-    image_size=None,
-    num_classes: int | None = None,
-    box_format: str | None = None,
-    normalized: bool | None = None,
-    min_size: float | None = None,
-    padded: bool | None = None,
-) -> None:
+def check_targets(targets, **options) -> None:
     """Raise :class:`ampsafe.BadTargetError` on the first invalid box, naming sample, box, values and reason.
 
     ``targets``: torchvision style (list of dicts with ``boxes`` [N, 4] and ``labels``) or ppdet style (dicts
@@ -249,17 +240,10 @@ def check_targets(
     ``min_size``: smallest valid width/height (default 0.01 pixel, or 1e-5 of the image when normalized).
     Checked: NaN/inf coordinates, width or height <= 0 or below ``min_size``, boxes outside the image, class
     ids outside [0, num_classes). ``padded``: all-zero rows are padding (ppdet's ``PadBox`` pads each sample's
-    ``gt_bbox`` with them, and its target builders skip them); None: only in a batch dict.
+    ``gt_bbox`` with them, and its target builders skip them); None: only in a batch dict. These ``options`` are
+    :func:`find_bad_boxes`'s keywords (it refuses any other).
     """
-    problems = find_bad_boxes(
-        targets,
-        image_size=image_size,
-        num_classes=num_classes,
-        box_format=box_format,
-        normalized=normalized,
-        min_size=min_size,
-        padded=padded,
-    )
+    problems = find_bad_boxes(targets, **options)
     if problems:
         first = problems[0]
         more = (

@@ -12,10 +12,9 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from ..core.report import RiskPath
 from ..errors import ConfigError
 from . import Change, PatchContext, Plan, PolicyConfig, register
-from .island import add_islands, island_modules
+from .island import IslandTargets
 from .rewrite import logistic_rewrites
 
 __all__ = ["Auto", "plan_auto"]
@@ -37,9 +36,7 @@ class Auto(PolicyConfig):
 
 @register(Auto)
 def plan_auto(ctx: PatchContext) -> Plan:
-    plan = Plan()
-    why: dict[str, str] = {}
-    targets: list[str] = []
+    plan, islands = Plan(), IslandTargets()
     if ctx.paths is not None:
         items, ops = list(ctx.paths), []
     else:
@@ -54,13 +51,8 @@ def plan_auto(ctx: PatchContext) -> Plan:
                 plan.add(Change("rewrite", op.module, f"reciprocal(1 + exp(-z)) -> sigmoid(z) (risky {op.op})"))
             rewritten.add(op.module)
         else:
-            targets.append(op.module)
-            why.setdefault(op.module, f"FP32 island (risky op {op.op})")
+            islands.add_op(op)
     for item in items:
-        mods = island_modules(item, ctx.level, ctx.backend)
-        targets += mods
-        if isinstance(item, RiskPath):
-            for m in mods:
-                why.setdefault(m, f"FP32 island (risky path from {item.start})")
-    add_islands(ctx, plan, [t for t in targets if t not in rewritten], why)
+        islands.add_path(ctx, item, reason="risky")
+    islands.plan(ctx, plan, skip=rewritten)
     return plan

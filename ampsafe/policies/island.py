@@ -18,11 +18,12 @@ targets then collapse to the outermost one). The path's starting module is alway
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
 from ..core.graph import OpKind
 from ..core.modpath import outermost, under
-from ..core.report import RiskPath
+from ..core.report import RiskOp, RiskPath
 from ..core.sentinel import MOVEMENT_OPS
 from ..core.swaps import protection_of, swap
 from . import Change, PatchContext, Plan, PolicyConfig, action, register
@@ -92,19 +93,42 @@ def _inside_island(path: str, modules: dict) -> bool:
     return any(protection_of(m) == "island" and under(path, q) and q != path for q, m in modules.items())
 
 
-def add_islands(ctx: PatchContext, plan: Plan, targets: list[str], why: dict[str, str]) -> None:
-    for path in outermost(targets):
-        if _inside_island(path, ctx.modules):
-            continue  # an enclosing island already covers it
-        if ctx.allowed(path, plan, kind="island"):
-            plan.add(Change("island", path, why.get(path, "FP32 island")))
+@dataclass
+class IslandTargets:
+    """The modules a plan islands, each with the first reason given for it, gathered from risky ops and paths.
+
+    ``auto`` and ``island`` differ in what they gather, not in how a gathered module becomes a change.
+    """
+
+    modules: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)
+
+    def add_op(self, op: RiskOp) -> None:
+        self.modules.append(op.module)
+        self.why.setdefault(op.module, f"FP32 island (risky op {op.op})")
+
+    def add_path(self, ctx: PatchContext, item, reason: str | None = None) -> None:
+        """The island modules of ``item`` (see :func:`island_modules`); ``reason`` names a RiskPath in the
+        change's reason (default: "risky" or "unnormalized", whichever it is)."""
+        mods = island_modules(item, ctx.level, ctx.backend)
+        self.modules += mods
+        if isinstance(item, RiskPath):
+            reason = reason or ("risky" if item.risky else "unnormalized")
+            for m in mods:
+                self.why.setdefault(m, f"FP32 island ({reason} path from {item.start})")
+
+    def plan(self, ctx: PatchContext, plan: Plan, skip: Collection[str] = ()) -> None:
+        """Add an island change for each outermost module (but those in ``skip``) no enclosing island covers."""
+        for path in outermost([m for m in self.modules if m not in skip]):
+            if _inside_island(path, ctx.modules):
+                continue  # an enclosing island already covers it
+            if ctx.allowed(path, plan, kind="island"):
+                plan.add(Change("island", path, self.why.get(path, "FP32 island")))
 
 
 @register(Island)
 def plan_island(ctx: PatchContext) -> Plan:
-    plan = Plan()
-    why: dict[str, str] = {}
-    targets: list[str] = []
+    plan, islands = Plan(), IslandTargets()
     if ctx.paths is not None:
         items = list(ctx.paths)
     else:
@@ -112,14 +136,8 @@ def plan_island(ctx: PatchContext) -> Plan:
         items = [p for p in report.paths if (not p.normalized or p.risky) and not p.protected]
         for op in report.risky_ops:
             if not op.protected_by:
-                targets.append(op.module)
-                why.setdefault(op.module, f"FP32 island (risky op {op.op})")
+                islands.add_op(op)
     for item in items:
-        mods = island_modules(item, ctx.level, ctx.backend)
-        targets += mods
-        if isinstance(item, RiskPath):
-            reason = "risky" if item.risky else "unnormalized"
-            for m in mods:
-                why.setdefault(m, f"FP32 island ({reason} path from {item.start})")
-    add_islands(ctx, plan, targets, why)
+        islands.add_path(ctx, item)
+    islands.plan(ctx, plan)
     return plan

@@ -163,6 +163,28 @@ _REDUCTION = {
     "nansum",
     "nanmean",
 }
+# ops that only reshape or re-slice their input (its values, in its dtype); :data:`VIEW_OPS` adds the other views
+_RESHAPES = frozenset(
+    {
+        "view",
+        "reshape",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "contiguous",
+        "clone",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+    }
+)
 _ELEMENTWISE = {
     "add",
     "sub",
@@ -209,24 +231,7 @@ _ELEMENTWISE = {
     "_adaptive_avg_pool2d",
     "adaptive_avg_pool3d",
     "adaptive_max_pool2d",
-    "view",
-    "reshape",
-    "permute",
-    "transpose",
-    "t",
-    "expand",
-    "squeeze",
-    "unsqueeze",
-    "flatten",
-    "clone",
-    "contiguous",
     "cast",
-    "slice",
-    "select",
-    "split",
-    "split_with_sizes",
-    "unbind",
-    "chunk",
     "constant_pad_nd",
     "reflection_pad2d",
     "replication_pad2d",
@@ -237,7 +242,7 @@ _ELEMENTWISE = {
     "addcmul",
     "addcdiv",
     "lerp",
-}
+} | _RESHAPES
 # ops whose output values do not come from their floating inputs' values: they allocate (``empty_like`` reads only
 # a shape) or overwrite in place with constants or random draws. In train mode dropout records as
 # ``empty_like -> bernoulli_ -> div -> mul``: the ``empty_like`` output is uninitialized memory, never a value.
@@ -271,30 +276,13 @@ FILL_OPS = frozenset(
 )
 
 # ops that only re-label storage: their values equal (a subset of) their input's, so measuring them is waste
-VIEW_OPS = frozenset(
+VIEW_OPS = _RESHAPES | frozenset(
     {
-        "view",
-        "reshape",
-        "permute",
-        "transpose",
-        "t",
-        "expand",
-        "squeeze",
-        "unsqueeze",
-        "flatten",
         "detach",
         "alias",
         "lift_fresh",
-        "contiguous",
-        "clone",
-        "slice",
-        "select",
         "as_strided",
         "unfold",
-        "split",
-        "split_with_sizes",
-        "unbind",
-        "chunk",
         "narrow",
         "expand_as",
         "view_as",
@@ -395,38 +383,9 @@ def canonical(func, args: tuple) -> tuple[str, OpKind]:
 
 # --- torch autocast lists, in canonical names ------------------------------------------------------------
 
-# CUDA "lower_precision_fp" (ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP)
-_CUDA_FP16 = frozenset(
-    {
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "conv_tbc",
-        "conv_transpose1d",
-        "conv_transpose2d",
-        "conv_transpose3d",
-        "prelu",
-        "linear",
-        "matmul",
-        "einsum",
-        "mv",
-        "addmv",
-        "addr",
-        "linalg_vecdot",
-        "addbmm",
-        "baddbmm",
-        "bmm",
-        "chain_matmul",
-        "linalg_multi_dot",
-        "lstm_cell",
-        "gru_cell",
-        "rnn_tanh_cell",
-        "rnn_relu_cell",
-        "scaled_dot_product_attention",
-    }
-)
-# CPU "lower_precision_fp": no matrix-vector products, no RNN cells (checked with torch.autocast("cpu")).
-_CPU_FP16 = frozenset(
+# The convolutions and matrix products autocast runs in float16 on CUDA and on CPU alike
+# (ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP)
+_BOTH_FP16 = frozenset(
     {
         "conv1d",
         "conv2d",
@@ -445,9 +404,21 @@ _CPU_FP16 = frozenset(
         "bmm",
         "linalg_multi_dot",
         "scaled_dot_product_attention",
-        "multi_head_attention",
     }
 )
+# CUDA "lower_precision_fp" adds the matrix-vector products and the RNN cells
+_CUDA_FP16 = _BOTH_FP16 | {
+    "mv",
+    "addmv",
+    "addr",
+    "chain_matmul",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+}
+# CPU "lower_precision_fp" adds multi-head attention (checked with torch.autocast("cpu"))
+_CPU_FP16 = _BOTH_FP16 | {"multi_head_attention"}
 # CUDA "fp32" and "fp32_set_opt_dtype": these compute in float32 whatever their inputs are
 _CUDA_FP32 = frozenset(
     {

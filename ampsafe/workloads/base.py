@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
+from .._framework import require
+
 
 class Workload:
     """A model in train mode with deterministic synthetic data and its own loss.
@@ -31,6 +35,18 @@ class Workload:
 
     def evaluate(self, **options) -> dict:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """The body runs in eval mode without gradients; the model's train or eval mode is restored after it."""
+        no_grad = require(self.framework).no_grad
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with no_grad():
+                yield
+        finally:
+            self.model.train(was_training)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.framework})>"

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["coco_map"]
+from .shapes import make_samples
+
+__all__ = ["coco_map", "held_out_map"]
 
 
 def _as_boxes(a) -> np.ndarray:
@@ -85,3 +87,18 @@ def coco_map(
         evaluator.summarize()
     stats = [max(float(v), 0.0) for v in evaluator.stats[:3]]  # -1 means "no ground truth": report 0
     return {"map": stats[0], "map50": stats[1], "map75": stats[2]}
+
+
+def held_out_map(workload, predict, *, n_images: int, batch_size: int) -> dict:
+    """COCO mAP of a shapes detector (``frcnn``, ``ppyolo``) on ``n_images`` held-out images (eval split), its
+    model in eval mode without gradients and restored after.
+
+    ``predict(samples)`` returns one prediction dict (``boxes``, ``scores``, ``labels``) per sample.
+    """
+    samples = make_samples(workload.seed, 0, n_images, split="eval", **workload.sample_options)
+    preds = []
+    with workload.evaluating():
+        for i in range(0, n_images, batch_size):
+            preds += predict(samples[i : i + batch_size])
+    gts = [{"boxes": s.boxes, "labels": s.labels} for s in samples]
+    return coco_map(gts, preds, num_classes=workload.num_classes)

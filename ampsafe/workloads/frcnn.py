@@ -10,7 +10,7 @@ from __future__ import annotations
 from .._framework import require
 from ..errors import ConfigError, MissingFrameworkError
 from .base import Workload
-from .coco import coco_map
+from .coco import held_out_map
 from .shapes import MAX_CLASSES, make_samples
 
 __all__ = ["FasterRCNNWorkload", "build", "BACKBONES"]
@@ -37,7 +37,7 @@ class FasterRCNNWorkload(Workload):
         self.batch_size = batch_size
         self.num_classes = num_classes
         self.device = device
-        self._data = {"image_size": image_size, "num_classes": num_classes, "max_objects": max_objects}
+        self.sample_options = {"image_size": image_size, "num_classes": num_classes, "max_objects": max_objects}
         super().__init__(model, (), seed=seed)
         self.example_inputs = self.batch(0)
 
@@ -57,7 +57,7 @@ class FasterRCNNWorkload(Workload):
 
     def batch(self, step: int):
         """``(images, targets)`` of batch ``step``: a list of CHW float tensors in [0, 1] and torchvision targets."""
-        return self._to_torch(make_samples(self.seed, step * self.batch_size, self.batch_size, **self._data))
+        return self._to_torch(make_samples(self.seed, step * self.batch_size, self.batch_size, **self.sample_options))
 
     def loss_dict(self, batch) -> dict:
         images, targets = batch
@@ -75,27 +75,19 @@ class FasterRCNNWorkload(Workload):
 
     def evaluate(self, n_images: int = 16, batch_size: int = 4) -> dict:
         """COCO mAP on ``n_images`` held-out images (eval split), in eval mode; train mode is restored."""
-        torch = require("torch")
-        samples = make_samples(self.seed, 0, n_images, split="eval", **self._data)
-        was_training = self.model.training
-        self.model.eval()
-        preds = []
-        try:
-            with torch.no_grad():
-                for i in range(0, n_images, batch_size):
-                    images, _ = self._to_torch(samples[i : i + batch_size])
-                    for out in self.model(images):
-                        preds.append(
-                            {
-                                "boxes": out["boxes"].cpu().numpy(),
-                                "scores": out["scores"].cpu().numpy(),
-                                "labels": out["labels"].cpu().numpy() - 1,
-                            }
-                        )
-        finally:
-            self.model.train(was_training)
-        gts = [{"boxes": s.boxes, "labels": s.labels} for s in samples]
-        return coco_map(gts, preds, num_classes=self.num_classes)
+
+        def predict(samples) -> list[dict]:
+            images, _ = self._to_torch(samples)
+            return [
+                {
+                    "boxes": out["boxes"].cpu().numpy(),
+                    "scores": out["scores"].cpu().numpy(),
+                    "labels": out["labels"].cpu().numpy() - 1,
+                }
+                for out in self.model(images)
+            ]
+
+        return held_out_map(self, predict, n_images=n_images, batch_size=batch_size)
 
 
 def _torchvision_detection():

@@ -21,7 +21,7 @@ from pathlib import Path
 from .._framework import require
 from ..errors import ConfigError, MissingFrameworkError
 from .base import Workload
-from .coco import coco_map
+from .coco import held_out_map
 from .shapes import MAX_CLASSES, make_samples
 from .upstream import upstream_root
 
@@ -141,7 +141,7 @@ class PPYOLOWorkload(Workload):
         self.image_size = image_size
         self.batch_size = batch_size
         self.num_classes = config["num_classes"]
-        self._data = {"image_size": image_size, "num_classes": self.num_classes, "max_objects": max_objects}
+        self.sample_options = {"image_size": image_size, "num_classes": self.num_classes, "max_objects": max_objects}
         super().__init__(model, (), seed=seed)
         self.example_inputs = (self.batch(0),)
 
@@ -163,7 +163,7 @@ class PPYOLOWorkload(Workload):
     def batch(self, step: int) -> dict:
         """The ppdet input dict of batch ``step`` (paddle tensors), targets made by ppdet's ``Gt2YoloTarget``."""
         paddle = require("paddle")
-        samples = make_samples(self.seed, step * self.batch_size, self.batch_size, **self._data)
+        samples = make_samples(self.seed, step * self.batch_size, self.batch_size, **self.sample_options)
         arrays = self.batch_transforms(self._samples_to_ppdet(samples))
         return {key: paddle.to_tensor(value) for key, value in arrays.items()}
 
@@ -193,36 +193,27 @@ class PPYOLOWorkload(Workload):
         paddle = require("paddle")
         from ppdet.data.reader import BatchCompose
 
-        samples = make_samples(self.seed, 0, n_images, split="eval", **self._data)
         # the same ppdet image operators as training (NormalizeImage, Permute), nothing that needs boxes
         image_ops = BatchCompose(
             [op for op in self.batch_transforms.transforms if next(iter(op)) in _IMAGE_OPS], collate_batch=True
         )
-        was_training = self.model.training
-        self.model.eval()
-        preds = []
-        try:
-            with paddle.no_grad():
-                for i in range(0, n_images, batch_size):
-                    chunk = self._samples_to_ppdet(samples[i : i + batch_size])
-                    for sample in chunk:  # ground truth stays out of the model's inputs
-                        del sample["gt_bbox"], sample["gt_class"]
-                    arrays = image_ops(chunk)
-                    inputs = {key: paddle.to_tensor(value) for key, value in arrays.items()}
-                    out = self.model(inputs)
-                    bbox, counts = out["bbox"].numpy(), out["bbox_num"].numpy()
-                    start = 0
-                    for n in counts:
-                        rows = bbox[start : start + int(n)]
-                        rows = rows[rows[:, 0] >= 0]  # ppdet pads "no detection" with class -1
-                        preds.append(
-                            {"labels": rows[:, 0].astype(np.int64), "scores": rows[:, 1], "boxes": rows[:, 2:6]}
-                        )
-                        start += int(n)
-        finally:
-            self.model.train(was_training)
-        gts = [{"boxes": s.boxes, "labels": s.labels} for s in samples]
-        return coco_map(gts, preds, num_classes=self.num_classes)
+
+        def predict(samples) -> list[dict]:
+            chunk = self._samples_to_ppdet(samples)
+            for sample in chunk:  # ground truth stays out of the model's inputs
+                del sample["gt_bbox"], sample["gt_class"]
+            arrays = image_ops(chunk)
+            out = self.model({key: paddle.to_tensor(value) for key, value in arrays.items()})
+            bbox, counts = out["bbox"].numpy(), out["bbox_num"].numpy()
+            preds, start = [], 0
+            for n in counts:
+                rows = bbox[start : start + int(n)]
+                rows = rows[rows[:, 0] >= 0]  # ppdet pads "no detection" with class -1
+                preds.append({"labels": rows[:, 0].astype(np.int64), "scores": rows[:, 1], "boxes": rows[:, 2:6]})
+                start += int(n)
+            return preds
+
+        return held_out_map(self, predict, n_images=n_images, batch_size=batch_size)
 
 
 def _batch_transform_list(cfg) -> list[dict]:

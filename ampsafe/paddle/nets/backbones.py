@@ -84,17 +84,20 @@ class ConvBNAct(nn.Layer):
 
 
 class SqueezeExcite(nn.Layer):
-    """Channel gate: avg-pool, 1x1 (ratio 4) + relu, 1x1 + hard-sigmoid (slope 0.2, offset 0.5 as PaddleOCR)."""
+    """Channel gate: avg-pool, 1x1 (ratio 4) + relu, 1x1 + hard-sigmoid ``slope * x + 0.5`` (PaddleOCR's
+    ``SEModule``, same sublayer names). ``slope``: 0.2 in PaddleOCR's RSE necks; the MobileNetV3 blocks here
+    use paddle's default, 0.1666667."""
 
-    def __init__(self, channels: int, reduction: int = 4):
+    def __init__(self, channels: int, reduction: int = 4, slope: float = 0.2):
         super().__init__()
+        self.slope = slope
         self.avg_pool = nn.AdaptiveAvgPool2D(1)
         self.conv1 = nn.Conv2D(channels, channels // reduction, 1)
         self.conv2 = nn.Conv2D(channels // reduction, channels, 1)
 
     def forward(self, x):
         gate = F.relu(self.conv1(self.avg_pool(x)))
-        gate = F.hardsigmoid(self.conv2(gate), slope=0.1666667, offset=0.5)
+        gate = F.hardsigmoid(self.conv2(gate), slope=self.slope, offset=0.5)
         return x * gate
 
 
@@ -110,7 +113,7 @@ class InvertedResidual(nn.Layer):
             mid_channels, mid_channels, kernel_size, stride, (kernel_size - 1) // 2, groups=mid_channels, act=act
         )
         if use_se:
-            self.mid_se = SqueezeExcite(mid_channels)
+            self.mid_se = SqueezeExcite(mid_channels, slope=0.1666667)
         self.linear_conv = ConvBNAct(mid_channels, out_channels, 1, act=None)
 
     def forward(self, inputs):

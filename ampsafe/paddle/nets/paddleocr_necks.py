@@ -32,16 +32,12 @@ import paddle
 import paddle.nn.functional as F
 from paddle import ParamAttr, nn
 
-__all__ = [
-    "DBFPN",
-    "RSEFPN",
-    "LKPAN",
-    "AmpSafeDBFPN",
-    "AmpSafeRSEFPN",
-    "AmpSafeLKPAN",
-    "AmpSafeIntraCLBlock",
-    "PADDLEOCR_NECKS",
-]
+from ampsafe.patches import paddleocr_necks as _by_name
+
+from .backbones import SqueezeExcite
+
+# the public names, listed once where ``ampsafe.patches`` reads them without importing paddle
+__all__ = list(_by_name.__all__)
 
 
 def _kaiming() -> ParamAttr:
@@ -119,20 +115,6 @@ class ASFBlock(nn.Layer):
         return paddle.concat([attention[:, i : i + 1] * f for i, f in enumerate(features_list)], axis=1)
 
 
-class SEModule(nn.Layer):
-    """PaddleOCR MobileNetV3's squeeze-excite: pooled 1x1 convs gated by hardsigmoid(0.2x + 0.5)."""
-
-    def __init__(self, in_channels: int, reduction: int = 4):
-        super().__init__()
-        self.avg_pool = nn.AdaptiveAvgPool2D(1)
-        self.conv1 = nn.Conv2D(in_channels, in_channels // reduction, 1)
-        self.conv2 = nn.Conv2D(in_channels // reduction, in_channels, 1)
-
-    def forward(self, inputs):
-        gate = self.conv2(F.relu(self.conv1(self.avg_pool(inputs))))
-        return inputs * F.hardsigmoid(gate, slope=0.2, offset=0.5)
-
-
 class RSELayer(nn.Layer):
     """Conv (``in_conv``) then squeeze-excite, with an optional residual around the SE."""
 
@@ -140,7 +122,7 @@ class RSELayer(nn.Layer):
         super().__init__()
         self.out_channels = out_channels
         self.in_conv = _conv(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
-        self.se_block = SEModule(out_channels)
+        self.se_block = SqueezeExcite(out_channels)
         self.shortcut = shortcut
 
     def _post(self, y):

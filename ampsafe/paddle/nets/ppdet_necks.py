@@ -32,10 +32,13 @@ from paddle import ParamAttr, nn
 from paddle.regularizer import L2Decay
 from ppdet.modeling.necks.fpn import FPN
 
+from ampsafe.patches import ppdet_necks as _by_name
+
 from ...core import modpath
 from ..backend import BACKEND
 
-__all__ = ["AmpSafeFPN", "normalized_conv_report", "NORM_SUFFIX"]
+# the public names, listed once where ``ampsafe.patches`` reads them without importing paddle or ppdet
+__all__ = list(_by_name.__all__)
 
 NORM_SUFFIX = "_norm"  # the normalization after conv ``<name>`` is the sibling ``<name>_norm``
 

@@ -67,10 +67,8 @@ class DBNetWorkload(Workload):
         self.loss_fn = loss_fn
         self.image_size = image_size
         self.batch_size = batch_size
-        self.seed = seed
-        self.model = model
+        super().__init__(model, (), seed=seed)
         self.example_inputs = (self.batch(0)[0],)
-        super().__init__(model, self.example_inputs, seed=seed)
 
     def batch_arrays(self, step: int, *, held_out: bool = False) -> dict:
         """The numpy batch (KeepKeys fields + ``polys``); ``held_out`` draws from the evaluation stream."""
@@ -108,14 +106,8 @@ class DBNetWorkload(Workload):
 
         options = {k: v for k, v in self.config.get("PostProcess", {}).items() if k in _POST_KEYS}
         options.update(postprocess)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with paddle.no_grad():
-                maps = self.model(paddle.to_tensor(images))["maps"].numpy()
-        finally:
-            if was_training:
-                self.model.train()
+        with self.evaluating():
+            maps = self.model(paddle.to_tensor(images))["maps"].numpy()
         return [boxes_from_map(m[0], **options)[0] for m in maps]
 
     def evaluate(self, n_images: int = 64, **postprocess) -> dict:
