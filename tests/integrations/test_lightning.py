@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from tb_events import scalars
+from amp_logs import scalars
 
 pytest.importorskip("tensorboard")
 L = pytest.importorskip("lightning.pytorch")

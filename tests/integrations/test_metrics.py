@@ -47,7 +47,7 @@ def test_paddle_scalers_ampsafe_s_counts_and_paddle_s_scale_only():
 def test_the_integration_modules_import_no_host():
     code = (
         "import sys, ampsafe.integrations.metrics, ampsafe.integrations.hf, ampsafe.integrations.lightning, "
-        "ampsafe.integrations.tensorboard\n"
+        "ampsafe.integrations.tensorboard, ampsafe.integrations.mmengine\n"
         "hosts = ('torch', 'paddle', 'transformers', 'lightning', 'mmengine', 'tensorboard', 'tensorboardX')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in hosts))"
     )

@@ -8,7 +8,7 @@ from the integration."""
 from __future__ import annotations
 
 import pytest
-from tb_events import scalars
+from amp_logs import scalars
 
 from ampsafe.integrations.tensorboard import AmpTensorBoard
 
