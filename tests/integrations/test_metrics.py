@@ -47,8 +47,8 @@ def test_paddle_scalers_ampsafe_s_counts_and_paddle_s_scale_only():
 def test_the_integration_modules_import_no_host():
     code = (
         "import sys, ampsafe.integrations.metrics, ampsafe.integrations.hf, ampsafe.integrations.lightning, "
-        "ampsafe.integrations.tensorboard, ampsafe.integrations.mmengine\n"
-        "hosts = ('torch', 'paddle', 'transformers', 'lightning', 'mmengine', 'tensorboard', 'tensorboardX')\n"
+        "ampsafe.integrations.tensorboard, ampsafe.integrations.mmengine, ampsafe.integrations.ultralytics\n"
+        "hosts = ('torch', 'paddle', 'transformers', 'lightning', 'mmengine', 'ultralytics', 'tensorboard', 'tensorboardX')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in hosts))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
