@@ -16,10 +16,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("tensorboard")
 
-pytestmark = pytest.mark.slow  # one trainer run under ampsafe run in a subprocess (about 20 s alone on 2 cores)
 STEPS = 12
 
 
+@pytest.mark.slow  # one trainer run under ampsafe run in a subprocess (about 20 s alone on 2 cores)
 def test_amp_keys_reach_tensorboard_ahead_of_the_reporting_callback_and_equal_the_scaler(tmp_path):
     args = ("--out", str(tmp_path / "out"), "--steps", str(STEPS))
     proc, figures, skipped = run_emulated(tmp_path, "hf_amp_tensorboard.py", *args, min_scale=2048)
@@ -39,3 +39,31 @@ def test_amp_keys_reach_tensorboard_ahead_of_the_reporting_callback_and_equal_th
     # and trainer.state.log_history keeps what the loggers got
     trained = [entry for entry in figures["log_history"] if "loss" in entry]
     assert [entry["amp/skipped_steps"] for entry in trained] == [per_step[entry["step"]] for entry in trained]
+
+
+def _tiny_trainer(tmp_path, **kwargs):
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=["tensorboard"], use_cpu=True, disable_tqdm=True)
+    return Trainer(model=GPT2LMHeadModel(config), args=args, **kwargs)
+
+
+def test_amp_callback_passed_by_class_or_added_later_sits_ahead_of_the_reporting_callbacks(tmp_path):
+    from transformers import PrinterCallback
+    from transformers.integrations import TensorBoardCallback
+
+    from ampsafe.integrations.hf import AmpCallback, add_callback
+
+    def order(trainer):
+        return [type(cb) for cb in trainer.callback_handler.callbacks]
+
+    by_class = _tiny_trainer(tmp_path / "a", callbacks=[PrinterCallback, AmpCallback])
+    found = order(by_class)
+    assert found.index(AmpCallback) + 1 == found.index(TensorBoardCallback) < found.index(PrinterCallback), found
+
+    later = _tiny_trainer(tmp_path / "b")
+    added = add_callback(later, scaler="the scaler")
+    found = order(later)
+    assert found.index(AmpCallback) + 1 == found.index(TensorBoardCallback) and found.count(AmpCallback) == 1
+    assert isinstance(added, AmpCallback) and added.scaler == "the scaler"
