@@ -1,0 +1,61 @@
+"""What the integration tests share: scalars read back from TensorBoard event files (with the ``tensorboard``
+package's own reader), and a trainer script run under ``ampsafe run --emulate-fp16`` with its figures."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value), ...] over every event file under ``logdir`` (in file order, then write order)."""
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    found: dict[str, list[tuple[int, float]]] = {}
+    files = sorted(Path(logdir).rglob("events.out.tfevents.*"))
+    assert files, f"no event file under {logdir}"
+    for path in files:
+        reader = event_accumulator.EventAccumulator(str(path), size_guidance={event_accumulator.SCALARS: 0})
+        reader.Reload()
+        for tag in reader.Tags()["scalars"]:
+            found.setdefault(tag, []).extend((e.step, e.value) for e in reader.Scalars(tag))
+    return found
+
+
+def last(series: dict[str, list[tuple[int, float]]], prefix: str = "") -> dict[str, float]:
+    """The last value of each ``prefix + amp/...`` tag, keyed by its ``amp/...`` name."""
+    return {tag[len(prefix) :]: values[-1][1] for tag, values in series.items() if tag.startswith(prefix + "amp/")}
+
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def run_emulated(tmp_path: Path, script: str, *script_args: str, min_scale: float = 1.0):
+    """``ampsafe run --emulate-fp16 -- python scripts/SCRIPT ARGS`` (which must exit 0): its output, the
+    ``FIGURES`` JSON line the script prints (the scaler's own figures) and the skipped steps of the run's summary."""
+    command = [sys.executable, "-m", "ampsafe.cli", "run", "--emulate-fp16", "--min-scale", str(min_scale)]
+    command += ["--report", str(tmp_path / "rep"), "--", sys.executable, str(SCRIPTS / script), *script_args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.split("FIGURES ", 1)[1].splitlines()[0])
+    summary = re.search(r"\(skipped steps ([\d, ]+)\)", proc.stdout)
+    assert summary, proc.stdout[-3000:]
+    return proc, figures, [int(s) for s in summary.group(1).split(", ")]
+
+
+def scaler_figures(figures: dict) -> dict[str, float]:
+    """The scaler's own figures a script printed, under the amp/* names."""
+    return {f"amp/{name}": figures[key] for name, key in NAMES.items()}
+
+
+NAMES = {
+    "loss_scale": "scale",
+    "overflow_steps": "overflow_steps",
+    "skipped_steps": "skipped_steps",
+    "heals": "heals",
+    "floor_hits": "floor_hits",
+}
