@@ -151,13 +151,18 @@ def render_page(seed: int = 0, index: int = 0, *, size: tuple[int, int] = (640, 
 
 
 def _set_line(draw, rng, font, stroke: int, ink, y: int, margin: int, width: int) -> list[dict]:
-    """Draw one line of phrases from the left margin; return their labels (phrases that would cross the right
-    margin are not drawn)."""
+    """Draw one line of phrases from the left margin; return their labels. A phrase loses words from its end
+    until it fits before the right margin; the line ends at the first phrase of which no word fits."""
     boxes, x = [], margin + int(rng.integers(0, width // 4))
     for _ in range(int(rng.integers(1, 5))):
-        text = " ".join(_word(rng) for _ in range(int(rng.integers(1, 6))))
-        left, top, right, bottom = draw.textbbox((x, y), text, font=font, stroke_width=stroke)
-        if right > width - margin or bottom - top < 4:
+        words = [_word(rng) for _ in range(int(rng.integers(1, 6)))]
+        while words:
+            text = " ".join(words)
+            left, top, right, bottom = draw.textbbox((x, y), text, font=font, stroke_width=stroke)
+            if right <= width - margin:
+                break
+            words.pop()
+        if not words or bottom - top < 4:
             break
         draw.text((x, y), text, fill=ink, font=font, stroke_width=stroke, stroke_fill=ink)
         points = [[left, top], [right, top], [right, bottom], [left, bottom]]
