@@ -125,6 +125,7 @@ def inference(page) -> dict:
     return {ir_optim: workload.inference_maps(page, ir_optim=ir_optim) for ir_optim in (False, True)}
 
 
+@pytest.mark.trajectory  # a float32 tolerance: make test-isa reruns it on other kernels
 @pytest.mark.parametrize("build_with", ["ampsafe", "paddleocr"])
 def test_shipped_weights_load_by_name_and_match_paddle_inference_on_the_pdmodel(
     build_with, config, params, page, inference
@@ -144,6 +145,7 @@ def test_shipped_weights_load_by_name_and_match_paddle_inference_on_the_pdmodel(
     assert (maps > 0.3).mean() > 0.01, "the trained detector finds no text on a rendered page"
 
 
+@pytest.mark.trajectory  # a float32 tolerance: make test-isa reruns it on other kernels
 def test_torch_model_matches_the_paddle_model_within_float32_tolerance(config, params, page):
     paddle_model, _ = _paddle_model(config, params, "ampsafe")
     torch_model = _torch_model(config, params)
@@ -158,6 +160,7 @@ def test_torch_model_matches_the_paddle_model_within_float32_tolerance(config, p
     assert maps_diff <= 2e-3, f"max |torch - Paddle| on the probability map = {maps_diff:.3g}"
 
 
+@pytest.mark.trajectory  # a float32 tolerance: make test-isa reruns it on other kernels
 @pytest.mark.parametrize("framework", ["paddle", "torch"])
 def test_scan_names_the_head_conv_and_the_neck_paths_feeding_it_and_nothing_else(framework, config, params, page):
     if framework == "paddle":
