@@ -48,7 +48,7 @@ def _measure(scaler) -> None:
     modules = healer.backend.modules(model)
     owners: list[str] = []
     for record in heals[memo["done"] :]:
-        for path in [*record.get("paths", ()), *record.get("patched", ())]:
+        for path in [*record.found, *record.paths]:
             module = modules.get(path)
             if path and path not in owners and module is not None and any(True for _ in module.parameters(False)):
                 owners.append(path)
