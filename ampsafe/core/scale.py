@@ -538,13 +538,14 @@ class ScalerBase:
                        CLAMP  nothing: the scale stays at the floor and the overflowing steps are skipped
                        HEAL   a floor hit replays the batch, calls the heal hook and restarts from its scale (or
                               raises what it measured); above the floor, ``patience`` (HealingScaler)
-        observe      every ``add_step_callback(fn)``: fn(decision), in the order added, after the dispatch, also
-                     when the dispatch raised (a step the floor stopped is still a step the loggers see)
+        observe      every ``add_step_callback(fn)``: fn(decision), in the order added, after the dispatch (a
+                     heal has restored the scale), also when the dispatch raised (a step the floor stopped is
+                     still a step the loggers see); an observer that raises ends the step with its own error
         end          ``_end_step()``: the step's inputs are no longer the latest (also when anything raised)
 
-    Adapters set ``_core`` (:meth:`_init_core`) and ``_model``, and supply ``_backend()`` (their framework's
-    Backend), ``_refresh_scale()`` (copy ``_core.scale`` into their scale tensor) and ``_wrappers`` (module
-    classes that only wrap a model, skipped when parameters are named from the live modules).
+    Adapters call :meth:`_init_core` (the policy, ``callback=``, ``model=``) and supply ``_backend()`` (their
+    framework's Backend), ``_refresh_scale()`` (copy ``_core.scale`` into their scale tensor) and ``_wrappers``
+    (module classes that only wrap a model, skipped when parameters are named from the live modules).
     """
 
     FLOOR_HANDLERS: ClassVar[dict[OnFloor, str]] = {
