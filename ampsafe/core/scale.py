@@ -211,9 +211,9 @@ class HealRecord:
     scale_after: Optional[float] = None
     found: tuple = ()
     ops: tuple = ()
-    amax: Mapping[str, Optional[float]] = field(default_factory=dict)
+    amax: Mapping[str, Optional[float]] = field(default_factory=dict, hash=False)
     reset_running_stats: tuple = ()
-    verdict: Optional[HealVerdict] = None
+    verdict: Optional[HealVerdict] = field(default=None, hash=False)
 
     def to_dict(self) -> dict:
         """What reports read (``ScalerStats.to_dict``): the step, the islanded paths and the scales."""
