@@ -96,10 +96,10 @@ def bench_torch(repeats: int) -> dict:
     if not healed["scaler"].stats.heals:
         raise RuntimeError("GrowNet did not overflow: no heal to measure")
     record = healed["scaler"].stats.heals[0]
-    paths = list(healed["healer"].heals[0]["paths"])
+    paths = list(healed["healer"].heals[0].found)
     fresh = grow_net(0, r["channels"], r["neck_convs"])
     fresh.load_state_dict(healed["model"].state_dict())  # same values: only the way the islands came differs
-    ampsafe.patch(fresh, policy="island", paths=list(healed["healer"].heals[0]["patched"]))
+    ampsafe.patch(fresh, policy="island", paths=list(healed["healer"].heals[0].paths))
     assert ampsafe.patching.patched_modules(fresh) == ampsafe.patching.patched_modules(healed["model"])
     batch = grow_batch(1000, 0, r["image_size"], r["batch_size"])
     timed = _interleaved(
@@ -110,7 +110,7 @@ def bench_torch(repeats: int) -> dict:
         "first_overflow": healed["overflowed"].index(True),
         "heal_step": record.step,
         "paths": paths,
-        "patched": list(healed["healer"].heals[0]["patched"]),
+        "patched": list(healed["healer"].heals[0].paths),
         "scale_before": record.scale_before,
         "scale_after": record.scale_after,
         "overflowing_steps": sum(healed["overflowed"]),
@@ -159,7 +159,7 @@ def bench_frcnn(repeats: int, steps: int = 4, lr: float = 1e-4) -> dict:
         "float16 autocast",
         "first_overflow": overflowed.index(True),
         "heal_step": record.step,
-        "paths": list(healer.heals[0]["paths"]),
+        "paths": list(healer.heals[0].found),
         "patched": sorted(patched),
         "scale_before": record.scale_before,
         "scale_after": record.scale_after,

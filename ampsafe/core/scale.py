@@ -13,7 +13,8 @@ Semantics (Paddle's ``decr_every_n_nan_or_inf`` for ``hysteresis``)::
                       (a growth that would give a non-finite scale keeps the old one, as torch does)
 
 A *floor hit* is an overflowing step taken while the scale already sits at ``min_scale`` (``min_scale > 0``):
-no smaller scale is allowed, so the overflow can't be cured by backing off. ``on_floor`` says what then happens.
+no smaller scale is allowed, so the overflow can't be cured by backing off. ``on_floor`` (an :class:`OnFloor`)
+says what then happens, in one dispatch of :class:`ScalerBase` (its docstring gives a step's order).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import math
 import sys
 import warnings
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
 
 from ..errors import ConfigError, LossScaleFloorError
-from .amp import ON_FLOOR
+from .amp import ON_FLOOR, OnFloor
 from .modpath import parent
 from .verdict import HealVerdict
 
@@ -43,10 +45,14 @@ __all__ = [
     "HealRecord",
     "HealPlan",
     "FloorInfo",
+    "OnFloor",
     "ON_FLOOR",
     "floor_message",
     "floor_error",
     "names_from_live_modules",
+    "clampable",
+    "policy_methods",
+    "policy_property",
     "ScalerBase",
 ]
 
@@ -67,12 +73,13 @@ class ScalePolicy:
     min_scale: float = 1.0
     max_scale: float = 2.0**24
     hysteresis: int = 1
-    on_floor: str = "raise"
+    on_floor: OnFloor = OnFloor.RAISE  # a member or its string ("raise", "clamp", "heal")
     dynamic: bool = True
     product: str = "float64"
 
     def __post_init__(self) -> None:
         self.validate()
+        self.on_floor = OnFloor.parse(self.on_floor)
         if self.dynamic:
             self.init_scale = clamp_initial_scale(self.init_scale, self.min_scale, self.max_scale)
 
@@ -95,19 +102,25 @@ class ScalePolicy:
             problems.append(f"min_scale ({self.min_scale}) must be <= max_scale ({self.max_scale})")
         if not (math.isfinite(self.init_scale) and self.init_scale > 0):
             problems.append(f"the initial scale must be finite and > 0 (got {self.init_scale})")
-        if self.on_floor not in ON_FLOOR:
-            problems.append(f"on_floor must be one of {ON_FLOOR} (got {self.on_floor!r})")
+        try:
+            OnFloor.parse(self.on_floor)
+        except ConfigError as exc:
+            problems.append(str(exc))
         if self.product not in ("float64", "float32"):
             problems.append(f"product must be 'float64' or 'float32' (got {self.product!r})")
         if problems:
             raise ConfigError("invalid loss-scale policy: " + "; ".join(problems))
 
 
-def policy_for(active: bool, **fields) -> ScalePolicy:
+def policy_for(active: bool, names: Optional[tuple] = None, **fields) -> ScalePolicy:
     """The :class:`ScalePolicy` of a scaler: validated when the scaler is ``active``; for a disabled one, whatever
     the framework's disabled scaler accepts is accepted (a bad field falls back to its default, silently), since
-    a disabled scaler never uses its policy."""
+    a disabled scaler never uses its policy. An active dynamic scaler's initial scale outside its bounds is
+    clamped with the warning in the caller's ``names`` (:func:`clamp_initial_scale`)."""
     if active:
+        low, high, init = fields["min_scale"], fields["max_scale"], fields["init_scale"]
+        if fields.get("dynamic", True) and clampable(init, low, high):
+            fields["init_scale"] = clamp_initial_scale(init, low, high, names or SCALE_NAMES)
         return ScalePolicy(**fields)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -150,6 +163,12 @@ def clamp_initial_scale(init: float, min_scale: float, max_scale: float, names: 
     return bound
 
 
+def clampable(init, low, high) -> bool:
+    """The bounds and the initial scale are numbers the policy accepts (else the policy names what is wrong)."""
+    numbers = all(isinstance(v, (int, float, np.floating, np.integer)) for v in (init, low, high))
+    return numbers and 0 <= low <= high and np.isfinite(init) and init > 0
+
+
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of the first frame outside ampsafe: the warning points at the line that built the scaler."""
     frame, level = sys._getframe(1), 1
@@ -170,26 +189,46 @@ class StepDecision:
     grew: bool
     backed_off: bool
     floor_hit: bool
-    on_floor: str
+    on_floor: OnFloor
 
 
 @dataclass(frozen=True)
 class HealRecord:
-    """One heal: the step, the module paths turned into FP32 islands, and the scales around it."""
+    """One heal, as every reader sees it: the step, the module paths turned into FP32 islands, the scales around
+    it, and what the heal hook found. :class:`~ampsafe.healing.Healer` keeps one per heal (``Healer.heals``; the
+    scales are the scaler's to set, so there they are None) and the scaler records it with the scales it
+    restarted from (``ScalerStats.heals``; a hook that returns only paths leaves the findings empty).
+
+    ``found``: the path starts and risky-op modules the heal named (``paths`` is what islanding them turned into
+    FP32 islands); ``ops``: the risky ops as ``module:op``; ``amax``: float32 max |value| per found path or op;
+    ``reset_running_stats``: normalization layers whose non-finite statistics were reset; ``verdict``: the
+    evidence the heal decided on.
+    """
 
     step: int
     paths: tuple
-    scale_before: float
-    scale_after: float
+    scale_before: Optional[float] = None
+    scale_after: Optional[float] = None
+    found: tuple = ()
+    ops: tuple = ()
+    amax: Mapping[str, Optional[float]] = field(default_factory=dict, hash=False)
+    reset_running_stats: tuple = ()
+    verdict: Optional[HealVerdict] = field(default=None, hash=False)
+
+    def to_dict(self) -> dict:
+        """What reports read (``ScalerStats.to_dict``): the step, the islanded paths and the scales."""
+        return {name: getattr(self, name) for name in ("step", "paths", "scale_before", "scale_after")}
 
 
 @dataclass(frozen=True)
 class HealPlan:
     """What a heal hook returns: the module paths it turned into FP32 islands and the scale to restart from
-    (``None``: the scale of the last clean step, which a backward-only overflow may already have pulled down)."""
+    (``None``: the scale of the last clean step, which a backward-only overflow may already have pulled down).
+    ``record``: the hook's own :class:`HealRecord` of the heal, which the scaler completes with its scales."""
 
     paths: tuple
     restore_scale: Optional[float] = None
+    record: Optional[HealRecord] = None
 
 
 @dataclass(frozen=True)
@@ -222,14 +261,10 @@ class ScalerStats:
     heals: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {
-            "total_steps": self.total_steps,
-            "skipped_steps": self.skipped_steps,
-            "overflow_steps": self.overflow_steps,
-            "floor_hits": self.floor_hits,
-            "scale_history": list(self.scale_history),
-            "heals": [asdict(h) for h in self.heals],
+        counts = {
+            name: getattr(self, name) for name in ("total_steps", "skipped_steps", "overflow_steps", "floor_hits")
         }
+        return {**counts, "scale_history": list(self.scale_history), "heals": [h.to_dict() for h in self.heals]}
 
 
 def _f32(x: float) -> np.float32:
@@ -308,7 +343,7 @@ class LossScaleState:
         s.overflow_steps += found_inf
         s.floor_hits += floor_hit
         s.scale_history.append(before)
-        decision = StepDecision(
+        return StepDecision(
             step=s.total_steps - 1,
             found_inf=found_inf,
             skipped=found_inf,
@@ -319,9 +354,6 @@ class LossScaleState:
             floor_hit=floor_hit,
             on_floor=p.on_floor,
         )
-        for callback in self.callbacks:
-            callback(decision)
-        return decision
 
     def set_scale(self, value: float) -> None:
         """Set the scale by hand (``update(new_scale=...)``); the trackers are left as they are, as in torch."""
@@ -330,14 +362,15 @@ class LossScaleState:
             raise ConfigError(f"a loss scale must be finite and > 0 (got {value})")
         self.scale = _f32(value)
 
-    def heal(self, step: int, paths, scale_after: Optional[float] = None) -> HealRecord:
-        """Record a heal and restart from the scale before the collapse (or ``scale_after``)."""
+    def heal(self, step: int, plan: HealPlan) -> HealRecord:
+        """Record a heal and restart from the scale before the collapse (or ``plan.restore_scale``)."""
         before = float(self.scale)
-        target = self.last_clean_scale if scale_after is None else scale_after
+        target = self.last_clean_scale if plan.restore_scale is None else plan.restore_scale
         target = min(max(float(target), self.policy.min_scale), self.policy.max_scale)
         self.scale = _f32(target)
         self.growth_tracker = self.overflow_tracker = 0
-        record = HealRecord(step=step, paths=tuple(paths), scale_before=before, scale_after=float(self.scale))
+        scales = {"step": step, "paths": tuple(plan.paths), "scale_before": before, "scale_after": float(self.scale)}
+        record = replace(plan.record, **scales) if plan.record is not None else HealRecord(**scales)
         self.stats.heals.append(record)
         return record
 
@@ -348,6 +381,10 @@ class LossScaleState:
         state = self.__dict__.copy()
         state["callbacks"] = []
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.policy.on_floor = OnFloor.parse(self.policy.on_floor)  # a state pickled with the string loads
 
     def state_dict(self) -> dict:
         """The scaling state a checkpoint resumes from. The run's records (:class:`ScaleStats`: steps, skips,
@@ -362,7 +399,7 @@ class LossScaleState:
             "min_scale": p.min_scale,
             "max_scale": p.max_scale,
             "hysteresis": p.hysteresis,
-            "on_floor": p.on_floor,
+            "on_floor": p.on_floor.value,
             "_overflow_tracker": self.overflow_tracker,
             "_last_clean_scale": self.last_clean_scale,
         }
@@ -389,11 +426,12 @@ class LossScaleState:
         self.last_clean_scale = float(sd.get("_last_clean_scale", float(self.scale)))
 
 
-def floor_message(info: FloorInfo, min_scale: float, hysteresis: int, on_floor: str = "raise", why: str = "") -> str:
+def floor_message(info: FloorInfo, min_scale: float, hysteresis: int, heal_failed: Optional[str] = None) -> str:
     """The sentence a :class:`LossScaleFloorError` carries: where (as measured), how the scale fell, what to do.
 
     ``info.verdict`` is what the replay of the last batch measured (a :class:`HealVerdict`); without one
-    the pass is said to be unknown, never inferred from the loss. ``why``: why ``on_floor='heal'`` did not heal.
+    the pass is said to be unknown, never inferred from the loss. ``heal_failed``: why a heal did not heal
+    (``""``: no reason known); None when no heal was tried, and then the advice fits the measured pass.
     """
     named = (
         ", ".join(f"{name} (module {mod!r})" for name, mod in zip(info.offenders[:8], info.modules[:8]))
@@ -411,14 +449,16 @@ def floor_message(info: FloorInfo, min_scale: float, hysteresis: int, on_floor: 
     return (
         f"loss scale reached its floor min_scale={min_scale:g} at step {info.step} and gradients still overflow "
         f"(hysteresis={hysteresis}). Non-finite gradients: {named}. Recent scales: [{history}]. {where} "
-        + _advice(info.where, on_floor, why)
+        + _advice(info.where, heal_failed)
     )
 
 
-def _advice(where: Optional[str], on_floor: str, why: str) -> str:
-    """What to do, fitted to the measured pass and to the options already set."""
-    if on_floor == "heal":
-        return f"on_floor='heal' could not heal it: {why}" if why else "on_floor='heal' could not heal it."
+def _advice(where: Optional[str], heal_failed: Optional[str]) -> str:
+    """What to do, fitted to the measured pass and to what was tried."""
+    if heal_failed is not None:
+        return (
+            f"on_floor='heal' could not heal it: {heal_failed}" if heal_failed else "on_floor='heal' could not heal it."
+        )
     fix = {
         "forward": "No loss scale fixes a forward overflow: keep that path in float32 (ampsafe.patch(model, "
         "inputs, paths=[...]) or policy='island'), or on_floor='heal' to island it and go on.",
@@ -432,10 +472,12 @@ def _advice(where: Optional[str], on_floor: str, why: str) -> str:
     return fix or "Use on_floor='clamp' to keep skipping such steps, or on_floor='heal' to island the offending paths."
 
 
-def floor_error(info: FloorInfo, policy: ScalePolicy, prefix: str = "", why: str = "") -> LossScaleFloorError:
+def floor_error(
+    info: FloorInfo, policy: ScalePolicy, prefix: str = "", heal_failed: Optional[str] = None
+) -> LossScaleFloorError:
     """The :class:`LossScaleFloorError` for a floor hit (``.modules`` and ``.info`` let ``ampsafe.heal`` act)."""
     err = LossScaleFloorError(
-        prefix + floor_message(info, policy.min_scale, policy.hysteresis, policy.on_floor, why),
+        prefix + floor_message(info, policy.min_scale, policy.hysteresis, heal_failed),
         offenders=info.offenders,
         scale_history=info.scale_history,
         scale_independent=info.scale_independent,
@@ -461,30 +503,138 @@ def names_from_live_modules(module_type: type, wrappers=frozenset()) -> dict[int
     return names
 
 
-class ScalerBase:
-    """The floor handling and policy accessors both GradScaler adapters share around :class:`LossScaleState`.
+def policy_methods(name: str) -> tuple[Callable, Callable]:
+    """A getter and a setter of the policy field ``name``: the frameworks' ``get_*`` / ``set_*`` (torch's
+    ``get_growth_factor``, Paddle's ``set_incr_ratio``), written once over the scaler's one policy."""
 
-    Why here: what happens at the floor (name the offenders, ask the heal hook, or raise) is the same decision
-    for torch and Paddle. Adapters set ``_core``, ``_model`` and ``heal_hook`` and supply the tensor side:
-    ``_param_names()`` (id -> qualified name), ``_all_finite(loss)`` (one tensor) and ``_refresh_scale()``
-    (copy ``_core.scale`` into their scale tensor).
+    def get(self):
+        return getattr(self._core.policy, name)
+
+    def set(self, value) -> None:
+        self._set_policy(**{name: value})
+
+    get.__doc__, set.__doc__ = f"The policy's ``{name}``.", f"Set the policy's ``{name}``."
+    return get, set
+
+
+def policy_property(name: str) -> property:
+    """The policy field ``name`` under a framework's private attribute (torch's ``_growth_factor``, Paddle's
+    ``_incr_ratio``): the framework's own code reads and sets the one policy."""
+    return property(*policy_methods(name))
+
+
+class ScalerBase:
+    """The step's end, the floor dispatch and the policy accessors both GradScaler adapters share around
+    :class:`LossScaleState`: the adapters only move tensors.
+
+    A step ends in one place, :meth:`_end_update` (``update()``; Paddle's ``minimize`` and fixed-scale ``step``)::
+
+        gather       the adapter: found_inf (its one host sync), the offenders when at the floor, the losses
+                     ``scale()`` saw; None when there is nothing to decide (``update(new_scale)``, a step
+                     decided on the device, nothing stepped)
+        decide       LossScaleState.update(found_inf) -> StepDecision; the adapter's scale tensor follows
+        dispatch     FLOOR_HANDLERS[decision.on_floor](decision, offenders, losses), the one place on_floor acts:
+                       RAISE  a floor hit raises LossScaleFloorError naming the offenders and the measured pass
+                       CLAMP  nothing: the scale stays at the floor and the overflowing steps are skipped
+                       HEAL   a floor hit replays the batch, calls the heal hook and restarts from its scale (or
+                              raises what it measured); above the floor, ``patience`` (HealingScaler)
+        observe      every ``add_step_callback(fn)``: fn(decision), in the order added, after the dispatch (a
+                     heal has restored the scale), also when the dispatch raised (a step the floor stopped is
+                     still a step the loggers see); an observer that raises ends the step with its own error
+        end          ``_end_step()``: the step's inputs are no longer the latest (also when anything raised)
+
+    Adapters call :meth:`_init_core` (the policy, ``callback=``, ``model=``) and supply ``_backend()`` (their
+    framework's Backend), ``_refresh_scale()`` (copy ``_core.scale`` into their scale tensor) and ``_wrappers``
+    (module classes that only wrap a model, skipped when parameters are named from the live modules).
     """
 
+    FLOOR_HANDLERS: ClassVar[dict[OnFloor, str]] = {
+        OnFloor.RAISE: "_raise_at_floor",
+        OnFloor.CLAMP: "_clamp_at_floor",
+        OnFloor.HEAL: "_heal",
+    }
     _core: LossScaleState
     _model: Any = None
+    _wrappers: ClassVar[frozenset] = frozenset()
     heal_hook: Optional[Callable] = None
+
+    def _init_core(self, policy: ScalePolicy, callback: Optional[Callable] = None, model=None) -> None:
+        """The state machine of ``policy``, the ``callback=`` observer and ``model=`` (names parameters)."""
+        self._core = LossScaleState(policy)
+        if callback is not None:
+            self.add_step_callback(callback)
+        self._model = model
+        self.heal_hook = None
 
     @property
     def policy(self) -> ScalePolicy:
         return self._core.policy
 
+    @property
+    def stats(self) -> ScalerStats:
+        """total/skipped/overflow steps, floor hits, the recent scales and the heals."""
+        self._reconcile()
+        return self._core.stats
+
     def add_step_callback(self, fn: Callable[[StepDecision], Any]) -> None:
-        """Call ``fn(decision)`` after every update (loggers: VisualDL, TensorBoard)."""
+        """Call ``fn(decision)`` after every update, once the floor is dispatched (loggers: VisualDL, TensorBoard;
+        ``ampsafe run``'s report and ``--watch``)."""
         self._core.callbacks.append(fn)
 
     def _set_policy(self, **changes) -> None:
         self._core.policy = replace(self._core.policy, **changes)
 
+    # -- one step's end -------------------------------------------------------------------------------------------
+    def _end_update(self, gather: Callable[[], Optional[tuple]]) -> Optional[StepDecision]:
+        """Gather the step (``gather()``: ``(found_inf, offenders, losses)`` or None), decide it, dispatch the
+        floor and tell the observers, in the order of the class docstring."""
+        try:
+            step = gather()
+            return None if step is None else self._decide(*step)
+        finally:
+            self._end_step()
+
+    def _decide(self, found_inf: bool, offenders: list, losses: list) -> StepDecision:
+        before = self._core.scale
+        decision = self._core.update(found_inf)
+        if self._core.scale != before:
+            self._refresh_scale()
+        try:
+            getattr(self, self.FLOOR_HANDLERS[decision.on_floor])(decision, offenders, losses)
+        finally:
+            for observe in list(self._core.callbacks):
+                observe(decision)
+        return decision
+
+    def _raise_at_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        if decision.floor_hit:
+            raise floor_error(self._measured(self.floor_info(decision.step, offenders, losses)), self._core.policy)
+
+    def _clamp_at_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        """Nothing to do: the state machine keeps the scale at the floor and the step was skipped."""
+
+    def _heal(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        if decision.floor_hit:
+            self._heal_at_floor(decision, offenders, losses)
+
+    def _heal_at_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        """Measure the floor, ask the heal hook, restart from its scale; raise what was measured when it can't."""
+        hook = self.heal_hook if self.heal_hook is not None else self._builtin_heal_hook()
+        info = self._measured(self.floor_info(decision.step, offenders, losses), magnitude=not self._scans(hook))
+        policy = self._core.policy
+        if hook is None:
+            raise floor_error(info, policy, heal_failed=self._no_heal_reason())
+        try:
+            plan = hook(self, info)
+        except LossScaleFloorError as exc:
+            why = str(exc).removeprefix("not healed: ")
+            verdict = getattr(exc, "verdict", None)  # the hook's own findings added to the measured verdict
+            if verdict is not None:
+                info = replace(info, verdict=verdict)
+            raise floor_error(info, policy, heal_failed=why) from exc
+        self.apply_heal(decision.step, plan, info)
+
+    # -- the floor's facts ----------------------------------------------------------------------------------------
     def floor_info(self, step: int, offenders: list = (), losses: list = ()) -> FloorInfo:
         """What a heal hook is told: ``offenders`` are (parameter, fallback label) pairs whose gradients were
         non-finite, ``losses`` the losses ``scale()`` saw this step (to tell a non-finite loss apart)."""
@@ -492,7 +642,8 @@ class ScalerBase:
         labelled = [names.get(id(p), label) for p, label in self._order_offenders(offenders)]
         independent = None
         if losses:
-            independent = not all(self._all_finite(loss) for loss in losses)
+            finite = self._backend().tensors.finite
+            independent = not all(finite(loss) for loss in losses)
         return FloorInfo(
             step=step,
             offenders=tuple(labelled),
@@ -508,34 +659,27 @@ class ScalerBase:
         if not isinstance(plan, HealPlan):
             plan = HealPlan(tuple(plan or ()))
         if not plan.paths:
-            raise floor_error(info or self.floor_info(step), self._core.policy, "The heal hook healed nothing. ")
-        record = self._core.heal(step, plan.paths, plan.restore_scale)
+            raise floor_error(
+                info or self.floor_info(step), self._core.policy, "The heal hook healed nothing. ", heal_failed=""
+            )
+        record = self._core.heal(step, plan)
         self._refresh_scale()
         return record
 
-    def _on_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
-        info = self._measured(self.floor_info(decision.step, offenders, losses))
-        policy = self._core.policy
-        if decision.on_floor == "heal":
-            hook = self.heal_hook if self.heal_hook is not None else self._builtin_heal_hook()
-            if hook is None:
-                raise floor_error(info, policy, why=self._no_heal_reason())
-            try:
-                plan = hook(self, info)
-            except LossScaleFloorError as exc:
-                why = str(exc).removeprefix("not healed: ")
-                verdict = getattr(exc, "verdict", None)  # the hook's own findings added to the measured verdict
-                if verdict is not None:
-                    info = replace(info, verdict=verdict)
-                raise floor_error(info, policy, why=why) from exc
-            self.apply_heal(decision.step, plan, info)
-            return
-        raise floor_error(info, policy)
+    def _param_names(self) -> dict[int, str]:
+        """id(parameter) -> qualified name, from ``model`` or else every live module (rare path only)."""
+        if self._model is not None:
+            return {id(p): n for n, p in self._model.named_parameters()}
+        return names_from_live_modules(self._backend().module_type, self._wrappers)
 
     # -- what adapters with a model refine (``ampsafe.healing.scaler.HealingScaler``) -----------------------------------
-    def _measured(self, info: FloorInfo) -> FloorInfo:
+    def _measured(self, info: FloorInfo, magnitude: bool = True) -> FloorInfo:
         """``info`` with the measured verdict of the floor (here: none, nothing to replay)."""
         return info
+
+    def _scans(self, hook: Optional[Callable]) -> bool:
+        """Whether ``hook`` scans the batch itself (then the floor's replay leaves the magnitude to it)."""
+        return False
 
     def _builtin_heal_hook(self) -> Optional[Callable]:
         """The heal hook ``on_floor='heal'`` uses when none is set (here: none)."""
@@ -548,7 +692,19 @@ class ScalerBase:
         """(parameter, label) pairs in the order the error names them."""
         return list(offenders)
 
+    def _end_step(self) -> None:
+        """After ``update()``, whatever happened (here: nothing to forget)."""
+
+    def _reconcile(self, extra=None):
+        """Bring steps the host does not know yet into ``_core`` (here: none; torch's device-decided steps)."""
+        return None
+
     # -- pickling: the state travels, the hooks stay ----------------------------------------------------------------
+    MID_ITERATION = (
+        "A GradScaler instance may only be pickled at the beginning of an iteration, or at the end after "
+        "scaler.update()."
+    )
+
     def __getstate__(self) -> dict:
         """What ``pickle`` (also ``copy.deepcopy``, ``torch.save(scaler)``) carries: the policy, the scale, the
         trackers and the statistics, never the training loop around them. Left behind (they would drag the model
@@ -569,10 +725,7 @@ class ScalerBase:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
 
-    def _param_names(self) -> dict[int, str]:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _all_finite(self, tensor) -> bool:  # pragma: no cover - adapters
+    def _backend(self):  # pragma: no cover - adapters
         raise NotImplementedError
 
     def _refresh_scale(self) -> None:  # pragma: no cover - adapters

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Optional
 
+from ..core.amp import OnFloor
 from ..errors import ConfigError
 from .healer import Healer
 from .scaler import HealingScaler, check_patience
@@ -40,12 +41,11 @@ def heal(
     check_patience(patience)
     if scaler is None and batch_fn is None:
         raise ConfigError("ampsafe.heal needs a scaler to attach to (scaler=...) or a batch_fn returning inputs")
+    on_floor = OnFloor.parse(getattr(getattr(scaler, "policy", None), "on_floor", OnFloor.HEAL))
+    if on_floor is not OnFloor.HEAL:
+        raise ConfigError(f"the scaler was built with on_floor={on_floor.value!r}; build it with on_floor='heal'")
     healer = Healer(model, level=level, target=target, margin_bits=margin_bits, max_heals=max_heals, loss_fn=loss_fn)
     if scaler is not None:
-        policy = getattr(scaler, "policy", None)
-        if policy is not None and getattr(policy, "on_floor", "heal") != "heal":
-            healer.detach()
-            raise ConfigError(f"the scaler was built with on_floor={policy.on_floor!r}; build it with on_floor='heal'")
         reason = getattr(scaler, "disabled_reason", None)
         if reason:  # a disabled scaler never skips a step, so it never reaches its floor: heal would never run
             warnings.warn(f"ampsafe.heal: the scaler is {reason}: it never reaches its floor, so nothing is healed")

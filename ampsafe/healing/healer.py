@@ -23,7 +23,7 @@ from .._framework import backend_of, unwrap
 from ..core.capture import InputCapture
 from ..core.modpath import under
 from ..core.report import RiskOp, RiskPath
-from ..core.scale import HealPlan
+from ..core.scale import HealPlan, HealRecord
 from ..core.swaps import protection_of
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError, LossScaleFloorError
@@ -81,7 +81,7 @@ class Healer:
         self.framework = self.backend.name
         self.level, self.target, self.margin_bits = level, target, margin_bits
         self.max_heals, self.loss_fn = max_heals, loss_fn
-        self.heals: list[dict] = []
+        self.heals: list[HealRecord] = []
         self._given: Any = None  # inputs set by hand (``heal(model, batch_fn)``), else the capture's
         self._own_capture = capture is None
         self.capture = InputCapture(self.backend, self.model) if capture is None else capture
@@ -217,7 +217,7 @@ class Healer:
         if len(self.heals) >= self.max_heals:
             raise LossScaleFloorError(
                 f"gave up after {len(self.heals)} heals (max_heals={self.max_heals}); the overflow persists. Healed "
-                f"so far: {[h['paths'] for h in self.heals]}. See ampsafe.scan(model, inputs).to_markdown().",
+                f"so far: {[list(h.found) for h in self.heals]}. See ampsafe.scan(model, inputs).to_markdown().",
                 **err,
             )
         floor = float(history[-1]) if history else None
@@ -291,22 +291,21 @@ class Healer:
         restored = restore_scale(history)
         amax = {n: by_start[n].amax for n in names}
         amax.update({k: by_op[k].amax for k in op_keys})
-        record = {
-            "step": step,
-            "paths": names + op_modules,
-            "ops": op_keys,
-            "patched": list(result.patched),
-            "amax": amax,
-            "scale": restored,
-            "reset_running_stats": reset,
-            "verdict": found,
-        }
+        islanded = tuple(result.patched) or tuple(names + op_modules)
+        record = HealRecord(
+            step=step,
+            paths=islanded,
+            found=tuple(names + op_modules),
+            ops=tuple(op_keys),
+            amax=amax,
+            reset_running_stats=tuple(reset),
+            verdict=found,
+        )
         self.heals.append(record)
         risky: dict[str, list[str]] = {}
         for k in op_keys:
             risky.setdefault(by_op[k].module, []).append(by_op[k].op)
         listed = names + [f"{m} (risky {', '.join(ops)})" for m, ops in risky.items() if m not in names]
-        islanded = tuple(result.patched) or tuple(names + op_modules)
         # the modules named here are the ones the scaler records, report.json keeps and the report's patch line
         # gives: one list, so the permanent fix is the heal that was logged
         log.warning(
@@ -319,7 +318,7 @@ class Healer:
             restored,
             f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
         )
-        return HealPlan(islanded, restored)
+        return HealPlan(islanded, restored, record)
 
 
 def _merged(local: HealVerdict, verdicts: list) -> HealVerdict:

@@ -11,10 +11,10 @@ which pass overflowed (a :class:`~ampsafe.core.verdict.HealVerdict`); with ``on_
 through a :class:`~ampsafe.healing.Healer` (the one ``ampsafe.heal`` attaches: it completes that verdict with
 one scan, islands what overflows, restores the scale; collective under torch.distributed /
 paddle.distributed). ``patience`` (the scaler's, or the one ``ampsafe.heal(..., patience=)`` attaches) is
-counted here, once for both. Both adapters subclass :class:`HealingScaler`; they name their framework's
-Backend (``_backend``), whose ``amp`` part records the precision of each captured forward (``amp.state``),
-replays the batch in it (``amp.replay``) and says what the Healer scans (``amp.heal_options``), and they call
-``_resolve`` / ``_end_step``.
+counted here, once for both, in ``on_floor="heal"``'s handler of :class:`~ampsafe.core.scale.ScalerBase`'s
+floor dispatch. Both adapters subclass :class:`HealingScaler`; they name their framework's Backend
+(``_backend``), whose ``amp`` part records the precision of each captured forward (``amp.state``), replays the
+batch in it (``amp.replay``) and says what the Healer scans (``amp.heal_options``), and they call ``_resolve``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from .._framework import unwrap
+from ..core.amp import OnFloor
 from ..core.capture import InputCapture
-from ..core.scale import FloorInfo, ScalerBase, StepDecision
+from ..core.scale import FloorInfo, ScalePolicy, ScalerBase, StepDecision
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError
 from .healer import Healer
@@ -37,23 +38,27 @@ __all__ = ["HealingScaler", "check_patience"]
 log = logging.getLogger("ampsafe.heal")
 
 
-def check_patience(patience, on_floor: str = "heal") -> Optional[int]:
-    """``patience`` validated: an int >= 1 (overflowing steps in a row before a heal) or None."""
+def check_patience(patience, on_floor: OnFloor | str = OnFloor.HEAL) -> Optional[int]:
+    """``patience`` validated: an int >= 1 (overflowing steps in a row before a heal) or None; it is counted by
+    ``on_floor="heal"``, so it needs that."""
     if patience is None:
         return None
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise ConfigError(f"patience must be an int >= 1 (overflowing steps in a row) or None, got {patience!r}")
-    if on_floor != "heal":
-        raise ConfigError(f"patience={patience} heals before the floor: it needs on_floor='heal' (got {on_floor!r})")
+    on_floor = OnFloor.parse(on_floor)
+    if on_floor is not OnFloor.HEAL:
+        raise ConfigError(
+            f"patience={patience} heals before the floor: it needs on_floor='heal' (got {on_floor.value!r})"
+        )
     return patience
 
 
 class HealingScaler(ScalerBase):
     """Model resolution, input capture, the measured floor verdict, built-in healing and ``patience``.
 
-    Adapters call ``_init_healing(patience)`` in ``__init__``, ``_resolve(optimizer)`` when a step starts and
-    ``_end_step()`` after each update, and implement ``_backend()`` (their framework's Backend: its ``amp``
-    part is the precision of the step, its replay and the Healer's level / target).
+    Adapters call ``_init_core(policy, callback, model, patience)`` in ``__init__`` and ``_resolve(optimizer)``
+    when a step starts, and implement ``_backend()`` (their framework's Backend: its ``amp`` part is the
+    precision of the step, its replay and the Healer's level / target).
     """
 
     disabled_reason: Optional[str] = None
@@ -67,8 +72,9 @@ class HealingScaler(ScalerBase):
     _streak: int = 0
     _in_range: bool = False
 
-    def _init_healing(self, patience) -> None:
-        self._patience = check_patience(patience, self._core.policy.on_floor)
+    def _init_core(self, policy: ScalePolicy, callback: Optional[Callable] = None, model=None, patience=None) -> None:
+        super()._init_core(policy, callback, model)
+        self._patience = check_patience(patience, policy.on_floor)
         self._attached_patience = None
         self._resolved_ref, self._resolve_done, self._unresolved_why = None, False, ""
         self._capture = self._healer = None
@@ -150,15 +156,14 @@ class HealingScaler(ScalerBase):
         except Exception as exc:  # noqa: BLE001 - the replay is evidence: its failure is reported, not raised
             return not_replayed(f"the replay of the last batch raised {type(exc).__name__}: {exc}")
 
-    def _measured(self, info: FloorInfo) -> FloorInfo:
-        return replace(info, verdict=self.measure_floor(info, magnitude=not self._healer_scans()))
+    def _measured(self, info: FloorInfo, magnitude: bool = True) -> FloorInfo:
+        return replace(info, verdict=self.measure_floor(info, magnitude=magnitude))
 
-    def _healer_scans(self) -> bool:
-        """Whether a Healer of the resolved model heals this floor and scans the batch (it measures the float32
-        magnitude then, so the sentinel's replay is the only other run of the batch)."""
-        if self._core.policy.on_floor != "heal" or self._resolved is None:
+    def _scans(self, hook: Optional[Callable]) -> bool:
+        """Whether ``hook`` is a Healer of the resolved model that heals this floor and scans the batch (it
+        measures the float32 magnitude then, so the sentinel's replay is the only other run of the batch)."""
+        if self._resolved is None:
             return False
-        hook = self.heal_hook if self.heal_hook is not None else self._builtin_heal_hook()
         return isinstance(hook, Healer) and len(hook.heals) < hook.max_heals and hook._same_batch(self)
 
     def _builtin_heal_hook(self) -> Optional[Callable]:
@@ -179,14 +184,21 @@ class HealingScaler(ScalerBase):
         scaler was built with its own ``patience`` (that one counts). Not pickled, like the heal hook."""
         self._attached_patience = check_patience(patience)
 
-    def _on_decision(self, decision: Optional[StepDecision]) -> None:
-        """After the floor handling of one update: count overflows in a row and heal after ``patience``."""
+    def _heal(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        """``on_floor="heal"``'s handler: heal at the floor, and above it after ``patience`` overflows in a row."""
+        if decision.floor_hit:
+            self._heal_at_floor(decision, offenders, losses)
+            self._streak, self._in_range = 0, False  # healed at the floor just now
+        else:
+            self._heal_after_streak(decision)
+
+    def _heal_after_streak(self, decision: StepDecision) -> None:
+        """Count overflows in a row and heal after ``patience`` of them (when the replayed forward overflows)."""
         patience = self._patience if self._patience is not None else self._attached_patience
-        if patience is None or decision is None:
+        if patience is None:
             return
-        heals = self._core.stats.heals
-        if not decision.found_inf or (heals and heals[-1].step == decision.step):
-            self._streak, self._in_range = 0, False  # a clean step, or healed at the floor just now
+        if not decision.found_inf:
+            self._streak, self._in_range = 0, False
             return
         self._streak += 1
         if self._streak < patience or self._in_range:
@@ -212,7 +224,3 @@ class HealingScaler(ScalerBase):
         state.update(_resolved_ref=None, _resolve_done=False, _capture=None, _healer=None, _streak=0, _in_range=False)
         state.update(_attached_patience=None)
         return state
-
-    # -- adapters ------------------------------------------------------------------------------------------------------
-    def _backend(self):  # pragma: no cover - adapters
-        raise NotImplementedError

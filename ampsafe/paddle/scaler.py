@@ -32,13 +32,12 @@ import paddle
 from paddle.amp import grad_scaler as _paddle_grad_scaler
 
 from ..core.scale import (
-    FloorInfo,
-    LossScaleState,
-    ScalerStats,
     StepDecision,
     clamp_initial_scale,
-    names_from_live_modules,
+    clampable,
     policy_for,
+    policy_methods,
+    policy_property,
 )
 from ..errors import ConfigError
 from ..healing.scaler import HealingScaler
@@ -49,6 +48,21 @@ __all__ = ["GradScaler", "OptimizerState", "amp_scaler"]
 
 OptimizerState = _paddle_grad_scaler.OptimizerState  # Paddle's enum: per-optimizer states compare equal to Paddle's
 _NAMES = ("init_loss_scaling", "min_loss_scaling", "max_loss_scaling")
+# a state dict's keys in Paddle's names -> the state machine's (LossScaleState.state_dict); Paddle's own scaler
+# saves the first six, so a state dict from it loads (the others keep their values)
+_STATE_KEYS = {
+    "incr_ratio": "growth_factor",
+    "decr_ratio": "backoff_factor",
+    "incr_every_n_steps": "growth_interval",
+    "decr_every_n_nan_or_inf": "hysteresis",
+    "incr_count": "_growth_tracker",
+    "decr_count": "_overflow_tracker",
+    "min_loss_scaling": "min_scale",
+    "max_loss_scaling": "max_scale",
+    "on_floor": "on_floor",
+    "_last_clean_scale": "_last_clean_scale",
+}
+_PADDLES_OWN = tuple(_STATE_KEYS)[:6]
 
 
 def _fresh_state() -> dict[str, Any]:
@@ -59,6 +73,18 @@ _CPU_REASON = (
     "disabled (CPU place: Paddle's AMP is off on a CPU; float16 is emulated only under ampsafe run --emulate-fp16, "
     "or pass emulated=True when the forward runs under ampsafe.paddle.emulate_fp16)"
 )
+
+
+def _tracker(name: str) -> tuple[Callable, Callable]:
+    """Get and set one counter of the state machine (Paddle's ``_incr_count`` / ``_decr_count``)."""
+
+    def get(self) -> int:
+        return getattr(self._core, name)
+
+    def set(self, value) -> None:
+        setattr(self._core, name, int(value))
+
+    return get, set
 
 
 def _fp16_emulated() -> bool:
@@ -144,29 +170,23 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         if not self._enable and self.disabled_reason is None:  # the FP32 guard does not scale: it guards
             self.disabled_reason = "disabled by the script (enable=False)"
         self._use_dynamic_loss_scaling = bool(use_dynamic_loss_scaling) and self._enable and not self._guard
-        init = 1.0 if self._guard else init_loss_scaling
-        if self._use_dynamic_loss_scaling and _clampable(init, min_loss_scaling, max_loss_scaling):
-            init = clamp_initial_scale(init, min_loss_scaling, max_loss_scaling, _NAMES)
-        self._core = LossScaleState(
-            policy_for(
-                self._enable,
-                init_scale=init,
-                growth_factor=incr_ratio,
-                backoff_factor=decr_ratio,
-                growth_interval=incr_every_n_steps,
-                min_scale=min_loss_scaling,
-                max_scale=max_loss_scaling,
-                hysteresis=decr_every_n_nan_or_inf,
-                on_floor=on_floor,
-                dynamic=self._use_dynamic_loss_scaling,
-                product="float32",
-            )
+        policy = policy_for(
+            self._enable,
+            _NAMES,
+            init_scale=1.0 if self._guard else init_loss_scaling,
+            growth_factor=incr_ratio,
+            backoff_factor=decr_ratio,
+            growth_interval=incr_every_n_steps,
+            min_scale=min_loss_scaling,
+            max_scale=max_loss_scaling,
+            hysteresis=decr_every_n_nan_or_inf,
+            on_floor=on_floor,
+            dynamic=self._use_dynamic_loss_scaling,
+            product="float32",
         )
-        if callback is not None:
-            self._core.callbacks.append(callback)
+        self._init_core(policy, callback, model, patience)
         self._init_loss_scaling = float(self._core.policy.init_scale) if self._enable else 1.0
         self._group = group
-        self._model = model
         self._static = not paddle.in_dynamic_mode()
         self._scale = self._static_scale() if self._static else self._scale_tensor()
         self._found_inf = None
@@ -174,8 +194,6 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         self._optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
         self._losses: deque = deque(maxlen=16)
         self._offenders: list = []
-        self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
-        self._init_healing(patience)
 
     def _scale_tensor(self):
         return paddle.to_tensor(np.array([self._core.scale], dtype=np.float32))
@@ -207,8 +225,8 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         _STATIC_NOTE["said"] = True
         policy = self._core.policy
         lost = []
-        if policy.on_floor != "clamp":
-            lost.append(f"on_floor={policy.on_floor!r} (the floor holds in the program, as on_floor='clamp')")
+        if policy.on_floor.acts_at_floor:
+            lost.append(f"on_floor={policy.on_floor.value!r} (the floor holds in the program, as on_floor='clamp')")
         if self._patience is not None:
             lost.append(f"patience={self._patience}")
         if self._guard:
@@ -237,53 +255,12 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         return result
 
     # -- Paddle's private state, with Paddle's meaning (views of the state machine) ----------------------------------
-    @property
-    def _incr_ratio(self) -> float:
-        return self._core.policy.growth_factor
-
-    @_incr_ratio.setter
-    def _incr_ratio(self, value: float) -> None:
-        self._set_policy(growth_factor=value)
-
-    @property
-    def _decr_ratio(self) -> float:
-        return self._core.policy.backoff_factor
-
-    @_decr_ratio.setter
-    def _decr_ratio(self, value: float) -> None:
-        self._set_policy(backoff_factor=value)
-
-    @property
-    def _incr_every_n_steps(self) -> int:
-        return self._core.policy.growth_interval
-
-    @_incr_every_n_steps.setter
-    def _incr_every_n_steps(self, value: int) -> None:
-        self._set_policy(growth_interval=value)
-
-    @property
-    def _decr_every_n_nan_or_inf(self) -> int:
-        return self._core.policy.hysteresis
-
-    @_decr_every_n_nan_or_inf.setter
-    def _decr_every_n_nan_or_inf(self, value: int) -> None:
-        self._set_policy(hysteresis=value)
-
-    @property
-    def _incr_count(self) -> int:
-        return self._core.growth_tracker
-
-    @_incr_count.setter
-    def _incr_count(self, value: int) -> None:
-        self._core.growth_tracker = int(value)
-
-    @property
-    def _decr_count(self) -> int:
-        return self._core.overflow_tracker
-
-    @_decr_count.setter
-    def _decr_count(self, value: int) -> None:
-        self._core.overflow_tracker = int(value)
+    _incr_ratio = policy_property("growth_factor")
+    _decr_ratio = policy_property("backoff_factor")
+    _incr_every_n_steps = policy_property("growth_interval")
+    _decr_every_n_nan_or_inf = policy_property("hysteresis")
+    _incr_count = property(*_tracker("growth_tracker"))
+    _decr_count = property(*_tracker("overflow_tracker"))
 
     def _unscale(self, optimizer) -> None:
         """Paddle's private name for :meth:`unscale_`."""
@@ -292,11 +269,6 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
     def _update(self) -> None:
         """Paddle's private name for one loss-scale update from ``_cache_found_inf`` (with the floor handling)."""
         self._advance()
-
-    # -- extras --------------------------------------------------------------------------------------------------------
-    @property
-    def stats(self) -> ScalerStats:
-        return self._core.stats
 
     # -- scale / unscale -----------------------------------------------------------------------------------------------
     def scale(self, var):
@@ -391,40 +363,25 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         self._advance()
 
     def _advance(self) -> None:
-        try:
-            self._on_decision(self._decide())
-        finally:
-            self._end_step()
+        self._end_update(self._gather)
 
-    def _decide(self) -> Optional[StepDecision]:
+    def _gather(self) -> Optional[tuple]:
+        """The step for :meth:`ScalerBase._end_update`: (found_inf, offenders, losses), or None when nothing was
+        stepped since the last update (nothing to decide: in Paddle a no-op)."""
         found = self._cache_found_inf
         self._optimizer_states = defaultdict(_fresh_state)
         self._cache_found_inf = None
         offenders, self._offenders = self._offenders, []
         losses = list(self._losses)
         self._losses.clear()
-        if found is None:  # nothing was stepped since the last update: nothing to decide (Paddle: a no-op)
-            return None
-        before = self._core.scale
-        decision = self._core.update(found)
-        if self._core.scale != before:
-            self._scale = self._scale_tensor()
-        if decision.floor_hit and decision.on_floor != "clamp":
-            self._on_floor(decision, offenders, losses)
-        return decision
+        return None if found is None else (found, offenders, losses)
 
     # -- the framework of the floor's replay and heal (HealingScaler: its precision is ``backend.amp``) -----------
     def _backend(self):
         return BACKEND
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
-    def _param_names(self) -> dict[int, str]:
-        if self._model is not None:
-            return {id(p): n for n, p in self._model.named_parameters()}
-        return names_from_live_modules(paddle.nn.Layer, ("DataParallel",))
-
-    def _all_finite(self, tensor) -> bool:
-        return bool(paddle.isfinite(tensor).all().item())
+    _wrappers = frozenset({"DataParallel"})
 
     def _refresh_scale(self) -> None:
         self._scale = self._scale_tensor()
@@ -448,61 +405,33 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         """As Paddle's: also resets the current scale to the new value (clamped into the bounds, with a warning)."""
         value = new_init_loss_scaling
         policy = self._core.policy
-        if policy.dynamic and _clampable(value, policy.min_scale, policy.max_scale):
+        if policy.dynamic and clampable(value, policy.min_scale, policy.max_scale):
             value = clamp_initial_scale(value, policy.min_scale, policy.max_scale, _NAMES)
         self._core.set_scale(value)
         self._set_policy(init_scale=float(self._core.scale))
         self._init_loss_scaling = new_init_loss_scaling if value == new_init_loss_scaling else value
         self._scale = self._scale_tensor()
 
-    def get_incr_ratio(self) -> float:
-        return self._core.policy.growth_factor
-
-    def set_incr_ratio(self, new_incr_ratio: float) -> None:
-        self._set_policy(growth_factor=new_incr_ratio)
-
-    def get_decr_ratio(self) -> float:
-        return self._core.policy.backoff_factor
-
-    def set_decr_ratio(self, new_decr_ratio: float) -> None:
-        self._set_policy(backoff_factor=new_decr_ratio)
-
-    def get_incr_every_n_steps(self) -> int:
-        return self._core.policy.growth_interval
-
-    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
-        self._set_policy(growth_interval=new_incr_every_n_steps)
-
-    def get_decr_every_n_nan_or_inf(self) -> int:
-        return self._core.policy.hysteresis
-
-    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
-        self._set_policy(hysteresis=new_decr_every_n_nan_or_inf)
+    get_incr_ratio, set_incr_ratio = policy_methods("growth_factor")
+    get_decr_ratio, set_decr_ratio = policy_methods("backoff_factor")
+    get_incr_every_n_steps, set_incr_every_n_steps = policy_methods("growth_interval")
+    get_decr_every_n_nan_or_inf, set_decr_every_n_nan_or_inf = policy_methods("hysteresis")
 
     def state_dict(self) -> dict:
         """Paddle's keys (``scale`` as a float32 array of shape [1], ``incr_ratio``, ..., ``incr_count``,
         ``decr_count``, ``use_dynamic_loss_scaling``) plus ``min_loss_scaling``, ``max_loss_scaling``,
-        ``on_floor``, ``_last_clean_scale`` and ``stats``. Empty when disabled, as Paddle's."""
+        ``on_floor`` and ``_last_clean_scale``. Empty when disabled, as Paddle's."""
         if not self._enable:
             return {}
         core = self._core.state_dict()
         return {
             "scale": np.array([self._core.scale], dtype=np.float32),
-            "incr_ratio": core["growth_factor"],
-            "decr_ratio": core["backoff_factor"],
-            "incr_every_n_steps": core["growth_interval"],
-            "decr_every_n_nan_or_inf": core["hysteresis"],
-            "incr_count": core["_growth_tracker"],
-            "decr_count": core["_overflow_tracker"],
+            **{key: core[ours] for key, ours in _STATE_KEYS.items()},
             "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
-            "min_loss_scaling": core["min_scale"],
-            "max_loss_scaling": core["max_scale"],
-            "on_floor": core["on_floor"],
-            "_last_clean_scale": core["_last_clean_scale"],
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load a state dict from this class or from ``paddle.amp.GradScaler``."""
+        """Load a state dict from this class or from ``paddle.amp.GradScaler`` (without ampsafe's keys)."""
         if not self._enable:
             return
         if len(state_dict) == 0:
@@ -512,24 +441,10 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         sd = state_dict
         scale = sd["scale"]
         scale = float(np.asarray(scale.numpy() if isinstance(scale, paddle.Tensor) else scale).reshape(-1)[0])
-        core = {
-            "scale": scale,
-            "growth_factor": sd["incr_ratio"],
-            "backoff_factor": sd["decr_ratio"],
-            "growth_interval": sd["incr_every_n_steps"],
-            "hysteresis": sd["decr_every_n_nan_or_inf"],
-            "_growth_tracker": sd["incr_count"],
-            "_overflow_tracker": sd["decr_count"],
-        }
-        for ours, key in (("min_scale", "min_loss_scaling"), ("max_scale", "max_loss_scaling")):
-            if key in sd:
-                core[ours] = sd[key]
-        for key in ("on_floor", "_last_clean_scale"):
-            if key in sd:
-                core[key] = sd[key]
+        core = {ours: sd[key] for key, ours in _STATE_KEYS.items() if key in sd or key in _PADDLES_OWN}
         self._use_dynamic_loss_scaling = bool(sd.get("use_dynamic_loss_scaling", self._use_dynamic_loss_scaling))
         self._set_policy(dynamic=self._use_dynamic_loss_scaling)
-        self._core.load_state_dict(core)
+        self._core.load_state_dict({"scale": scale, **core})
         self._init_loss_scaling = scale
         self._scale = self._scale_tensor()
 
@@ -540,10 +455,7 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         if self._cache_found_inf is not None or any(
             s["state"] is not OptimizerState.INIT for s in self._optimizer_states.values()
         ):
-            raise AssertionError(
-                "A GradScaler instance may only be pickled at the beginning "
-                "of an iteration, or at the end after scaler.update()."
-            )
+            raise AssertionError(self.MID_ITERATION)
         state = super().__getstate__()
         state["_scale"] = None  # rebuilt from the state in __setstate__
         state["_found_inf"] = None
@@ -558,12 +470,6 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
 
 
 _STATIC_NOTE = {"said": False}
-
-
-def _clampable(init, low, high) -> bool:
-    """The bounds and the initial scale are numbers the policy accepts (else the policy names what is wrong)."""
-    numbers = all(isinstance(v, (int, float, np.floating, np.integer)) for v in (init, low, high))
-    return numbers and 0 <= low <= high and np.isfinite(init) and init > 0
 
 
 def amp_scaler(base: type) -> type:

@@ -35,12 +35,6 @@ class _Measured:
     names: list[str] = field(default_factory=list)
 
 
-def _paths(record, name: str) -> tuple:
-    """A heal record's ``paths`` / ``patched`` (a dict or a record object)."""
-    value = record.get(name, ()) if isinstance(record, dict) else getattr(record, name, ())
-    return tuple(value or ())
-
-
 def is_hf_model(model) -> bool:
     """True for an HF transformers ``PreTrainedModel`` (it has the dtype-plan attributes ``from_pretrained`` reads)."""
     return model is not None and hasattr(model, "_keep_in_fp32_modules") and hasattr(model, "_get_dtype_plan")
@@ -64,7 +58,7 @@ def _measure(scaler) -> None:
     modules = healer.backend.modules(model)
     owners: list[str] = []
     for record in heals[memo.done :]:
-        for path in [*_paths(record, "paths"), *_paths(record, "patched")]:
+        for path in [*record.found, *record.paths]:
             module = modules.get(path)
             if path and path not in owners and module is not None and any(True for _ in module.parameters(False)):
                 owners.append(path)

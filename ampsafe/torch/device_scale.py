@@ -62,7 +62,7 @@ class DeviceSteps:
             return False
         if self.lag == 0 and not np.float32(p.min_scale) <= core.scale <= np.float32(p.max_scale):
             return False
-        if p.min_scale == 0 or p.on_floor == "clamp":
+        if p.min_scale == 0 or not p.on_floor.acts_at_floor:
             return True
         backoffs = (core.overflow_tracker + self.lag + 1) // p.hysteresis
         return float(core.scale) * p.backoff_factor**backoffs > p.min_scale * 1.001

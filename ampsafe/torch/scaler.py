@@ -37,7 +37,6 @@ is a view of the host's: reading ``_growth_tracker`` gives a fresh int32 tensor,
 from __future__ import annotations
 
 import inspect
-import math
 import warnings
 from collections import abc, defaultdict, deque
 from typing import Any, Callable, Optional
@@ -45,22 +44,12 @@ from typing import Any, Callable, Optional
 import torch
 from torch.amp import grad_scaler as _torch_grad_scaler
 
-from ..core.scale import (
-    FloorInfo,
-    LossScaleState,
-    ScalerStats,
-    StepDecision,
-    clamp_initial_scale,
-    names_from_live_modules,
-    policy_for,
-)
+from ..core.scale import StepDecision, policy_for, policy_methods, policy_property
 from ..healing.scaler import HealingScaler
 from .device_scale import DeviceSteps
 from .grads import nonfinite_params, unscale_and_check_
 
 __all__ = ["GradScaler", "OptState", "device_scaler"]
-
-_WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
 
 OptState = _torch_grad_scaler.OptState  # torch's enum: per-optimizer states compare equal to torch's
 
@@ -135,9 +124,6 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
             self.disabled_reason = "disabled (CUDA not available)"
         self._guard = bool(fp32_guard)
         self._active = self._enabled or self._guard
-        if self._enabled and isinstance(min_scale, (int, float)) and isinstance(max_scale, (int, float)):
-            if 0 <= min_scale <= max_scale and math.isfinite(init_scale) and init_scale > 0:
-                init_scale = clamp_initial_scale(init_scale, min_scale, max_scale)
         policy = policy_for(
             self._active,
             init_scale=1.0 if self._guard else init_scale,
@@ -151,26 +137,14 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
             dynamic=not self._guard,
             product="float64",
         )
-        self._core = LossScaleState(policy)
-        if callback is not None:
-            self._core.callbacks.append(callback)
+        self._init_core(policy, callback, model, patience)
         self._process_group = process_group
-        self._model = model
         self._scale: Optional[torch.Tensor] = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
         self._step_info: dict[int, dict[str, Any]] = defaultdict(_fresh_info)
         self._losses: deque = deque(maxlen=16)
         self._device_decisions = device_decisions
         self._device_steps = DeviceSteps()  # steps of self-unscaling optimizers decided on the device
-        self.heal_hook: Optional[Callable[[GradScaler, FloorInfo], Any]] = None
-        self._init_healing(patience)
-
-    # -- public extras -----------------------------------------------------------------------------------------------
-    @property
-    def stats(self) -> ScalerStats:
-        """total/skipped/overflow steps, floor hits, the recent scales and the heals."""
-        self._reconcile()
-        return self._core.stats
 
     # -- torch's private state, with torch's meaning (views of the host state machine) ------------------------------
     @property
@@ -211,29 +185,9 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
             self._reconcile()
             self._core.growth_tracker = int(value)
 
-    @property
-    def _growth_factor(self) -> float:
-        return self._core.policy.growth_factor
-
-    @_growth_factor.setter
-    def _growth_factor(self, value: float) -> None:
-        self._set_policy(growth_factor=value)
-
-    @property
-    def _backoff_factor(self) -> float:
-        return self._core.policy.backoff_factor
-
-    @_backoff_factor.setter
-    def _backoff_factor(self, value: float) -> None:
-        self._set_policy(backoff_factor=value)
-
-    @property
-    def _growth_interval(self) -> int:
-        return self._core.policy.growth_interval
-
-    @_growth_interval.setter
-    def _growth_interval(self, value: int) -> None:
-        self._set_policy(growth_interval=value)
+    _growth_factor = policy_property("growth_factor")
+    _backoff_factor = policy_property("backoff_factor")
+    _growth_interval = policy_property("growth_interval")
 
     # -- scale tensor ------------------------------------------------------------------------------------------------
     def _lazy_init_scale(self, device: torch.device) -> torch.Tensor:
@@ -414,14 +368,12 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
 
     def update(self, new_scale: Optional[float | torch.Tensor] = None) -> None:
         """Advance the scale state machine (or set ``new_scale``); at the floor apply ``on_floor``."""
-        if not self._active:
-            return
-        try:
-            self._on_decision(self._update(new_scale))
-        finally:
-            self._end_step()
+        if self._active:
+            self._end_update(lambda: self._gather(new_scale))
 
-    def _update(self, new_scale) -> Optional[StepDecision]:
+    def _gather(self, new_scale) -> Optional[tuple]:
+        """The step for :meth:`ScalerBase._end_update`: (found_inf, offenders, losses), or None when ``new_scale``
+        is set or the step was decided on the device."""
         scale = self._check_scale("update")
         infos = self._step_info
         states = [(s, infos[key]) for key, s in self._per_optimizer_states.items()]
@@ -456,16 +408,9 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
                     for _, i in checked:
                         if i["found_inf_host"] is None and "optimizer" in i:
                             i["offenders"] = nonfinite_params(i["optimizer"])
-        before = self._core.scale
-        decision = self._core.update(found_inf)
-        if self._core.scale != before:
-            scale.fill_(decision.next_scale)
         losses = list(self._losses)
         self._losses.clear()
-        if decision.floor_hit and decision.on_floor != "clamp":
-            offenders = [name for _, i in checked for name in i.get("offenders", ())]
-            self._on_floor(decision, offenders, losses)
-        return decision
+        return found_inf, [name for _, i in checked for name in i.get("offenders", ())], losses
 
     # -- device-side steps (self-unscaling optimizers: torch's needs no host sync there, so neither do we) --------
     @property
@@ -506,14 +451,7 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         return BACKEND
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
-    def _param_names(self) -> dict[int, str]:
-        """id(parameter) -> qualified name, from ``model`` or else every live module (rare path only)."""
-        if self._model is not None:
-            return {id(p): n for n, p in self._model.named_parameters()}
-        return names_from_live_modules(torch.nn.Module, _WRAPPERS)
-
-    def _all_finite(self, tensor: torch.Tensor) -> bool:
-        return bool(torch.isfinite(tensor).all())
+    _wrappers = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"})
 
     def _refresh_scale(self) -> None:
         self._scale.fill_(float(self._core.scale))
@@ -527,23 +465,9 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         self._reconcile()
         return float(self._core.scale) if self._enabled else 1.0
 
-    def get_growth_factor(self) -> float:
-        return self._core.policy.growth_factor
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._set_policy(growth_factor=new_factor)
-
-    def get_backoff_factor(self) -> float:
-        return self._core.policy.backoff_factor
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._set_policy(backoff_factor=new_factor)
-
-    def get_growth_interval(self) -> int:
-        return self._core.policy.growth_interval
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        self._set_policy(growth_interval=new_interval)
+    get_growth_factor, set_growth_factor = policy_methods("growth_factor")
+    get_backoff_factor, set_backoff_factor = policy_methods("backoff_factor")
+    get_growth_interval, set_growth_interval = policy_methods("growth_interval")
 
     def _get_growth_tracker(self) -> int:
         self._reconcile()
@@ -577,10 +501,7 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         """The scale, policy, trackers and statistics; not the model, callbacks or hooks (see
         :meth:`ScalerBase.__getstate__`: re-attach them after loading). Only between iterations, as torch's."""
         if self._active and any(s["found_inf_per_device"] for s in self._per_optimizer_states.values()):
-            raise AssertionError(
-                "A GradScaler instance may only be pickled at the beginning "
-                "of an iteration, or at the end after scaler.update()."
-            )
+            raise AssertionError(self.MID_ITERATION)
         self._reconcile()
         state = super().__getstate__()
         state["_scale"] = None  # created again, on the device of the next scale() call

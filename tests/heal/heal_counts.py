@@ -2,8 +2,8 @@
 
 A forward pre-hook on the scaler's model (the module its optimizer covers: every replay and scan of the batch
 runs it) and a gradient hook on each of its trainable parameters are registered for the duration of each
-``_on_floor`` / ``_on_decision`` call of an ampsafe GradScaler (torch or Paddle: the same hook names), so the
-training step's own forward and backward are not counted. Duck-typed over the frameworks on purpose: it counts
+``_heal_at_floor`` / ``_heal_after_streak`` call of an ampsafe GradScaler (torch or Paddle: the same hook
+names), so the training step's own forward and backward are not counted. Duck-typed over the frameworks on purpose: it counts
 through the frameworks' own public hooks.
 """
 
@@ -73,7 +73,7 @@ def _counted(method: str, original, costs: HealCosts):
 def heal_costs():
     """Yield a :class:`HealCosts` that fills while the block trains (every ampsafe GradScaler is counted)."""
     costs = HealCosts()
-    own = {name: vars(HealingScaler).get(name) for name in ("_on_floor", "_on_decision")}
+    own = {name: vars(HealingScaler).get(name) for name in ("_heal_at_floor", "_heal_after_streak")}
     for name in own:
         setattr(HealingScaler, name, _counted(name, getattr(HealingScaler, name), costs))
     try:

@@ -34,7 +34,7 @@ def torch_worker(rank: int, world: int, port: int, out: str) -> None:
             "stats_finite": all(bool(torch.isfinite(b).all()) for b in model.buffers()),
             "patched": ampsafe.patching.patched_modules(model),
             "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
-            "found": [h["paths"] for h in healer.heals],
+            "found": [list(h.found) for h in healer.heals],
             "scale": scaler.get_scale(),
         },
         os.path.join(out, f"{rank}.pt"),
@@ -80,7 +80,7 @@ def paddle_worker(out: str) -> None:
         "stats_finite": all(np.isfinite(p.numpy()).all() for p in layer.parameters() if p.stop_gradient),
         "patched": ampsafe.patching.patched_modules(layer),
         "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
-        "found": [h["paths"] for h in healer.heals],
+        "found": [list(h.found) for h in healer.heals],
         "scale": scaler.get_loss_scaling(),
     }
     with open(os.path.join(out, f"{rank}.pkl"), "wb") as fh:
@@ -113,7 +113,7 @@ def torch_bare_worker(rank: int, world: int, port: int, out: str) -> None:
             "params": [p.detach().clone() for p in model.parameters()],
             "patched": ampsafe.patching.patched_modules(model),
             "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
-            "found": [h["paths"] for h in scaler._healer.heals] if scaler._healer is not None else [],
+            "found": [list(h.found) for h in scaler._healer.heals] if scaler._healer is not None else [],
             "resolved_is_inner": scaler.model is model.module,
             "scale": scaler.get_scale(),
         },

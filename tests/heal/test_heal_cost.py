@@ -36,7 +36,7 @@ def test_torch_forward_overflow_heal_runs_the_model_twice_and_no_backward():
     with heal_costs() as costs:
         _torch_train(scaler, model, 6, lambda x: model(x, torch.zeros(8, 1)))
     (heal,) = costs.heals
-    assert heal.method == "_on_floor" and "big" in scaler.stats.heals[0].paths
+    assert heal.method == "_heal_at_floor" and "big" in scaler.stats.heals[0].paths
     assert heal.forwards == 2 and heal.backwards == 0, costs.calls  # the sentinel's replay and the scan
 
 
@@ -49,7 +49,7 @@ def test_torch_backward_overflow_heal_with_loss_fn_adds_one_backward_not_a_forwa
     with heal_costs() as costs:
         _torch_train(scaler, model, 5, lambda x: loss_fn(model.net(x / HOT)))  # the forward stays in range
     heal = costs.heals[0]
-    assert heal.method == "_on_floor" and scaler.stats.heals
+    assert heal.method == "_heal_at_floor" and scaler.stats.heals
     assert heal.forwards == 2 and heal.backwards == 1, costs.calls  # the replay, then one scan with the backward
 
 
@@ -71,5 +71,5 @@ def test_paddle_emulated_heal_scans_in_float32_and_runs_the_model_twice():
             scaler.update()
             opt.clear_grad()
     (heal,) = costs.heals
-    assert heal.method == "_on_floor" and "big" in scaler.stats.heals[0].paths
+    assert heal.method == "_heal_at_floor" and "big" in scaler.stats.heals[0].paths
     assert heal.forwards == 2 and heal.backwards == 0, costs.calls  # the sentinel's emulated replay and the scan

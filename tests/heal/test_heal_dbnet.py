@@ -103,5 +103,5 @@ def test_dbnet_heal_runs_the_model_once_and_no_backward(runs):
     paused) is its only forward."""
     heal, _ = runs
     checks = heal.costs.calls
-    assert heal.costs.heals and all(c.method == "_on_decision" for c in checks), checks
+    assert heal.costs.heals and all(c.method == "_heal_after_streak" for c in checks), checks
     assert all(c.forwards == 1 and c.backwards == 0 for c in checks), checks

@@ -79,5 +79,5 @@ def test_heal_at_the_floor_runs_the_model_twice_and_no_backward(healed_run):
     """The sentinel's replay names the pass, one scan finds the paths (and shows float32 finite and the module's
     magnitude): no float32 run of their own."""
     costs = healed_run["costs"]
-    assert costs.heals and all(c.method == "_on_floor" for c in costs.heals), costs.calls
+    assert costs.heals and all(c.method == "_heal_at_floor" for c in costs.heals), costs.calls
     assert all(c.forwards <= 2 and c.backwards == 0 for c in costs.calls), costs.calls

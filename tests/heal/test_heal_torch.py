@@ -23,7 +23,7 @@ def healed_run():
 def test_grownet_heal_islands_neck_and_head_conv1_and_nothing_in_backbone(healed_run):
     heals = healed_run["scaler"].stats.heals
     assert len(heals) == 1
-    found = set(healed_run["healer"].heals[0]["paths"])
+    found = set(healed_run["healer"].heals[0].found)
     assert {"head.conv1"} <= found <= {"head.conv1", *(f"neck.conv{i}" for i in range(4))}
     assert not any(p.startswith("backbone") for p in heals[0].paths)
     patched = ampsafe.patching.patched_modules(healed_run["model"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pickle
 import warnings
 
 import numpy as np
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scaler_helpers import forced_paddle_scaler, paddle_fp16_amp_state
 
-from ampsafe.core.scale import LossScaleState, ScalePolicy
+from ampsafe.core.scale import LossScaleState, OnFloor, ScalePolicy
 from ampsafe.errors import ConfigError
 
 patterns = st.lists(st.booleans(), min_size=1, max_size=300)
@@ -205,14 +206,27 @@ def test_invalid_policy_raises_config_error_naming_the_field(bad, field):
         ScalePolicy(**bad)
 
 
-def test_step_callback_receives_every_decision():
-    seen = []
+def test_update_decides_every_step_in_order():
     state = LossScaleState(ScalePolicy(init_scale=8.0, growth_interval=2, on_floor="clamp"))
-    state.callbacks.append(seen.append)
-    for f in (True, False, False, True):
-        state.update(f)
+    seen = [state.update(f) for f in (True, False, False, True)]
     assert [d.step for d in seen] == [0, 1, 2, 3]
     assert [d.next_scale for d in seen] == [4.0, 4.0, 8.0, 4.0]
+    assert all(d.on_floor is OnFloor.CLAMP for d in seen)
+
+
+@pytest.mark.parametrize("spelled", ["heal", OnFloor.HEAL])
+def test_on_floor_is_an_enum_that_users_spell_as_a_string_and_state_dicts_store_as_one(spelled):
+    state = LossScaleState(ScalePolicy(on_floor=spelled))
+    assert state.policy.on_floor is OnFloor.HEAL and state.policy.on_floor == "heal"
+    saved = state.state_dict()
+    assert type(saved["on_floor"]) is str and json.loads(json.dumps(saved)) == saved
+    other = LossScaleState(ScalePolicy())
+    other.load_state_dict({**saved, "on_floor": spelled})
+    assert other.policy.on_floor is OnFloor.HEAL
+    with pytest.raises(ConfigError, match="on_floor must be one of raise, clamp, heal, got 'ignore'"):
+        OnFloor.parse("ignore")
+    state.policy.on_floor = "heal"  # a state pickled while on_floor was a plain string
+    assert pickle.loads(pickle.dumps(state)).policy.on_floor is OnFloor.HEAL
 
 
 @pytest.mark.parametrize("init, expected, bound", [(2.0**30, 2.0**24, "max_scale"), (0.25, 1.0, "min_scale")])

@@ -252,6 +252,22 @@ def test_heal_hook_gets_offenders_and_the_scale_restarts_before_the_collapse():
         _train(GradScaler(init_loss_scaling=2.0, on_floor="heal"), [True] * 4)
 
 
+def test_step_callbacks_see_the_step_after_the_floor_dispatch_even_when_it_raises():
+    seen = []
+    scaler = GradScaler(init_loss_scaling=4.0, on_floor="heal")
+    scaler.heal_hook = lambda s, info: list(info.modules)
+    scaler.add_step_callback(
+        lambda d: seen.append((d.step, d.floor_hit, len(scaler.stats.heals), scaler.get_loss_scaling()))
+    )
+    _train(scaler, [True] * 3)
+    assert seen == [(0, False, 0, 2.0), (1, False, 0, 1.0), (2, True, 1, 4.0)]  # healed before the callback ran
+    seen.clear()
+    raising = GradScaler(init_loss_scaling=2.0, on_floor="raise", callback=lambda d: seen.append(d.floor_hit))
+    with pytest.raises(ampsafe.LossScaleFloorError):
+        _train(raising, [True] * 3)
+    assert seen == [False, True]
+
+
 def test_heal_hook_plan_sets_the_scale_to_restart_from():
     from ampsafe.core.scale import HealPlan
 

@@ -259,6 +259,20 @@ def test_step_callback_sees_each_step():
     ]
 
 
+def test_step_callbacks_see_the_step_after_the_floor_dispatch_even_when_it_raises():
+    seen = []
+    scaler = GradScaler("cpu", init_scale=4.0, on_floor="heal")
+    scaler.heal_hook = lambda s, info: [info.modules[0]]
+    scaler.add_step_callback(lambda d: seen.append((d.step, d.floor_hit, len(scaler.stats.heals), scaler.get_scale())))
+    _train(scaler, [True] * 3)
+    assert seen == [(0, False, 0, 2.0), (1, False, 0, 1.0), (2, True, 1, 4.0)]  # healed before the callback ran
+    seen.clear()
+    raising = GradScaler("cpu", init_scale=2.0, on_floor="raise", callback=lambda d: seen.append(d.floor_hit))
+    with pytest.raises(ampsafe.LossScaleFloorError):
+        _train(raising, [True] * 3)
+    assert seen == [False, True]
+
+
 @pytest.mark.parametrize("rate", [0.001, 0.1, 0.5, 1.0])
 def test_ten_thousand_injected_steps_never_corrupt_parameters(rate):
     """Simulated steps: real model parameters and optimizer, gradients drawn at random (no forward pass)."""
