@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Optional
 
+from .._framework import backend_of
 from ..errors import ConfigError
 from .healer import Healer
 from .scaler import HealingScaler, check_patience
@@ -40,7 +41,15 @@ def heal(
     check_patience(patience)
     if scaler is None and batch_fn is None:
         raise ConfigError("ampsafe.heal needs a scaler to attach to (scaler=...) or a batch_fn returning inputs")
-    healer = Healer(model, level=level, target=target, margin_bits=margin_bits, max_heals=max_heals, loss_fn=loss_fn)
+    healer = Healer(
+        model,
+        backend=backend_of(model),
+        level=level,
+        target=target,
+        margin_bits=margin_bits,
+        max_heals=max_heals,
+        loss_fn=loss_fn,
+    )
     if scaler is not None:
         policy = getattr(scaler, "policy", None)
         if policy is not None and getattr(policy, "on_floor", "heal") != "heal":

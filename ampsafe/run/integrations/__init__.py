@@ -19,17 +19,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable
 
+from .active import emulating
+
 __all__ = ["NAMES", "targets", "apply", "emulating"]
 
 NAMES = ("accelerate", "lightning", "mmengine", "ultralytics")  # the keys of _integrations(), in order
-
-
-def emulating() -> bool:
-    """``--emulate-fp16`` is in force (installed, and torch has no CUDA): the integrations act only then."""
-    import sys
-
-    emulation = sys.modules.get("ampsafe.torch.cuda_emulation")
-    return emulation is not None and emulation.active()
 
 
 def _integrations() -> dict[str, ModuleType]:

@@ -20,7 +20,7 @@ KNOWN = {"accelerate.accelerator": ("Accelerator.__init__", "get_mixed_precision
 
 
 def _emulated(state) -> bool:
-    from . import emulating
+    from .active import emulating
 
     distributed = str(getattr(state, "distributed_type", "NO"))
     return (

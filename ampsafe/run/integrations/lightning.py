@@ -29,7 +29,7 @@ KNOWN = {
 
 
 def install(module, set_attr, tell) -> str:
-    from . import emulating
+    from .active import emulating
 
     fabric = hasattr(module, "_Connector")
     cls = module._Connector if fabric else module._AcceleratorConnector

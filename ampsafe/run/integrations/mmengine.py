@@ -35,7 +35,7 @@ def _float16(dtype) -> bool:
 def install(module, set_attr, tell) -> str:
     import torch
 
-    from . import emulating
+    from .active import emulating
 
     Amp = module.AmpOptimWrapper
     original_init = Amp.__init__

@@ -18,7 +18,7 @@ KNOWN = {"ultralytics.engine.trainer": ("check_amp", "autocast", "BaseTrainer")}
 
 
 def install(module, set_attr, tell) -> str:
-    from . import emulating
+    from .active import emulating
 
     original_check = module.check_amp
     original_autocast = module.autocast
