@@ -14,9 +14,8 @@ One entry point per job, for PyTorch and PaddlePaddle alike (the framework is re
 
 from __future__ import annotations
 
-import importlib
-
 from . import errors
+from ._lazy import lazy_attributes
 from .core.report import PatchReport, RiskOp, RiskPath, ScanReport
 from .errors import *  # noqa: F403 (every exception is public at the top: errors.__all__)
 from .healing import fronts as _healing_fronts
@@ -42,21 +41,21 @@ __all__ = [  # noqa: F405 (the functions and policies load on first use, see __g
     *errors.__all__,
 ]
 
-# public name -> (module, attribute); loaded on first access so that `import ampsafe` stays light.
+# public name -> the module that defines it; loaded on first access so that `import ampsafe` stays light.
 _LAZY = {
-    "scan": ("ampsafe.scanner", "scan"),
-    "patch": ("ampsafe.patching", "patch"),
-    "unpatch": ("ampsafe.patching", "unpatch"),
-    "watch": ("ampsafe.sentinel", "watch"),
-    "heal": ("ampsafe.healing", "heal"),
-    "check_targets": ("ampsafe.core.targets", "check_targets"),
-    "Auto": ("ampsafe.policies.auto", "Auto"),
-    "Island": ("ampsafe.policies.island", "Island"),
-    "ConvBN": ("ampsafe.policies.convbn", "ConvBN"),
-    "Rescale": ("ampsafe.policies.rescale", "Rescale"),
-    "Rewrite": ("ampsafe.policies.rewrite", "Rewrite"),
+    "scan": ".scanner",
+    "patch": ".patching",
+    "unpatch": ".patching",
+    "watch": ".sentinel",
+    "heal": ".healing",
+    "check_targets": ".core.targets",
+    "Auto": ".policies.auto",
+    "Island": ".policies.island",
+    "ConvBN": ".policies.convbn",
+    "Rescale": ".policies.rescale",
+    "Rewrite": ".policies.rewrite",
 }
-_SUBPACKAGES = {"torch", "paddle", "workloads", "patches", "core", "policies"}
+_SUBPACKAGES = ("torch", "paddle", "workloads", "patches", "core", "policies")
 
 
 def _heal_fronts():
@@ -69,13 +68,4 @@ def _heal_fronts():
 
 _healing_fronts.wire(_heal_fronts)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"ampsafe.{name}")
-    raise AttributeError(f"module 'ampsafe' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, submodules=_SUBPACKAGES)

@@ -1,4 +1,4 @@
-"""Which framework a model belongs to, and lazy, friendly imports of the frameworks.
+"""The registry of framework backends: which framework a model belongs to, and friendly imports of the frameworks.
 
 ``import ampsafe`` must work with only one framework installed, so nothing here imports torch or paddle
 at module import time.
@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from .core.model import unwrap
 from .errors import MissingFrameworkError, UnsupportedModelError
 
 TORCH = "torch"
@@ -48,31 +49,18 @@ def framework_of(model) -> str:
     )
 
 
-def unwrap(model):
-    """The user's model inside DDP / DataParallel / paddle.DataParallel wrappers (they keep it as ``.module``
-    in torch and ``._layers`` in Paddle)."""
-    while True:
-        inner = getattr(model, "module", None)
-        if inner is not None and type(model).__name__ in {"DistributedDataParallel", "DataParallel"}:
-            model = inner
-            continue
-        inner = getattr(model, "_layers", None)
-        if inner is not None and type(model).__name__ == "DataParallel":
-            model = inner
-            continue
-        return model
-
-
 def _torch_backend():
+    from .torch import run
     from .torch.backend import BACKEND
 
-    return BACKEND
+    return BACKEND.with_run(run.install)
 
 
 def _paddle_backend():
+    from .paddle import run
     from .paddle.backend import BACKEND
 
-    return BACKEND
+    return BACKEND.with_run(run.install)
 
 
 # The registry of backends: framework name (also its top-level module) -> the function that loads its Backend.
@@ -99,11 +87,3 @@ def backend_of(model):
 def imported_backends() -> list:
     """The backends of the frameworks this process has already imported (none is imported here)."""
     return [backend_named(name) for name in REGISTRY if name in sys.modules]
-
-
-def call(model, example_inputs):
-    """``model(*example_inputs)``, or ``model(**example_inputs)`` for a dict, as ``example_inputs`` is defined
-    throughout the API."""
-    if isinstance(example_inputs, dict):
-        return model(**example_inputs)
-    return model(*example_inputs)

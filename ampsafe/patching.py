@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._framework import backend_of, unwrap
+from ._framework import backend_of
 from .core.amp import check_level
+from .core.model import unwrap
 from .core.report import PatchReport, ScanReport
 from .core.swaps import protection_of, unswap
 from .errors import ConfigError

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import numbers
 
-from ._framework import backend_of, unwrap
+from ._framework import backend_of
 from .core.amp import check_level, check_target
+from .core.model import unwrap
 from .core.modpath import ancestors
 from .core.paths import UNTRACED, analyze, merge_paths, merge_risky_ops
 from .core.report import ScanReport

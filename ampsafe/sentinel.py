@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ._framework import backend_of, unwrap
+from ._framework import backend_of
+from .core.model import unwrap
 from .scanner import scan
 
 __all__ = ["watch"]

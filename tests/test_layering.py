@@ -1,10 +1,9 @@
 """Layering: ``ampsafe.core`` stands on its own (no framework, no front end), and no import cycle exists.
 
-The cycle check reads every ``ampsafe`` module with ``ast`` and follows its *module-level* imports (absolute
-and relative, also inside a module-level ``if``/``try``), which are the ones that run at import time and
-whose cycles break import order. Imports inside functions are left out on purpose: they are how a Backend
-reaches its tracer or watcher lazily (``TorchBackend.trace`` imports ``ampsafe.torch.trace``, which imports
-the backend back), and a cycle through a function body cannot half-initialise a module.
+The cycle checks read every ``ampsafe`` module with ``ast`` and follow its imports (absolute and relative): those
+at module level (also inside a module-level ``if``/``try``), whose cycles break import order, and every import
+anywhere, function bodies included, whose cycles tangle the layers even when they run late (a Backend hands
+itself to its tracer and watch, which never import it back; the registry hands each Backend its run hooks).
 """
 
 from __future__ import annotations
@@ -150,6 +149,45 @@ def test_no_import_cycle_among_ampsafe_modules():
     graph = _graph()
     assert len(graph) > 40 and graph["ampsafe.scanner"]  # the parse found the package and its imports
     assert _find_cycle(graph) is None, " -> ".join(_find_cycle(graph))
+
+
+def _full_graph() -> dict[str, set[str]]:
+    """Module -> the ``ampsafe`` modules it imports anywhere (function bodies included)."""
+    known = _modules()
+    return {
+        name: {t for t in _all_imports(name, path.read_text(encoding="utf-8"), known) if t in known and t != name}
+        for name, path in known.items()
+    }
+
+
+def test_no_import_cycle_even_through_imports_inside_functions():
+    graph = _full_graph()
+    assert "ampsafe.torch.trace" in graph["ampsafe.torch.backend"]  # a function-level import is an edge
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# the modules that may import the framework registry (``ampsafe._framework``): the fronts, which resolve a model's
+# Backend and hand it down; everything below them is handed its Backend
+REGISTRY_IMPORTERS = {
+    "ampsafe",
+    "ampsafe.scanner",
+    "ampsafe.patching",
+    "ampsafe.sentinel",
+    "ampsafe.healing.attach",
+    "ampsafe.policies.rewrite",  # the registered framework names only: their classes are never rewritten
+    "ampsafe.demo",
+    "ampsafe.cli",
+}
+
+
+def test_only_the_fronts_import_the_framework_registry():
+    graph = _full_graph()
+    importers = {name for name, targets in graph.items() if "ampsafe._framework" in targets}
+    below = sorted(
+        n for n in importers if n not in REGISTRY_IMPORTERS and not n.startswith(("ampsafe.run", "ampsafe.workloads"))
+    )
+    assert not below, f"modules below the fronts import the registry: {below}"
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -6,13 +6,14 @@ once, in its adapter package (``ampsafe.torch.backend.TorchBackend``, ``ampsafe.
 ``ampsafe._framework.backend_of(model)`` picks the instance, and nothing else asks which framework it is.
 Pure Python: importing it imports neither torch nor paddle.
 
-What a new framework supplies: one package ``ampsafe/<name>/`` whose ``backend.py`` defines one Backend class
-(every member of :class:`Backend`) with its named parts:
+What a new framework supplies: one package ``ampsafe/<name>/`` whose ``backend.py`` defines one Backend class (a
+subclass of :class:`BackendBase`, which writes the members that follow from the others) with its named parts:
 
 - ``backend.tensors``: a :class:`Tensors` (``<name>/tensors.py``, a subclass of :class:`TensorsBase`), every
   tensor fact the tracer, the watcher and the heal read;
-- ``backend.amp``: an :class:`Amp`, the framework's AMP (its low dtypes, the float32 region, its levels, which
-  ops compute in low precision, the precision a step ran in and how to replay it there);
+- ``backend.amp``: an :class:`Amp` (a subclass of :class:`AmpBase`), the framework's AMP (its low dtypes, the
+  float32 region, its levels, which ops compute in low precision, the precision a step ran in and how to replay
+  it there);
 - ``backend.swaps``: a :class:`~ampsafe.core.swaps.Swaps` (``<name>/patch.py``, a subclass of
   :class:`~ampsafe.core.swaps.SwapsBase`), the module facts the patch policies read and the mixins only the
   framework can write (its float32 island, its rescaled normalization).
@@ -20,14 +21,18 @@ What a new framework supplies: one package ``ampsafe/<name>/`` whose ``backend.p
 
 from __future__ import annotations
 
+import gc
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
+from functools import cached_property
 from typing import Any, Protocol
 
+from . import amp as levels
 from .graph import Graph
 from .swaps import Swaps
 
-__all__ = ["Backend", "Tensors", "TensorsBase", "Amp", "Site", "AdapterModules", "owner_of", "live_roots"]
+__all__ = ["Backend", "BackendBase", "Tensors", "TensorsBase", "Amp", "AmpBase", "Site", "owner_of", "live_roots"]
 
 
 class Tensors(Protocol):
@@ -80,6 +85,10 @@ class Tensors(Protocol):
     def finite(self, t) -> bool:
         """No inf and no NaN in ``t`` (an empty tensor is finite); one host sync."""
 
+    def grads_finite(self, params, loss=None) -> bool:
+        """The loss (a nest of tensors, or None) and the gradients of all ``params`` finite, in one host sync: the
+        check of a step that ``ampsafe run``'s FP32 guard and ``watch(guard=True)`` skip when it fails."""
+
     def to_numpy(self, t):
         """float32 host copy of a floating tensor, for stats and sample rows; None for anything else."""
 
@@ -112,10 +121,22 @@ class Tensors(Protocol):
 
 
 class TensorsBase:
-    """The nested walks of :class:`Tensors`, written once over the framework's ``tensor_type``, ``is_float`` and
-    ``checkable``."""
+    """The :class:`Tensors` members written once: the nested walks over the framework's ``tensor_type``,
+    ``is_float`` and ``checkable``, and the facts that hold unless a framework says otherwise."""
 
     tensor_type: type = object
+
+    def checkable(self, t) -> bool:
+        return self.is_float(t)  # a framework whose tensors may hold no values (torch's meta) says so
+
+    def numel(self, t) -> int:
+        return math.prod(self.describe(t)[0])
+
+    def key(self, t) -> int:
+        return id(t)  # a framework without a storage pointer: the tensor object
+
+    def custom_function(self, t) -> str | None:
+        return None  # a tracer that cannot tell a custom Function's outputs apart
 
     def leaves(self, obj) -> list:
         if isinstance(obj, self.tensor_type):
@@ -175,6 +196,14 @@ class Amp(Protocol):
     def heal_options(self, state) -> dict:
         """The :class:`~ampsafe.healing.Healer` keyword arguments (``level``, ``target``) that scan the precision
         :meth:`state` recorded (None: the defaults)."""
+
+
+class AmpBase:
+    """The :class:`Amp` members that hold unless a framework says otherwise: ``core.amp``'s levels, spelled as
+    they are, and one island line for every level."""
+
+    island_levels: dict = {}
+    check_level = staticmethod(levels.check_level)
 
 
 class Backend(Protocol):
@@ -297,27 +326,69 @@ class Site(Protocol):
         summary."""
 
 
-class AdapterModules:
-    """The Backend methods written once for every framework: handing over to the rest of the adapter package. Subclasses live in ``ampsafe.<name>.backend`` and name their package's
-    ``trace``, ``watch`` and ``patch`` modules in ``_package()`` (plain imports, on first use, so resolving a
-    backend stays cheap)."""
+class BackendBase:
+    """The :class:`Backend` members written once for every framework: those that follow from its other facts, and
+    the hand-over to the rest of the adapter package.
+
+    Subclasses live in ``ampsafe.<name>.backend`` and name their package's tracer module, Watch class and Swaps
+    class in ``_package()`` (plain imports, on first use, so resolving a backend stays cheap). The Backend hands
+    itself to them, so those modules never import ``backend.py``: the package's imports run one way."""
+
+    module_type: type = object
+
+    @property
+    def name(self) -> str:
+        """The framework's name: its adapter package's (``ampsafe.<name>.backend``), as the registry keys it."""
+        return type(self).__module__.split(".")[1]
+
+    def children(self, module) -> list:
+        return list(module.children())
+
+    def parameters(self, module) -> list:
+        return list(module.parameters())
+
+    def live_modules(self) -> list:
+        return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups
+
+    def owner_of(self, optimizer, candidates: Iterable | None = None):
+        return owner_of(self, optimizer, candidates)
+
+    def running_stats(self, model) -> Iterator[tuple[str, Any, Any, Any]]:
+        for path, module in self.modules(model).items():
+            stats = self.norm_stats(module)
+            if stats is not None:
+                yield path, module, *stats
 
     def _package(self) -> tuple:
-        """(trace, watch, patch): the adapter package's modules."""
+        """(the trace module, the Watch class, the Swaps class) of the adapter package."""
         raise NotImplementedError
 
     def trace(self, model, example_inputs, **options) -> Graph:
-        return self._package()[0].trace(model, example_inputs, **options)
+        return self._package()[0].trace(self, model, example_inputs, **options)
 
     def trace_hooks(self, model, *, level: str, target: str):
-        return self._package()[0].trace_hooks(model, level=level, target=target)
+        return self._package()[0].trace_hooks(self, model, level=level, target=target)
 
     def watch(self, model, **options):
-        return self._package()[1].Watch(model, **options)
+        return self._package()[1](model, backend=self, **options)
 
-    @property
+    @cached_property
     def swaps(self) -> Swaps:
-        return self._package()[2].SWAPS
+        return self._package()[2](self)
+
+    # ``ampsafe run``'s hooks: the package's ``run.install``. That module stands above the package's scaler, which
+    # holds this Backend, so the registry (``ampsafe._framework``) hands it in rather than this class importing it.
+    _run_install: Callable | None = None
+
+    def with_run(self, install: Callable) -> BackendBase:
+        """This Backend, its :meth:`install_run` being ``install(options, ledger, site)``."""
+        self._run_install = install
+        return self
+
+    def install_run(self, options, ledger, site) -> None:
+        if self._run_install is None:
+            raise RuntimeError(f"{type(self).__name__} has no ampsafe run hooks: resolve it through ampsafe._framework")
+        self._run_install(options, ledger, site)
 
 
 def owner_of(backend: Backend, optimizer, candidates: Iterable | None = None):

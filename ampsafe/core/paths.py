@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from .graph import FP16_MAX, NORMALIZING_KINDS, START_KINDS, Graph, Node, OpKind, headroom_bits
 from .report import RiskOp, RiskPath
 
-__all__ = ["analyze", "find_paths", "find_risky_ops", "merge_paths", "merge_risky_ops", "OUTPUT", "LOSS", "UNTRACED"]
+__all__ = ["analyze", "find_risky_ops", "merge_paths", "merge_risky_ops", "OUTPUT", "LOSS", "UNTRACED"]
 
 OUTPUT = "<output>"
 LOSS = "<loss>"
@@ -198,11 +198,6 @@ def _verdict(amax, grad_amax, margin_bits: float, loss_scale) -> tuple[float | N
         overflows_in = "backward"
     risky = (room is not None and room < margin_bits) or overflows_in is not None
     return room, risky, overflows_in
-
-
-def find_paths(graph: Graph, *, margin_bits: float = 4.0, loss_scale: float | None = None) -> list[RiskPath]:
-    """One :class:`RiskPath` per conv/matmul node, in execution order (see :func:`merge_paths` for calls)."""
-    return [p for p, _ in _paths_with_nodes(graph, margin_bits, loss_scale)]
 
 
 def _paths_with_nodes(graph: Graph, margin_bits: float, loss_scale) -> list[tuple[RiskPath, list[int]]]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Protocol
 
 from ..errors import ConfigError, UnsupportedModelError
 from .backend import Backend, Tensors
 from .graph import START_KINDS, Graph, OpKind, amax_value, path_flags
 
-__all__ = ["TraceHooks", "Recorder", "trace"]
+__all__ = ["TraceHooks", "Recorder", "trace", "preserved"]
 
 _LANE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.OTHER})
 # What a norm written as plain ops (an RMSNorm's ``x.pow(2).mean()``) computes to normalize: float32 statistics of
@@ -42,21 +43,11 @@ class TraceHooks(Protocol):
     def is_norm_module(self, module) -> bool:
         """A module that normalizes with plain ops (frozen BatchNorm): its ops count as ``NORM``."""
 
-    def runs_low(self, op: str, kind: OpKind, input_halves: list[bool]) -> bool:
-        """Whether the op would compute in float16 at the traced level and target (``backend.amp.runs_low``),
-        given its batched inputs' float16-ness."""
-
     def written(self, func, args, kwargs, inputs: list, versions: list) -> list:
         """Input tensors the op wrote into (in-place, ``out=``, running statistics)."""
 
     def measured(self, op: str) -> bool:
         """Whether the op's output abs-max is worth a reduction (not a view, not bounded by its input)."""
-
-    def preserved(self, model) -> ContextManager:
-        """Restore modes, buffers and statistics, ``.grad`` and RNG on exit, whatever happens."""
-
-    def parameters(self, model) -> list[tuple[str, Any]]:
-        """(name, parameter) of those a forward must not write (it cannot be undone without copying them)."""
 
     def recording(self, model, recorder: Recorder, want_grads: bool) -> ContextManager:
         """Grad mode, module tracking and the op interception that calls ``recorder.record``."""
@@ -64,15 +55,22 @@ class TraceHooks(Protocol):
     def backward(self, model, loss, scale: float) -> None:
         """``(loss * scale).backward()`` into fresh ``.grad`` (the user's gradients are put back)."""
 
-    def notes(self, recorder: Recorder) -> list[str]:
-        """What this framework's tracer could not see, for ``Graph.notes``."""
-
 
 class Recorder:
     """One graph node per op with a floating input; output abs-max measured after it; gradients hooked."""
 
-    def __init__(self, hooks: TraceHooks, tensors: Tensors, graph: Graph, *, level: str, want_grads: bool):
+    def __init__(
+        self,
+        hooks: TraceHooks,
+        tensors: Tensors,
+        graph: Graph,
+        *,
+        level: str,
+        want_grads: bool,
+        runs_low: Callable[[str, OpKind, list[bool]], bool],
+    ):
         self.hooks = hooks
+        self.runs_low = runs_low  # backend.amp.runs_low at the traced level and target
         self.tensors = tensors
         self.graph = graph
         self.level = level
@@ -179,7 +177,7 @@ class Recorder:
                 if tid in self.watched:
                     self.hook(t, tid)
         halves = [self.half[tid] for t, tid in zip(inputs, in_ids) if ts.is_batched(t)]
-        low = h.runs_low(op, kind, halves)
+        low = self.runs_low(op, kind, halves)
 
         out = func(*args, **kwargs)
 
@@ -285,10 +283,12 @@ def trace(
     hooks, ts = backend.trace_hooks(model, level=level, target=target), backend.tensors
     graph = Graph(framework=backend.name, level=level)
     want_grads = loss_fn is not None
-    recorder = Recorder(hooks, ts, graph, level=level, want_grads=want_grads)
+    runs_low = partial(backend.amp.runs_low, level=level, target=target)
+    recorder = Recorder(hooks, ts, graph, level=level, want_grads=want_grads, runs_low=runs_low)
     recorder.leaf_ids = {id(t) for t in leaves}
-    params = [(name, p, ts.version(p)) for name, p in hooks.parameters(model)]
-    with _parameters_unwritten(params, ts.version), hooks.preserved(model):
+    moved = {id(t) for t in backend.state_tensors(model)}  # what a forward may move (Paddle's statistics)
+    params = [(name, p, ts.version(p)) for name, p in model.named_parameters() if id(p) not in moved]
+    with _parameters_unwritten(params, ts.version), preserved(backend, model):
         try:
             with hooks.recording(model, recorder, want_grads):
                 output = call(model, example_inputs)
@@ -304,5 +304,43 @@ def trace(
                 graph.notes.append("the loss does not require grad (no_grad model?): backward not measured")
         finally:
             recorder.finish()
-    graph.notes += hooks.notes(recorder)
+    graph.notes += _notes(recorder)
     return graph
+
+
+@contextmanager
+def preserved(backend: Backend, model):
+    """Restore train/eval flags, the state a forward may move (``Backend.snapshot``) and the RNG on exit.
+
+    A scan is an observation: whether it succeeds or the forward raises, the model must be as it was.
+    Parameters are not copied (a forward does not write them; :func:`trace` names one written in place), and the
+    user's ``.grad`` is the tracer's ``backward`` to keep.
+    """
+    modes = [(m, m.training) for m in backend.modules(model).values()]
+    restore_state = backend.snapshot(model)
+    restore_rng = backend.rng_state()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        restore_state()  # always copied back: kernels may update stats without a version bump
+        restore_rng()
+
+
+def _notes(recorder: Recorder) -> list[str]:
+    """What the tracer could not see, for ``Graph.notes``: the inside of custom autograd Functions, and kernels
+    it does not intercept (where ``TraceHooks.tracks_unseen``)."""
+    notes = []
+    if recorder.custom_functions:
+        notes.append(
+            "custom autograd Functions (" + ", ".join(sorted(recorder.custom_functions)) + "): their forward ops "
+            "were recorded; gradients inside them were not measured"
+        )
+    if recorder.unseen:
+        where = ", ".join(sorted(m or "<root>" for m in recorder.unseen)[:8])
+        notes.append(
+            f"tensors computed by kernels the tracer does not intercept entered the graph in: {where}; "
+            "paths through those kernels are cut there"
+        )
+    return notes

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError
 
-__all__ = ["SwapMixin", "swap", "unswap", "swapped_class", "base_class", "protection_of", "Swaps", "SwapsBase"]
+__all__ = ["SwapMixin", "swap", "unswap", "swapped_class", "protection_of", "Swaps", "SwapsBase"]
 
 _CLASSES: dict[tuple[type, type], type] = {}
 
@@ -75,11 +75,6 @@ def swapped_class(mixin: type, base: type) -> type:
 def protection_of(module) -> str | None:
     """The policy that patched ``module`` ("island", "convbn", "rescale", "rewrite"), or None."""
     return getattr(type(module), "_ampsafe_protection", None) or None
-
-
-def base_class(module) -> type:
-    """The module's original class (its own class when unpatched)."""
-    return getattr(type(module), "_ampsafe_base", type(module))
 
 
 def swap(module, mixin: type, **attrs) -> None:

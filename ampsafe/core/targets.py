@@ -56,10 +56,8 @@ def to_numpy(x) -> np.ndarray:
     """numpy view of a numpy / torch / paddle array (detached, on the host) without importing a framework."""
     if isinstance(x, np.ndarray):
         return x
-    for attr in ("detach",):  # torch tensors that require grad refuse np.asarray
-        if hasattr(x, attr) and hasattr(x, "cpu"):
-            x = x.detach().cpu()
-            break
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensors that require grad refuse np.asarray
+        x = x.detach().cpu()
     if hasattr(x, "numpy") and not isinstance(x, (list, tuple)):
         try:
             return np.asarray(x.numpy())

@@ -34,7 +34,8 @@ class Guard:
         """
         snap, self._snapshot = self._snapshot, None
         self.step_count += 1
-        if self._guard_finite(loss, grads):
+        params = self.backend.parameters(self.model) if grads else []
+        if self.tensors.grads_finite(params, loss):
             return True
         loss_bad = loss is not None and not all(self.tensors.finite(v) for v in self._float_tensors(loss))
         before = len(self.events)

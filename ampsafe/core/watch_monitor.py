@@ -98,5 +98,4 @@ class Monitor:
             seen = [amax[x] for x in layers if x in amax]
             if seen:
                 path_amax[start] = (layers, max(seen))
-        self.last_headroom = {s: v[1] for s, v in path_amax.items()}
         self.emit_headroom(path_amax, step)

@@ -78,11 +78,11 @@ class WatchBase(Guard, Monitor):
     """State and logic shared by the torch and paddle watchers: root-forward bookkeeping, the input scan, the
     origin report, the guard (check / replay), the headroom monitor, raise-or-record.
 
-    Adapters set ``backend`` (their framework's Backend: the tensor facts, snapshots of the model's state and the
-    RNG, module paths, forward hooks) and supply only the interception of one watch: the op interception and the
-    backward hooks (``_full_hooks``), ``_root_handles``, ``_rerun``, the guard's fused check (``_guard_finite``)
-    and what its replay does with the step's gradients (``_stash_grads``), ``_training_forward``, and the
-    monitor's ``_fallback_paths``.
+    ``backend`` is the framework's Backend (the tensor facts, the guard's one-sync check ``tensors.grads_finite``,
+    snapshots of the model's state and the RNG, module paths, forward hooks), handed in by ``Backend.watch``.
+    Adapters supply only the interception of one watch: the op interception and the backward hooks
+    (``_full_hooks``), ``_root_handles``, ``_rerun``, what the guard's replay does with the step's gradients
+    (``_stash_grads``), ``_training_forward``, and the monitor's ``_fallback_paths``.
     """
 
     model: object
@@ -102,8 +102,7 @@ class WatchBase(Guard, Monitor):
     # the step number of a pass: the optimizer steps done so far (``ampsafe run`` passes its scaler's count);
     # without it, training forwards are counted (eval(), no_grad and inference_mode forwards are not)
     step_source: Callable[[], int] | None = None
-
-    backend: ClassVar[Backend]
+    backend: Backend | None = None  # the framework's Backend: ``Backend.watch`` hands itself in
     # An origin is reported when a non-finite value it made reaches what always counts (the model's output, a
     # scalar loss, a backward, a parameter), not when the op runs: T5's position bucketing takes log(0) and
     # throws those lanes away with torch.where. Adapters that call carry() / reaches() set it.
@@ -150,10 +149,6 @@ class WatchBase(Guard, Monitor):
             self.callback(error)
         if self.on_nonfinite == "raise":
             raise error
-
-    @property
-    def last_event(self):
-        return self.events[-1] if self.events else None
 
     def _float_tensors(self, obj) -> list:
         return self.tensors.checkable_leaves(obj)
@@ -301,23 +296,15 @@ class WatchBase(Guard, Monitor):
 
     # -- forward origin
     def _report_origin(
-        self,
-        *,
-        module: str,
-        op: str,
-        inputs: list,
-        input_ok: list,
-        outputs: list,
-        low: bool,
-        rerun_finite,
-        dtype: str,
-        rerun_error: str = "",
+        self, module: str, op: str, inputs: list, input_ok: list, outputs: list, *, low: bool, rerun: tuple, dtype: str
     ) -> None:
         """Report the op whose outputs went non-finite: its verdict, the sample, the stats.
 
-        ``rerun_error``: why the float32 re-run could not run (:func:`~ampsafe.core.sentinel.rerun_failure`);
-        the kind is then ``"unknown"`` and the message says so instead of guessing.
+        ``rerun``: (whether the op's float32 re-run was finite, or None when it did not run; why it could not run,
+        :func:`~ampsafe.core.sentinel.rerun_failure`, or ""): with a reason the kind is ``"unknown"`` and the
+        message says so instead of guessing.
         """
+        rerun_finite, rerun_error = rerun
         p, ts = self._pass, self.tensors
         bad_in = [t for t, ok in zip(inputs, input_ok) if not ok]
         from_param = any(ts.key(t) in self._param_keys for t in bad_in)
@@ -412,9 +399,6 @@ class WatchBase(Guard, Monitor):
         raise NotImplementedError
 
     def _full_hooks(self) -> ExitStack:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _guard_finite(self, loss, grads: bool) -> bool:  # pragma: no cover - adapters
         raise NotImplementedError
 
     def _stash_grads(self) -> Callable[[], None]:  # pragma: no cover - adapters

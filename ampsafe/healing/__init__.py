@@ -36,21 +36,15 @@ the package ``ampsafe``: this layer never imports the front). All of it goes thr
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_attributes
 
 __all__ = ["heal", "Healer", "nonfinite_sample", "restore_scale"]
 
 _LAZY = {
-    "heal": "attach",
-    "Healer": "healer",
-    "nonfinite_sample": "evidence",
-    "restore_scale": "evidence",
+    "heal": ".attach",
+    "Healer": ".healer",
+    "nonfinite_sample": ".evidence",
+    "restore_scale": ".evidence",
 }
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Optional
 
+from .._framework import backend_of
 from ..core.amp import OnFloor
 from ..errors import ConfigError
 from .healer import Healer
@@ -44,7 +45,15 @@ def heal(
     on_floor = OnFloor.parse(getattr(getattr(scaler, "policy", None), "on_floor", OnFloor.HEAL))
     if on_floor is not OnFloor.HEAL:
         raise ConfigError(f"the scaler was built with on_floor={on_floor.value!r}; build it with on_floor='heal'")
-    healer = Healer(model, level=level, target=target, margin_bits=margin_bits, max_heals=max_heals, loss_fn=loss_fn)
+    healer = Healer(
+        model,
+        backend=backend_of(model),
+        level=level,
+        target=target,
+        margin_bits=margin_bits,
+        max_heals=max_heals,
+        loss_fn=loss_fn,
+    )
     if scaler is not None:
         reason = getattr(scaler, "disabled_reason", None)
         if reason:  # a disabled scaler never skips a step, so it never reaches its floor: heal would never run

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .._framework import call, imported_backends
+from ..core.model import call
 
 __all__ = ["nonfinite_sample", "restore_scale", "repair_running_stats", "ScanProbe", "float32_replay"]
 
@@ -23,11 +23,9 @@ _NEVER_NONFINITE = np.zeros(0, np.float32)
 def _to_numpy(x, backend) -> Optional[np.ndarray]:
     if isinstance(x, np.ndarray):
         return x if np.issubdtype(x.dtype, np.floating) else None
-    backends = [backend] if backend is not None else imported_backends()
-    for b in backends:
-        if isinstance(x, b.tensors.tensor_type):
-            a = b.tensors.to_numpy(x)
-            return a if a is not None else _NEVER_NONFINITE  # an integer tensor still counts as an input
+    if backend is not None and isinstance(x, backend.tensors.tensor_type):
+        a = backend.tensors.to_numpy(x)
+        return a if a is not None else _NEVER_NONFINITE  # an integer tensor still counts as an input
     return None
 
 
@@ -46,7 +44,8 @@ def _arrays(inputs, backend=None):
 
 
 def nonfinite_sample(inputs, backend=None) -> Optional[tuple[int, int]]:
-    """(input index, batch index) of the first non-finite value in the model's inputs, or None."""
+    """(input index, batch index) of the first non-finite value in the model's inputs, or None. ``backend``: the
+    model's Backend, whose tensors are read too (without it, only NumPy arrays are)."""
     for i, a in enumerate(_arrays(inputs, backend)):
         bad = ~np.isfinite(a)
         if bad.any():

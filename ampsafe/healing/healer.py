@@ -19,8 +19,8 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from .._framework import backend_of, unwrap
 from ..core.capture import InputCapture
+from ..core.model import unwrap
 from ..core.modpath import under
 from ..core.report import RiskOp, RiskPath
 from ..core.scale import HealPlan, HealRecord
@@ -50,7 +50,8 @@ class Healer:
     replayed batch (1 bit: above 32752), so it does not overflow again on the next, slightly larger batch.
     ``max_heals``: give up with :class:`LossScaleFloorError` after that many heals. ``loss_fn(output)``:
     optional; lets the float32 check look at the loss and the search find paths whose *gradients* overflow.
-    ``capture``: an :class:`~ampsafe.core.capture.InputCapture` of ``model`` to replay from (a scaler lends
+    ``backend``: the model's :class:`~ampsafe.core.backend.Backend`, which the caller holds (a scaler, the
+    ``ampsafe.heal`` front). ``capture``: an :class:`~ampsafe.core.capture.InputCapture` of ``model`` to replay from (a scaler lends
     its own); without it the healer captures the inputs itself. ``scan`` / ``patch``: what finds the paths
     and islands them (``ampsafe.scan`` / ``ampsafe.patch`` unless given: :mod:`ampsafe.healing.fronts`).
 
@@ -62,6 +63,7 @@ class Healer:
         self,
         model,
         *,
+        backend,
         level: str = "O1",
         target: str = "cuda",
         margin_bits: float = 1.0,
@@ -77,7 +79,7 @@ class Healer:
             raise ConfigError("loss_fn must be callable: loss_fn(output) -> scalar tensor")
         model = unwrap(model)
         self._model = _weak(model)  # the script holds its model; a healer kept in a scaler must not keep it alive
-        self.backend = backend_of(model)
+        self.backend = backend
         self.framework = self.backend.name
         self.level, self.target, self.margin_bits = level, target, margin_bits
         self.max_heals, self.loss_fn = max_heals, loss_fn

@@ -24,9 +24,9 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from .._framework import unwrap
 from ..core.amp import OnFloor
 from ..core.capture import InputCapture
+from ..core.model import unwrap
 from ..core.scale import FloorInfo, ScalePolicy, ScalerBase, StepDecision
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError
@@ -172,7 +172,7 @@ class HealingScaler(ScalerBase):
             return None
         if self._healer is None:
             options = self._backend().amp.heal_options(self._capture.state)
-            self._healer = Healer(self._resolved, capture=self._capture, **options)
+            self._healer = Healer(self._resolved, backend=self._backend(), capture=self._capture, **options)
         return self._healer
 
     def _no_heal_reason(self) -> str:

@@ -22,13 +22,7 @@ import numpy as np
 from ..core.verdict import MAX_NAMED, HealVerdict
 from .evidence import nonfinite_sample
 
-__all__ = ["HealVerdict", "measure", "replay_inputs", "not_replayed", "MAX_NAMED"]
-
-
-def replay_inputs(latest) -> Any:
-    """``example_inputs`` (as ``_framework.call`` takes them) from an ``InputCapture.latest`` pair."""
-    args, kwargs = latest
-    return dict(kwargs) if kwargs and not args else tuple(args)
+__all__ = ["HealVerdict", "measure", "not_replayed", "MAX_NAMED"]
 
 
 def not_replayed(reason: str) -> HealVerdict:

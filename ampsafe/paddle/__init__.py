@@ -6,24 +6,17 @@ cheap and a missing teammate module only fails when its name is used.
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_attributes
 
-# public name -> submodule of ampsafe.paddle that defines it
+# public name -> the submodule that defines it
 _LAZY = {
-    "emulate_fp16": "emulate",
-    "Fp16Emulator": "emulate",
-    "fp16_op_types": "amp_lists",
-    "runs_in_fp16": "amp_lists",
-    "GradScaler": "scaler",
+    "emulate_fp16": ".emulate",
+    "Fp16Emulator": ".emulate",
+    "fp16_op_types": ".amp_lists",
+    "runs_in_fp16": ".amp_lists",
+    "GradScaler": ".scaler",
 }
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    submodule = _LAZY.get(name)
-    if submodule is None:
-        raise AttributeError(f"module 'ampsafe.paddle' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{submodule}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -259,8 +259,9 @@ def _resolve_model():
     docstring)."""
     import paddle
 
-    from .._framework import backend_named, unwrap
     from ..core.backend import live_roots
+    from ..core.model import unwrap
+    from .backend import BACKEND as backend  # this package's own Backend: below this module, never the registry
 
     models = [m for m in (ref() for ref in _state["models"] or []) if m is not None]
     if models:
@@ -271,7 +272,6 @@ def _resolve_model():
     if _state["owner"] is not None:
         gc.collect()  # a model or an optimizer dropped in a reference cycle must not be found again
     built = _state["optimizers_built"]
-    backend = backend_named("paddle")
     roots = live_roots(backend)
     optimizers = [o for o in gc.get_objects() if issubclass(type(o), paddle.optimizer.Optimizer)]
     owners: dict[int, object] = {}
@@ -539,18 +539,15 @@ def install() -> list[str]:
 
         auto_cast = sys.modules["paddle.amp.auto_cast"]
         lines = []
-        guard = _amp_guard(auto_cast.amp_guard)
-        _patch(auto_cast, "amp_guard", guard)
-        if getattr(paddle.amp, "amp_guard", None) is not None:
-            _patch(paddle.amp, "amp_guard", guard)
+        for name, wrap in (("amp_guard", _amp_guard), ("amp_decorate", _amp_decorate)):
+            wrapped = wrap(getattr(auto_cast, name))
+            _patch(auto_cast, name, wrapped)
+            if getattr(paddle.amp, name, None) is not None:  # also exported under paddle.amp in some versions
+                _patch(paddle.amp, name, wrapped)
         lines.append(
             "paddle.amp.auto_cast / amp_guard / autocast blocks -> ampsafe.paddle.emulate_fp16 at the block's level "
             "and custom lists (float16 storage emulated on this CPU; bfloat16 and enable=False blocks run in float32)"
         )
-        decorate = _amp_decorate(auto_cast.amp_decorate)
-        _patch(auto_cast, "amp_decorate", decorate)
-        if getattr(paddle.amp, "amp_decorate", None) is not None:
-            _patch(paddle.amp, "amp_decorate", decorate)
         lines.append(
             "paddle.amp.decorate -> records the models and level; O2: float16 weights (except norm layers and "
             "excluded_layers) emulated over float32 master weights"

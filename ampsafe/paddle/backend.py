@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import random
 
 import numpy as np
@@ -12,11 +11,9 @@ import paddle
 from ..core import backend as core
 from ..core.graph import OpKind
 from . import amp_lists, intercept
-from .tensors import TENSORS
+from .tensors import LOW_DTYPES, TENSORS
 
 __all__ = ["PaddleBackend", "PaddleAmp", "BACKEND", "LOW_DTYPES", "is_statistic", "innermost_emulator", "amp_dtype"]
-
-LOW_DTYPES = (paddle.float16, paddle.bfloat16)  # the low-precision float dtypes AMP computes in
 
 
 def is_statistic(param) -> bool:
@@ -42,7 +39,7 @@ def amp_dtype() -> str:
     return amp_global_state().amp_dtype
 
 
-class PaddleAmp:
+class PaddleAmp(core.AmpBase):
     """``paddle.amp.auto_cast``: which ops it runs in float16 is Paddle's own lists (:mod:`ampsafe.paddle.amp_lists`),
     with float16 propagated through the ops on neither list as Paddle's promotion does. Its float32 region
     (``intercept.fp32_region``) also keeps ampsafe's float16 emulators off."""
@@ -110,10 +107,9 @@ class PaddleAmp:
         return {"level": level if level in ("O1", "O2") else "O1"}
 
 
-class PaddleBackend(core.AdapterModules):
+class PaddleBackend(core.BackendBase):
     """``paddle.nn.Layer`` models."""
 
-    name = "paddle"
     module_type = paddle.nn.Layer
     tensors = TENSORS
     amp = PaddleAmp()
@@ -122,23 +118,11 @@ class PaddleBackend(core.AdapterModules):
     def modules(self, model) -> dict:
         return {"": model, **dict(model.named_sublayers())}
 
-    def children(self, module) -> list:
-        return list(module.children())
-
-    def parameters(self, module) -> list:
-        return list(module.parameters())
-
     def optimizer_params(self, optimizer) -> list:
         params = list(optimizer._parameter_list or [])
         if params and isinstance(params[0], dict):
             params = [p for group in params for p in group["params"]]
         return params
-
-    def live_modules(self) -> list:
-        return [o for o in gc.get_objects() if issubclass(type(o), paddle.nn.Layer)]  # type(): no __class__ lookups
-
-    def owner_of(self, optimizer, candidates=None):
-        return core.owner_of(self, optimizer, candidates)
 
     # -- state
     def state_slots(self, model) -> list[tuple[dict, str, paddle.Tensor]]:
@@ -195,12 +179,6 @@ class PaddleBackend(core.AdapterModules):
                 return mean, var
         return None
 
-    def running_stats(self, model):
-        for path, layer in self.modules(model).items():
-            stats = self.norm_stats(layer)
-            if stats is not None:
-                yield path, layer, *stats
-
     def reset_running_stats(self, mean, var) -> None:
         mean.set_value(np.zeros(mean.shape, dtype="float32"))
         var.set_value(np.ones(var.shape, dtype="float32"))
@@ -225,18 +203,12 @@ class PaddleBackend(core.AdapterModules):
 
         return module.register_forward_post_hook(hook)
 
-    # -- ampsafe run
-    def install_run(self, options, ledger, site) -> None:
-        """``ampsafe run``'s hooks in Paddle (scalers, FP32 guard, emulation, targets): :mod:`ampsafe.paddle.run`."""
-        from . import run
-
-        run.install(options, ledger, site)
-
     # -- the rest of the adapter package
     def _package(self):
-        from . import patch, trace, watch
+        from . import trace, watch
+        from .patch import PaddleSwaps
 
-        return trace, watch, patch
+        return trace, watch.Watch, PaddleSwaps
 
 
 BACKEND = PaddleBackend()

@@ -20,7 +20,7 @@ from collections import Counter
 import paddle
 from paddle.autograd import PyLayer
 
-from .._framework import unwrap
+from ..core.model import unwrap
 from ..errors import ConfigError, UnsupportedModelError
 from .amp_lists import black_ops, check_level, white_ops
 from .intercept import OpMode, amp_op_type, in_fp32_region, op_mode

@@ -14,7 +14,7 @@ from collections import defaultdict
 import paddle
 from paddle import _C_ops
 
-__all__ = ["unscale_and_check_", "nonfinite_params", "parameters"]
+__all__ = ["unscale_and_check_", "unscale_params_", "nonfinite_params", "parameters"]
 
 
 def _check_finite_and_unscale(grads: list, scale):
@@ -39,8 +39,13 @@ def parameters(optimizer) -> list:
 def unscale_and_check_(optimizer, scale):
     """Divide every gradient ``optimizer`` holds by ``scale`` in place; returns found_inf (bool, shape [1]),
     True where a gradient was inf/NaN. No host sync."""
+    return unscale_params_(parameters(optimizer), scale)
+
+
+def unscale_params_(params, scale):
+    """:func:`unscale_and_check_` over the gradients of ``params``."""
     by_dtype: dict = defaultdict(list)
-    for param in parameters(optimizer):
+    for param in params:
         grad = param._grad_ivar()
         if grad is not None:
             by_dtype[grad.dtype].append(grad)

@@ -32,7 +32,6 @@ __all__ = [
     "op_mode",
     "active_modes",
     "amp_op_type",
-    "canonical_op",
     "KERNEL_OPS",
     "LEGACY_ACTIVATIONS",
     "ATTENTION_FUNCTIONS",
@@ -159,12 +158,6 @@ def amp_op_type(op: str) -> str:
     """The op type Paddle's AMP white/black lists use for a canonical op name (``add`` -> ``elementwise_add``,
     ``matmul`` -> ``matmul_v2``, ``sum`` -> ``reduce_sum``); names that Paddle spells the same pass through."""
     return _AMP_TYPE.get(op, op)
-
-
-def canonical_op(kernel: str) -> str:
-    """Canonical op name for a ``_C_ops`` kernel name (``multiply`` -> ``mul``, ``nearest_interp`` ->
-    ``interpolate``); unknown kernels keep their name without a trailing ``_``."""
-    return KERNEL_OPS.get(kernel, kernel.rstrip("_"))
 
 
 class OpMode:
@@ -328,12 +321,10 @@ def op_mode(mode: OpMode) -> Iterator[OpMode]:
 
 # ----------------------------------------------------------------------------------------------- modules
 @contextlib.contextmanager
-def module_stack(model: paddle.nn.Layer) -> Iterator[None]:
+def module_stack(paths: dict) -> Iterator[None]:
     """Track which sublayer's forward is running (forward pre/post hooks on every sublayer), so that
-    :func:`current_module` names the owner of each op by its path in the Backend's ``modules(model)`` (root:
-    ``""``)."""
-    from .backend import BACKEND  # backend.py imports this module
-
+    :func:`current_module` names the owner of each op by its path in ``paths``, the model's sublayers as its
+    Backend's ``modules(model)`` maps them (root: ``""``)."""
     handles = []
     stack = _local.modules
     depth = len(stack)
@@ -349,7 +340,7 @@ def module_stack(model: paddle.nn.Layer) -> Iterator[None]:
             _local.modules.pop()
 
     try:
-        for path, layer in BACKEND.modules(model).items():
+        for path, layer in paths.items():
             handles.append(layer.register_forward_pre_hook(push(path)))
             handles.append(layer.register_forward_post_hook(pop))
         yield

@@ -12,21 +12,14 @@ about Paddle layers, and the mixins only Paddle can write.
 
 from __future__ import annotations
 
-import contextlib
-
 import paddle
 from paddle import nn
 
 from ..core.swaps import SwapMixin, SwapsBase
-from .backend import BACKEND, LOW_DTYPES
+from .intercept import fp32_region as _fp32_region
+from .tensors import LOW_DTYPES
 
-__all__ = ["FP32Island", "RescaledNorm", "SWAPS", "PaddleSwaps"]
-
-
-try:
-    from .intercept import fp32_region as _fp32_region
-except ImportError:  # pragma: no cover - without the emulator, auto_cast(enable=False) is all there is to disable
-    _fp32_region = contextlib.nullcontext
+__all__ = ["FP32Island", "RescaledNorm", "PaddleSwaps"]
 
 
 def _to_float32(x):
@@ -92,7 +85,7 @@ _NORMS = (nn.layer.norm._BatchNormBase, nn.BatchNorm, nn.GroupNorm, nn.LayerNorm
 
 
 class PaddleSwaps(SwapsBase):
-    """What the framework-neutral policies need to know about Paddle layers (``BACKEND.swaps``)."""
+    """What the framework-neutral policies need to know about Paddle layers (``backend.swaps``)."""
 
     convs = _CONVS
     norms = _NORMS
@@ -114,6 +107,3 @@ class PaddleSwaps(SwapsBase):
         bn = _BN[dims](channels, data_format=fmt) if dims == 2 else _BN[dims](channels)
         bn.train() if conv.training else bn.eval()
         return bn
-
-
-SWAPS = PaddleSwaps(BACKEND)

@@ -102,15 +102,10 @@ def _swap_scalers(options, ledger, site) -> None:
 def _guard_optimizers(ledger, site) -> None:
     import paddle
 
-    from .grads import nonfinite_params, unscale_and_check_
+    from .grads import nonfinite_params
 
     def finite(optimizer, loss) -> bool:
-        # Paddle's check_finite_and_unscale kernel at scale 1, as its scaler checks; the loss with it; one sync
-        found = unscale_and_check_(optimizer, paddle.ones([1], dtype="float32"))
-        if loss is not None and isinstance(loss, paddle.Tensor) and loss._is_initialized():
-            bad_loss = paddle.logical_not(paddle.isfinite(loss).all()).reshape([1])
-            found = paddle.logical_or(found.reshape([1]), bad_loss)
-        return not bool(found.item())
+        return BACKEND.tensors.grads_finite(BACKEND.optimizer_params(optimizer), loss)
 
     guard = site.step_guard(BACKEND, finite, nonfinite_params)
     guard.training = lambda model: model.training and paddle.is_grad_enabled()

@@ -9,8 +9,11 @@ import paddle
 
 from ..core.backend import TensorsBase
 from ..core.graph import MASK_LIMIT
+from .grads import unscale_params_
 
-__all__ = ["PaddleTensors", "TENSORS", "FLOATS", "PADDLE_MASK_LIMIT"]
+__all__ = ["PaddleTensors", "TENSORS", "FLOATS", "PADDLE_MASK_LIMIT", "LOW_DTYPES"]
+
+LOW_DTYPES = (paddle.float16, paddle.bfloat16)  # the low-precision float dtypes AMP computes in
 
 FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
@@ -55,12 +58,6 @@ class PaddleTensors(TensorsBase):
     def is_float(t) -> bool:
         return t.dtype in FLOATS
 
-    checkable = is_float  # every Paddle tensor holds values
-
-    @staticmethod
-    def numel(t) -> int:
-        return t.size
-
     @staticmethod
     def is_batched(t) -> bool:
         return t.size > 1
@@ -75,11 +72,17 @@ class PaddleTensors(TensorsBase):
     def version(t) -> int:
         return t.inplace_version
 
-    key = staticmethod(id)
-
     @staticmethod
     def finite(t) -> bool:
         return t.size == 0 or bool(paddle.isfinite(t).all())
+
+    def grads_finite(self, params, loss=None) -> bool:
+        """Paddle's fused ``check_finite_and_unscale`` kernel at scale 1, as its scaler checks, and the loss with it."""
+        found = unscale_params_(params, paddle.ones([1], dtype="float32")).reshape([1])
+        for t in self.checkable_leaves(loss):
+            if t._is_initialized():
+                found = paddle.logical_or(found, paddle.logical_not(paddle.isfinite(t).all()).reshape([1]))
+        return not bool(found.item())
 
     @staticmethod
     def to_numpy(t):
@@ -119,11 +122,6 @@ class PaddleTensors(TensorsBase):
             return t.register_hook(lambda grad: fn(grad.detach()) if grad is not None else None)
         except (RuntimeError, ValueError):  # leaf tensors / tensors Paddle refuses to hook: not measured
             return None
-
-    @staticmethod
-    def custom_function(t):
-        """None: the Paddle tracer does not tell a PyLayer's outputs apart from other ops'."""
-        return None
 
 
 TENSORS = PaddleTensors()

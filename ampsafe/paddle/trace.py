@@ -18,14 +18,13 @@ from contextlib import contextmanager
 
 import paddle
 
-from .._framework import call
 from ..core import record
 from ..core.graph import Graph, OpKind
+from ..core.model import call
 from . import intercept
-from .backend import BACKEND
 from .emulate import paused as emulation_paused
 
-__all__ = ["trace", "trace_hooks", "preserved", "op_kind"]
+__all__ = ["trace", "trace_hooks", "op_kind"]
 
 _KINDS = {
     OpKind.CONV: {
@@ -93,39 +92,25 @@ def op_kind(op: str, args: tuple = (), kwargs: dict | None = None) -> OpKind:
     return _KIND_OF.get(op, OpKind.ELEMENTWISE)
 
 
-def _is_norm_layer(layer) -> bool:
-    if layer is None:
-        return False
-    if type(layer).__name__ in NORM_LAYER_TYPES:
-        return True
-    return BACKEND.norm_stats(layer) is not None
-
-
 class _Hooks:
     """Paddle's tracer for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`)."""
 
     tracks_unseen = True  # kernels outside intercept.KERNEL_OPS make tensors the trace never saw
     hooks_outputs_when_made = True  # a ``_C_ops`` call returns its outputs with their autograd node
 
-    def __init__(self, layers: dict, *, level: str, target: str):
-        self.layers, self.level, self.target = layers, level, target
-
-    @staticmethod
-    def preserved(model):
-        return preserved(model)
-
-    @staticmethod
-    def parameters(model) -> list:
-        return [(name, p) for name, p in model.named_parameters() if not p.stop_gradient]
+    def __init__(self, backend, layers: dict, *, level: str, target: str):
+        self.backend, self.layers, self.level, self.target = backend, layers, level, target
 
     def current_module(self):
         module = intercept.current_module()
         return module, self.layers.get(module)
 
-    is_norm_module = staticmethod(_is_norm_layer)
-
-    def runs_low(self, op, kind, input_halves) -> bool:
-        return BACKEND.amp.runs_low(op, kind, input_halves, level=self.level, target=self.target)
+    def is_norm_module(self, layer) -> bool:
+        if layer is None:
+            return False
+        if type(layer).__name__ in NORM_LAYER_TYPES:
+            return True
+        return self.backend.norm_stats(layer) is not None
 
     @staticmethod
     def written(func, args, kwargs, inputs, versions) -> list:
@@ -140,8 +125,8 @@ class _Hooks:
         """The forward runs in float32 with any float16 emulation paused (no FP32 island: ``runs_low`` still says
         what runs in float16 at ``self.level``), so its values are the float32 ones the scan measures."""
         grad_ctx = paddle.enable_grad() if want_grads else paddle.no_grad()
-        with _aliases_tracked(recorder), grad_ctx, intercept.module_stack(model), emulation_paused():
-            with intercept.op_mode(_OpRecorder(recorder)):
+        with _aliases_tracked(recorder), grad_ctx, intercept.module_stack(self.layers), emulation_paused():
+            with intercept.op_mode(_OpRecorder(recorder, self.backend)):
                 yield
 
     @staticmethod
@@ -163,26 +148,16 @@ class _Hooks:
                 else:
                     p.grad.set_value(g)
 
-    @staticmethod
-    def notes(recorder) -> list[str]:
-        if not recorder.unseen:
-            return []
-        where = ", ".join(sorted(m or "<root>" for m in recorder.unseen)[:8])
-        return [
-            f"tensors computed by Paddle kernels the tracer does not intercept entered the graph in: {where}; "
-            "paths through those kernels are cut there"
-        ]
-
 
 class _OpRecorder(intercept.OpMode):
     """Hands every intercepted op to the recorder, with its kind."""
 
-    def __init__(self, recorder):
-        self.recorder = recorder
+    def __init__(self, recorder, backend):
+        self.recorder, self.backend = recorder, backend
 
     def __call__(self, op, func, args, kwargs):
         if op in _ATTENTION:
-            probe = lambda: [_logits_amax(op, args, kwargs)]  # noqa: E731
+            probe = lambda: [_logits_amax(self.backend, op, args, kwargs)]  # noqa: E731
             return self.recorder.record(op, OpKind.MATMUL, func, args, kwargs, probe=probe)
         return self.recorder.record(op, op_kind(op, args, kwargs), func, args, kwargs)
 
@@ -195,7 +170,7 @@ _ATTENTION = {
 _PROBE_ELEMENTS = 1 << 22  # logits per chunk of the float32 probe (16 MiB), whatever the sequence length
 
 
-def _logits_amax(op: str, args: tuple, kwargs: dict):
+def _logits_amax(backend, op: str, args: tuple, kwargs: dict):
     """max |q k^T * scale| of an attention call, computed in float32 outside AMP (a 0-d tensor, no host sync).
 
     Why a probe: the fused kernel never stores these logits, and they are what would leave float16's range in a
@@ -206,7 +181,7 @@ def _logits_amax(op: str, args: tuple, kwargs: dict):
     bound = {**dict(zip(names, args)), **kwargs}
     q, k = bound["query"], bound["key"]
     scale = bound.get(scale_key)
-    with BACKEND.amp.float32():
+    with backend.amp.float32():
         q, k = q.detach().astype("float32"), k.detach().astype("float32")
         if q.ndim == 3:
             q, k = q.unsqueeze(0), k.unsqueeze(0)
@@ -218,31 +193,18 @@ def _logits_amax(op: str, args: tuple, kwargs: dict):
         best = paddle.zeros([], dtype="float32")
         for i in range(0, q.shape[0], step):
             logits = paddle.matmul(q[i : i + step] * scale, k[i : i + step], transpose_y=True)
-            best = paddle.maximum(best, BACKEND.tensors.abs_max(logits))
+            best = paddle.maximum(best, backend.tensors.abs_max(logits))
     return best
 
 
-@contextmanager
-def preserved(model):
-    """Restore train/eval flags, buffers and statistics (``PaddleBackend.snapshot``) and RNG states on exit."""
-    modes = [(layer, layer.training) for layer in (model, *model.sublayers())]
-    restore_state = BACKEND.snapshot(model)
-    restore_rng = BACKEND.rng_state()
-    try:
-        yield
-    finally:
-        for layer, training in modes:
-            layer.training = training
-        restore_state()
-        restore_rng()
+def trace_hooks(backend, model, *, level: str, target: str = "cuda") -> _Hooks:
+    """Paddle's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model`` (``backend``: Paddle's)."""
+    return _Hooks(backend, backend.modules(model), level=backend.amp.check_level(level), target=target)
 
 
-def trace_hooks(model, *, level: str, target: str = "cuda") -> _Hooks:
-    """Paddle's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model``."""
-    return _Hooks(BACKEND.modules(model), level=BACKEND.amp.check_level(level), target=target)
-
-
-def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", loss_fn=None, loss_scale=None) -> Graph:
+def trace(
+    backend, model, example_inputs, *, level: str = "O1", target: str = "cuda", loss_fn=None, loss_scale=None
+) -> Graph:
     """Run ``model`` once on ``example_inputs`` (float32) and return its recorded graph.
 
     ``target`` is accepted for symmetry with torch (Paddle's lists do not depend on it). With ``loss_fn``,
@@ -250,7 +212,7 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
     parameters' ``.grad`` are restored afterwards.
     """
     return record.trace(
-        BACKEND,
+        backend,
         model,
         example_inputs,
         call=call,
@@ -258,7 +220,7 @@ def trace(model, example_inputs, *, level: str = "O1", target: str = "cuda", los
         target=target,
         loss_fn=loss_fn,
         loss_scale=loss_scale,
-        leaves=(*model.parameters(), *BACKEND.tensors.leaves(example_inputs)),
+        leaves=(*model.parameters(), *backend.tensors.leaves(example_inputs)),
     )
 
 

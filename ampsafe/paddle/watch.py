@@ -30,13 +30,14 @@ from ..core.sentinel import MOVEMENT_OPS
 from ..core.watcher import WatchBase, WatchPass, map_nested
 from ..errors import NonFiniteError
 from . import intercept
-from .backend import BACKEND, LOW_DTYPES
+from .emulate import Fp16Emulator
+from .tensors import LOW_DTYPES, TENSORS
 
 __all__ = ["Watch"]
 
 log = logging.getLogger("ampsafe.watch")
 
-_tensors = BACKEND.tensors
+_tensors = TENSORS
 _finite = _tensors.finite
 _is_float = _tensors.is_float
 _float_tensors = _tensors.checkable_leaves
@@ -66,10 +67,6 @@ def _upcast(obj):
 
 
 def _emulators() -> list:
-    try:
-        from .emulate import Fp16Emulator
-    except ImportError:  # pragma: no cover - the emulator ships with ampsafe
-        return []
     return [m for m in intercept.active_modes() if isinstance(m, Fp16Emulator)]
 
 
@@ -136,7 +133,6 @@ class _Mode(intercept.OpMode):
 class Watch(WatchBase):
     """``ampsafe.watch`` for a ``paddle.nn.Layer`` (build it with :func:`ampsafe.watch`)."""
 
-    backend = BACKEND
     defers_origin = True
     _input_label = "inputs"
     _grad_what = "a gradient"
@@ -180,7 +176,7 @@ class Watch(WatchBase):
         trainable = {id(t) for t in self.model.parameters() if not t.stop_gradient}
         self._buffer_names = {id(t): n for n, t in self.model.named_buffers() if id(t) not in trainable}
         stack = ExitStack()
-        stack.enter_context(intercept.module_stack(self.model))
+        stack.enter_context(intercept.module_stack(self.backend.modules(self.model)))
         stack.enter_context(intercept.op_mode(self._mode))
         if self.backward:
             original = paddle.Tensor.backward
@@ -233,19 +229,9 @@ class Watch(WatchBase):
         low = any(t.dtype in LOW_DTYPES for t in inputs + outputs) or any(
             e.is_fp16(t) for e in emulators for t in outputs
         )
-        rerun_finite, rerun_error = self._rerun(func, args, kwargs) if inputs_finite and low else (None, "")
+        rerun = self._rerun(func, args, kwargs) if inputs_finite and low else (None, "")
         dtype = "float16 (emulated)" if low and emulators else _tensors.describe(outputs[0])[1]
-        self._report_origin(
-            module=module,
-            op=op,
-            inputs=inputs,
-            input_ok=input_ok,
-            outputs=outputs,
-            low=low,
-            rerun_finite=rerun_finite,
-            dtype=dtype,
-            rerun_error=rerun_error,
-        )
+        self._report_origin(module, op, inputs, input_ok, outputs, low=low, rerun=rerun, dtype=dtype)
         self._reached(outputs, written)
 
     def _mask_buffers(self, op: str, module: str, inputs: list, outputs: list) -> bool:
@@ -292,7 +278,7 @@ class Watch(WatchBase):
         """(finite outputs when ``func`` re-runs in float32, an FP32 region with no emulator rounding?; why the
         re-run could not run, or "")."""
         try:
-            with BACKEND.amp.float32():
+            with self.backend.amp.float32():
                 self._suspended += 1
                 try:
                     out = func(*_upcast(tuple(args)), **_upcast(dict(kwargs)))
@@ -399,19 +385,6 @@ class Watch(WatchBase):
         return backward
 
     # ------------------------------------------------------------------------------------------ guard
-    def _guard_finite(self, loss, grads: bool) -> bool:
-        """The loss and every gradient's abs-max in one host sync."""
-        values = []
-        if loss is not None:
-            values += [v.detach().reshape([-1]).astype("float32") for v in _float_tensors(loss)]
-        if grads:
-            gs = [p.grad for p in self.model.parameters() if p.grad is not None]
-            if gs:
-                values.append(paddle.stack([paddle.max(paddle.abs(g)).astype("float32") for g in gs]))
-        if not values:
-            return True
-        return bool(paddle.isfinite(paddle.concat(values)).all())
-
     def _stash_grads(self):
         """The step is skipped anyway: its non-finite gradients are dropped (before and after the replay)."""
         params = list(self.model.parameters())
@@ -427,4 +400,4 @@ class Watch(WatchBase):
     # ------------------------------------------------------------------------------------------ monitor
     def _fallback_paths(self) -> list[tuple[str, tuple]]:
         kinds = (paddle.nn.layer.conv._ConvNd, paddle.nn.Linear)
-        return [(n, (n,)) for n, m in BACKEND.modules(self.model).items() if n and isinstance(m, kinds)]
+        return [(n, (n,)) for n, m in self.backend.modules(self.model).items() if n and isinstance(m, kinds)]

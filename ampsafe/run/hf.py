@@ -99,7 +99,7 @@ def keep_in_fp32(scaler) -> list[str] | None:
 
 def _output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
     """path -> the largest |output| of that module in one float32 replay of ``inputs`` (model state put back)."""
-    from .._framework import call
+    from ..core.model import call
 
     amax: dict[str, float] = {}
 

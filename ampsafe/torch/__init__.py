@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib as _importlib
+from .._lazy import lazy_attributes
 
-# public name -> defining module; loaded on first access (others: add your names here, one line each)
+# public name -> the submodule that defines it, loaded on first access
 _LAZY = {
-    "GradScaler": "ampsafe.torch.scaler",
-    "module_stack": "ampsafe.torch.modstack",
-    "current_module": "ampsafe.torch.modstack",
-    "autocast_fp16_ops": "ampsafe.torch.ops",
+    "GradScaler": ".scaler",
+    "module_stack": ".modstack",
+    "current_module": ".modstack",
+    "autocast_fp16_ops": ".ops",
 }
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(_importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import random
 import threading
 
 import torch
 from torch import nn
 
-from ..core import amp as levels
 from ..core import backend as core
 from .ops import runs_in_fp16
-from .tensors import TENSORS
+from .tensors import LOW_DTYPES, TENSORS
 
 __all__ = ["TorchBackend", "TorchAmp", "BACKEND", "LOW_DTYPES", "in_float32"]
-
-LOW_DTYPES = (torch.float16, torch.bfloat16)  # the low-precision float dtypes AMP computes in
 
 _float32 = threading.local()  # .depth: inside TorchAmp.float32() (a float32 replay or reference)
 
@@ -28,14 +24,12 @@ def in_float32() -> bool:
     return getattr(_float32, "depth", 0) > 0
 
 
-class TorchAmp:
+class TorchAmp(core.AmpBase):
     """``torch.autocast``: which ops it runs in float16 is :mod:`ampsafe.torch.ops`' lists, per target."""
 
     low_dtypes = LOW_DTYPES
-    island_levels: dict = {}  # autocast casts per op, never the parameters: one island line fits every level
     scaler_args = {"min_scale": "min_scale", "on_floor": "on_floor"}  # ampsafe.torch.GradScaler's names
-    in_float32 = staticmethod(in_float32)
-    check_level = staticmethod(levels.check_level)
+    in_float32 = staticmethod(in_float32)  # one island line fits every level: autocast never casts parameters
 
     @staticmethod
     @contextlib.contextmanager
@@ -78,10 +72,9 @@ class TorchAmp:
         return {"target": "cpu" if on_cpu else "cuda"}
 
 
-class TorchBackend(core.AdapterModules):
+class TorchBackend(core.BackendBase):
     """``torch.nn.Module`` models. Normalization statistics are buffers (``running_mean``/``running_var``)."""
 
-    name = "torch"
     module_type = nn.Module
     tensors = TENSORS
     amp = TorchAmp()
@@ -90,17 +83,8 @@ class TorchBackend(core.AdapterModules):
     def modules(self, model) -> dict:
         return dict(model.named_modules())
 
-    def children(self, module) -> list:
-        return list(module.children())
-
-    def parameters(self, module) -> list:
-        return list(module.parameters())
-
     def optimizer_params(self, optimizer) -> list:
         return [p for group in optimizer.param_groups for p in group["params"]]
-
-    def live_modules(self) -> list:
-        return [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]  # type(): no __class__ lookups
 
     def owner_of(self, optimizer, candidates=None):
         """The module a training step calls with its batch: the latest module called at the top level (grad on,
@@ -108,7 +92,7 @@ class TorchBackend(core.AdapterModules):
         smallest covering module, else that smallest module. ultralytics' ``DetectionModel`` iterates its inner
         ``nn.Sequential`` without calling it: the Sequential covers every parameter, yet only the
         ``DetectionModel`` sees the batch, so only its inputs can be captured and replayed."""
-        owner = core.owner_of(self, optimizer, candidates)
+        owner = super().owner_of(optimizer, candidates)
         if owner is None or candidates is not None:
             return owner
         from .callhooks import TOP_CALLS
@@ -165,12 +149,6 @@ class TorchBackend(core.AdapterModules):
         mean, var = bufs.get("running_mean"), bufs.get("running_var")
         return (mean, var) if mean is not None and var is not None else None
 
-    def running_stats(self, model):
-        for path, m in self.modules(model).items():
-            stats = self.norm_stats(m)
-            if stats is not None:
-                yield path, m, *stats
-
     def reset_running_stats(self, mean, var) -> None:
         with torch.no_grad():
             mean.zero_()
@@ -200,18 +178,12 @@ class TorchBackend(core.AdapterModules):
 
         return module.register_forward_hook(hook)
 
-    # -- ampsafe run
-    def install_run(self, options, ledger, site) -> None:
-        """``ampsafe run``'s hooks in torch (scalers, FP32 guard, emulation, targets): :mod:`ampsafe.torch.run`."""
-        from . import run
-
-        run.install(options, ledger, site)
-
     # -- the rest of the adapter package
     def _package(self):
-        from . import patch, trace, watch
+        from . import trace, watch
+        from .patch import TorchSwaps
 
-        return trace, watch, patch
+        return trace, watch.Watch, TorchSwaps
 
 
 BACKEND = TorchBackend()

@@ -106,7 +106,7 @@ def _cuda_lists_class():
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from .backend import LOW_DTYPES as low
+    from .tensors import LOW_DTYPES as low
 
     to_fp32, to_low = _list_difference()
 

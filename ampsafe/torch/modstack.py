@@ -5,7 +5,7 @@ model's own hook dicts, so nothing is left on the model afterwards, and ``always
 even when a forward raises. Modules that are not part of the model (a loss module built on the fly) are
 attributed to the enclosing model module.
 
-    with module_stack(model):
+    with module_stack(backend.modules(model)):
         model(x)              # inside: current_module() -> "layer1.0.conv1"
 """
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-
-from .backend import BACKEND
 
 __all__ = ["module_stack", "current_module", "current_module_object"]
 
@@ -31,8 +29,8 @@ def _contexts() -> list:
 class _Stack:
     """One ``module_stack`` context: module -> path, and the stack of (path, module) being run."""
 
-    def __init__(self, model):
-        self.names = {m: name for name, m in BACKEND.modules(model).items()}
+    def __init__(self, paths: dict):
+        self.names = {m: name for name, m in paths.items()}
         self.frames: list[tuple[str, object]] = []
 
     def push(self, module) -> None:
@@ -64,11 +62,12 @@ def current_module_object():
 
 
 @contextmanager
-def module_stack(model):
-    """Track the running module of ``model`` for the duration of the block; removes its hooks on exit."""
+def module_stack(paths: dict):
+    """Track the running module of a model for the duration of the block; removes its hooks on exit. ``paths``: the
+    model's modules by path, as its Backend's ``modules(model)`` maps them."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-    stack = _Stack(model)
+    stack = _Stack(paths)
     thread = threading.get_ident()
 
     def pre(module, args):

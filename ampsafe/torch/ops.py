@@ -18,7 +18,6 @@ __all__ = [
     "canonical",
     "autocast_fp16_ops",
     "autocast_fp32_ops",
-    "autocast_promote_ops",
     "runs_in_fp16",
     "NORM_MODULE_TYPES",
     "VIEW_OPS",
@@ -462,10 +461,6 @@ _CUDA_FP32 = frozenset(
 )
 # CPU runs most math in the input dtype; its fp32 list is mostly losses and a few reductions
 _CPU_FP32 = frozenset({"prod", "cdist", "dist", "pdist", "renorm", "binary_cross_entropy"} | _LOSS)
-_PROMOTE = frozenset(
-    {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put", "tensordot"}
-    | {"scatter_add", "concat", "stack", "index_copy"}
-)
 
 
 def _check(target: str, level: str) -> None:
@@ -488,11 +483,6 @@ def autocast_fp32_ops(target: str = "cuda") -> frozenset[str]:
     """Ops autocast forces to float32 on ``target`` (they never run in float16 at O1)."""
     _check(target, "O1")
     return _CUDA_FP32 if target == "cuda" else _CPU_FP32
-
-
-def autocast_promote_ops() -> frozenset[str]:
-    """Ops autocast runs in the widest input type (float32 as soon as one input is float32)."""
-    return _PROMOTE
 
 
 def runs_in_fp16(op: str, kind: OpKind, input_halves: list[bool], *, target: str = "cuda", level: str = "O1") -> bool:

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from ..core.swaps import SwapMixin, SwapsBase
-from .backend import BACKEND, LOW_DTYPES
+from .tensors import LOW_DTYPES
 
-__all__ = ["FP32Island", "RescaledNorm", "SWAPS", "TorchSwaps"]
+__all__ = ["FP32Island", "RescaledNorm", "TorchSwaps"]
 
 _AUTOCAST_DEVICES = {"cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia"}
 
@@ -87,11 +87,10 @@ _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 class TorchSwaps(SwapsBase):
-    """What the framework-neutral policies need to know about torch modules (``BACKEND.swaps``)."""
+    """What the framework-neutral policies need to know about torch modules (``backend.swaps``)."""
 
     convs = _CONVS
     norms = _NORMS
-    eps_attr = "eps"
     island = FP32Island
     rescaled_norm = RescaledNorm
     optimizer_type = torch.optim.Optimizer
@@ -107,6 +106,3 @@ class TorchSwaps(SwapsBase):
         bn = _BN[weight.dim() - 2](conv.out_channels, device=weight.device, dtype=weight.dtype)
         bn.train(conv.training)
         return bn
-
-
-SWAPS = TorchSwaps(BACKEND)

@@ -92,30 +92,8 @@ def _swap_scalers(options, ledger, site, map_device) -> None:
 
 
 def _finite(optimizer, loss) -> bool:
-    """The loss and every gradient finite, read-only, one host sync: each gradient's L2 norm by one fused call per
-    (device, dtype), accumulated in float32. NaN and inf reach the norm, and so does a norm past float32's range
-    (~1.8e19): a diverged step either way."""
-    import torch
-
-    by_kind: dict = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            grad = p.grad
-            if grad is not None:
-                grad = grad._values() if grad.is_sparse else grad
-                by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
-    if not by_kind and loss is None:
-        return True
-    flags = []
-    with torch.no_grad():
-        for (_device, dtype), grads in by_kind.items():
-            wide = None if dtype in (torch.float32, torch.float64) else torch.float32
-            flags.append(torch.stack(torch._foreach_norm(grads, 2.0, dtype=wide)).isfinite().all())
-        if loss is not None and loss.is_floating_point():
-            flags.append(torch.isfinite(loss.detach()).all())
-        device = flags[0].device
-        ok = torch.stack([f.to(device) for f in flags]).all() if len(flags) > 1 else flags[0]
-    return bool(ok.item())
+    """The loss and every gradient the optimizer updates finite, read-only, one host sync."""
+    return BACKEND.tensors.grads_finite(BACKEND.optimizer_params(optimizer), loss)
 
 
 def _closure_of(args, kwargs):

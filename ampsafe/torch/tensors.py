@@ -9,7 +9,9 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from ..core.backend import TensorsBase
 from ..core.graph import MASK_LIMIT
 
-__all__ = ["TorchTensors", "TENSORS"]
+__all__ = ["TorchTensors", "TENSORS", "LOW_DTYPES"]
+
+LOW_DTYPES = (torch.float16, torch.bfloat16)  # the low-precision float dtypes AMP computes in
 
 
 class TorchTensors(TensorsBase):
@@ -25,10 +27,6 @@ class TorchTensors(TensorsBase):
     @staticmethod
     def checkable(t) -> bool:
         return t.is_floating_point() and t.device.type != "meta" and not t.is_sparse
-
-    @staticmethod
-    def numel(t) -> int:
-        return t.numel()
 
     @staticmethod
     def is_batched(t) -> bool:
@@ -59,6 +57,28 @@ class TorchTensors(TensorsBase):
     @staticmethod
     def finite(t) -> bool:
         return t.numel() == 0 or bool(torch.isfinite(t).all())
+
+    def grads_finite(self, params, loss=None) -> bool:
+        """Each gradient's L2 norm by one fused call per (device, dtype), accumulated in float32: NaN and inf reach
+        the norm, and so does a norm past float32's range (~1.8e19), a diverged step either way."""
+        by_kind: dict = {}
+        for p in params:
+            grad = p.grad
+            if grad is not None:
+                grad = grad._values() if grad.is_sparse else grad
+                by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
+        losses = self.checkable_leaves(loss)
+        if not by_kind and not losses:
+            return True
+        flags = []
+        with torch.no_grad():
+            for (_device, dtype), grads in by_kind.items():
+                wide = None if dtype in (torch.float32, torch.float64) else torch.float32
+                flags.append(torch.stack(torch._foreach_norm(grads, 2.0, dtype=wide)).isfinite().all())
+            flags += [torch.isfinite(t.detach()).all() for t in losses]
+            device = flags[0].device
+            ok = torch.stack([f.to(device) for f in flags]).all() if len(flags) > 1 else flags[0]
+        return bool(ok.item())
 
     @staticmethod
     def to_numpy(t):

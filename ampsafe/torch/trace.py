@@ -24,28 +24,18 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .._framework import call
 from ..core import record
 from ..core.graph import Graph, OpKind
+from ..core.model import call
 from . import modstack
-from .backend import BACKEND
 from .ops import NON_EXPANDING_OPS, NORM_MODULE_TYPES, PLAIN_NORM_SUFFIXES, VIEW_OPS, canonical
+from .tensors import TENSORS
 
-__all__ = ["trace", "trace_hooks", "preserved"]
-
-
-def _is_norm_module(module) -> bool:
-    """A module that normalizes with plain ops (``x * scale + bias`` from running stats)."""
-    if module is None:
-        return False
-    name = type(module).__name__
-    if name in NORM_MODULE_TYPES or name.endswith(PLAIN_NORM_SUFFIXES):
-        return True
-    return BACKEND.norm_stats(module) is not None
+__all__ = ["trace", "trace_hooks"]
 
 
 def _is_float(x) -> bool:
-    return isinstance(x, torch.Tensor) and BACKEND.tensors.is_float(x)
+    return isinstance(x, torch.Tensor) and TENSORS.is_float(x)
 
 
 def _written_args(func, args, kwargs) -> list:
@@ -68,17 +58,21 @@ class _Hooks:
     # an output has no autograd node until dispatch returns: gradients are hooked where the tensor is read
     hooks_outputs_when_made = False
 
-    def __init__(self, *, level: str, target: str):
-        self.level, self.target = level, target
+    def __init__(self, backend, *, level: str, target: str):
+        self.backend, self.level, self.target = backend, level, target
 
     @staticmethod
     def current_module():
         return modstack.current_module(), modstack.current_module_object()
 
-    is_norm_module = staticmethod(_is_norm_module)
-
-    def runs_low(self, op, kind, input_halves) -> bool:
-        return BACKEND.amp.runs_low(op, kind, input_halves, level=self.level, target=self.target)
+    def is_norm_module(self, module) -> bool:
+        """A module that normalizes with plain ops (``x * scale + bias`` from running stats)."""
+        if module is None:
+            return False
+        name = type(module).__name__
+        if name in NORM_MODULE_TYPES or name.endswith(PLAIN_NORM_SUFFIXES):
+            return True
+        return self.backend.norm_stats(module) is not None
 
     @staticmethod
     def written(func, args, kwargs, inputs, versions) -> list:
@@ -88,40 +82,26 @@ class _Hooks:
     def measured(op: str) -> bool:
         return op not in VIEW_OPS and op not in NON_EXPANDING_OPS
 
-    @staticmethod
-    def preserved(model):
-        return preserved(model)
-
-    @staticmethod
-    def parameters(model) -> list:
-        return list(model.named_parameters())
-
     @contextmanager
     def recording(self, model, recorder, want_grads: bool):
-        with torch.set_grad_enabled(want_grads and torch.is_grad_enabled()), modstack.module_stack(model):
-            with _DispatchRecorder(recorder), _AttentionRecorder(recorder):
+        with (
+            torch.set_grad_enabled(want_grads and torch.is_grad_enabled()),
+            modstack.module_stack(self.backend.modules(model)),
+        ):
+            with _DispatchRecorder(recorder), _AttentionRecorder(recorder, self.backend.amp):
                 yield
 
     @staticmethod
     def backward(model, loss, scale: float) -> None:
-        """Into fresh ``.grad`` tensors (``preserved`` puts the user's back): never accumulate into them."""
-        params = list(model.parameters())
-        for p in params:
+        """Into fresh ``.grad`` tensors, never accumulated into the user's, which are put back afterwards."""
+        saved = [(p, p.grad) for p in model.parameters()]
+        for p, _ in saved:
             p.grad = None
         try:
             (loss * scale).backward()
         finally:
-            for p in params:
-                p.grad = None
-
-    @staticmethod
-    def notes(recorder) -> list[str]:
-        if not recorder.custom_functions:
-            return []
-        return [
-            "custom autograd Functions (" + ", ".join(sorted(recorder.custom_functions)) + "): their forward ops "
-            "were recorded; gradients inside them were not measured"
-        ]
+            for p, grad in saved:
+                p.grad = grad
 
 
 class _DispatchRecorder(TorchDispatchMode):
@@ -153,9 +133,9 @@ class _AttentionRecorder(TorchFunctionMode):
     float16 SDPA would hold; the mask is an input of that node and never a value on its path.
     """
 
-    def __init__(self, recorder):
+    def __init__(self, recorder, amp):
         super().__init__()
-        self.recorder = recorder
+        self.recorder, self.amp = recorder, amp
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -182,7 +162,7 @@ class _AttentionRecorder(TorchFunctionMode):
     def _probe(self, args, kwargs):
         self.recorder.opaque += 1
         try:
-            with BACKEND.amp.float32():
+            with self.amp.float32():
                 return _logits_amax(*_sdpa_qk(args, kwargs))
         finally:
             self.recorder.opaque -= 1
@@ -212,35 +192,13 @@ def _logits_amax(q, k, scale, gqa: bool):
     return best
 
 
-@contextmanager
-def preserved(model):
-    """Restore train/eval flags, buffers (BatchNorm statistics), ``.grad`` and RNG state on exit.
-
-    A scan is an observation: whether it succeeds or the forward raises, the model must be as it was.
-    Parameters are not copied (a forward does not write them); :func:`ampsafe.core.record.trace` names one
-    written in place.
-    """
-    modes = [(m, m.training) for m in model.modules()]
-    restore_state = BACKEND.snapshot(model)
-    grads = [(p, p.grad) for p in model.parameters()]
-    restore_rng = BACKEND.rng_state()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-        restore_state()  # always copied back: kernels may update stats without a version bump
-        for p, grad in grads:
-            p.grad = grad
-        restore_rng()
-
-
-def trace_hooks(model, *, level: str, target: str) -> _Hooks:
-    """torch's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model``."""
-    return _Hooks(level=level, target=target)
+def trace_hooks(backend, model, *, level: str, target: str) -> _Hooks:
+    """torch's :class:`~ampsafe.core.record.TraceHooks` for one trace of ``model`` (``backend``: torch's)."""
+    return _Hooks(backend, level=level, target=target)
 
 
 def trace(
+    backend,
     model,
     example_inputs,
     *,
@@ -249,12 +207,13 @@ def trace(
     loss_fn=None,
     loss_scale: float | None = None,
 ) -> Graph:
-    """Run ``model`` once on ``example_inputs`` (float32, as given) and return its recorded graph.
+    """Run ``model`` once on ``example_inputs`` (float32, as given) and return its recorded graph (``backend``:
+    torch's, which hands itself in).
 
     With ``loss_fn``, ``loss_fn(output) * loss_scale`` is back-propagated and every hooked activation
     gets ``grad_amax`` (the scaled gradient's abs-max). Model state is restored afterwards in any case.
     Exceptions from the model propagate unchanged (``ampsafe.scan`` wraps them).
     """
     return record.trace(
-        BACKEND, model, example_inputs, call=call, level=level, target=target, loss_fn=loss_fn, loss_scale=loss_scale
+        backend, model, example_inputs, call=call, level=level, target=target, loss_fn=loss_fn, loss_scale=loss_scale
     )

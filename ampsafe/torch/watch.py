@@ -28,8 +28,8 @@ from torch.overrides import TorchFunctionMode
 from ..core import sentinel as core
 from ..core.sentinel import MOVEMENT_OPS
 from ..core.watcher import WatchBase, WatchPass, map_nested
-from .backend import BACKEND, LOW_DTYPES
 from .modstack import current_module, module_stack
+from .tensors import LOW_DTYPES, TENSORS
 
 __all__ = ["Watch", "op_name"]
 
@@ -79,7 +79,7 @@ def op_name(func) -> tuple[str | None, bool]:
     return _RENAME.get(base, base), inplace
 
 
-_tensors = BACKEND.tensors
+_tensors = TENSORS
 _finite = _tensors.finite
 _float_tensors = _tensors.checkable_leaves
 _np = _tensors.to_numpy
@@ -143,7 +143,6 @@ class _ForwardMode(TorchFunctionMode):
 class Watch(WatchBase):
     """``ampsafe.watch`` for a ``torch.nn.Module`` (build it with :func:`ampsafe.watch`)."""
 
-    backend = BACKEND
     defers_origin = True
 
     def __init__(self, model, **options):
@@ -166,7 +165,7 @@ class Watch(WatchBase):
 
     def _full_hooks(self) -> ExitStack:
         stack = ExitStack()
-        stack.enter_context(module_stack(self.model))
+        stack.enter_context(module_stack(self.backend.modules(self.model)))
         stack.enter_context(_ForwardMode(self))
         return stack
 
@@ -190,19 +189,9 @@ class Watch(WatchBase):
                 p.pending = (module, name)
             return  # a view or copy of bad data: the first op computing with it is reported
         low = any(t.dtype in LOW_DTYPES for t in inputs + outputs)
-        rerun_finite, rerun_error = self._rerun(func, args, kwargs, pre) if inputs_finite and low else (None, "")
+        rerun = self._rerun(func, args, kwargs, pre) if inputs_finite and low else (None, "")
         dtype = _tensors.describe(outputs[0])[1]
-        self._report_origin(
-            module=module,
-            op=name,
-            inputs=inputs,
-            input_ok=input_ok,
-            outputs=outputs,
-            low=low,
-            rerun_finite=rerun_finite,
-            dtype=dtype,
-            rerun_error=rerun_error,
-        )
+        self._report_origin(module, name, inputs, input_ok, outputs, low=low, rerun=rerun, dtype=dtype)
         self._reached(outputs, written=pre is not None)
 
     def _reached(self, outputs: list, *, written: bool) -> None:
@@ -221,7 +210,7 @@ class Watch(WatchBase):
             args = (pre[1], *args[1:])
         up_args, up_kwargs = _upcast(tuple(args)), _upcast(dict(kwargs))
         try:
-            with BACKEND.amp.float32():
+            with self.backend.amp.float32():
                 self._suspended += 1
                 try:
                     out = func(*up_args, **up_kwargs)
@@ -289,22 +278,6 @@ class Watch(WatchBase):
         return hook
 
     # ------------------------------------------------------------------------------------------ guard
-    def _guard_finite(self, loss, grads: bool) -> bool:
-        """The loss and the gradient norms (one ``_foreach_norm`` per dtype and device) in one host sync."""
-        values = []
-        if loss is not None:
-            values += [v.detach().reshape(-1).float() for v in _float_tensors(loss)]
-        grad_list = [p.grad for p in self.model.parameters() if p.grad is not None] if grads else []
-        if grad_list:
-            by_dtype: dict = {}
-            for g in grad_list:
-                by_dtype.setdefault((g.dtype, g.device), []).append(g)
-            for group in by_dtype.values():
-                values.append(torch.stack(torch._foreach_norm(group)).float())
-        if not values:
-            return True
-        return bool(torch.isfinite(torch.cat(values)).all())
-
     def _stash_grads(self):
         """Set the step's gradients aside for the replay; the returned function puts them back."""
         params = [p for p in self.model.parameters()]
@@ -321,4 +294,4 @@ class Watch(WatchBase):
     # ------------------------------------------------------------------------------------------ monitor
     def _fallback_paths(self) -> list[tuple[str, tuple]]:
         kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
-        return [(n, (n,)) for n, m in BACKEND.modules(self.model).items() if isinstance(m, kinds)]
+        return [(n, (n,)) for n, m in self.backend.modules(self.model).items() if isinstance(m, kinds)]

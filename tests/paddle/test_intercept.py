@@ -11,6 +11,7 @@ import pytest
 from paddle import nn
 
 from ampsafe.paddle.amp_lists import black_ops, white_ops
+from ampsafe.paddle.backend import BACKEND
 from ampsafe.paddle.intercept import (
     OpMode,
     amp_op_type,
@@ -54,7 +55,7 @@ class Net(nn.Layer):
 def test_layers_functionals_and_operators_are_seen_with_their_module():
     net = Net()
     rec = Recorder()
-    with op_mode(rec), module_stack(net):
+    with op_mode(rec), module_stack(BACKEND.modules(net)):
         net(paddle.randn([2, 3, 8, 8])).backward()
     seen = set(rec.ops)
     for expected in [

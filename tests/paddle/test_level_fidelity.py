@@ -31,6 +31,7 @@ import paddle.nn.functional as F  # noqa: E402
 from paddle import nn  # noqa: E402
 
 from ampsafe.paddle import amp_emulation, emulate_fp16  # noqa: E402
+from ampsafe.paddle.backend import BACKEND  # noqa: E402
 from ampsafe.paddle.intercept import OpMode, current_module, module_stack, op_mode  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # BatchNorm's "always track global mean"
@@ -116,7 +117,7 @@ def program_loop(level, steps, *, image_size, batch_size, lr=1e-2, seed=0, use_p
         for step in range(steps):
             batch = work.batch(step)
             first = _FirstNonFinite()
-            with module_stack(model):
+            with module_stack(BACKEND.modules(model)):
                 with paddle.amp.auto_cast(
                     level=level, custom_black_list=[], custom_white_list=[], dtype="float16", use_promote=use_promote
                 ):

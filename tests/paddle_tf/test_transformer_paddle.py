@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import ampsafe  # noqa: E402
 from ampsafe.core.graph import OpKind  # noqa: E402
 from ampsafe.paddle import emulate_fp16  # noqa: E402
-from ampsafe.paddle.trace import trace  # noqa: E402
+from ampsafe.paddle.backend import BACKEND  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paddle_tf_models import (  # noqa: E402
@@ -126,7 +126,7 @@ def test_fused_attention_is_one_op_with_its_logits_measured_as_a_path(kind):
     _, keep = token_batch()
     mask = paddle.to_tensor(keep[:, None, None, :]) if kind == "sdpa" else None
     op = "scaled_dot_product_attention" if kind == "sdpa" else "flash_attention"
-    graph = trace(block, (x, mask))
+    graph = BACKEND.trace(block, (x, mask))
     nodes = [n for n in graph.nodes if n.op == op]
     assert len(nodes) == 1 and nodes[0].kind is OpKind.MATMUL
     assert not any(n.op in ("softmax", "matmul") for n in graph.nodes)  # the CPU fallback's ops are inside it

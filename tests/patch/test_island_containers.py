@@ -102,7 +102,7 @@ def test_container_whose_own_forward_runs_a_matmul_on_the_path_is_islanded_whole
 
 def test_heal_islands_the_members_not_the_data_moving_container():
     model, x = make(Moves)
-    healer = Healer(model, level="O2", target="cpu")
+    healer = Healer(model, backend=backend_of(model), level="O2", target="cpu")
     model(x)  # the batch the heal replays
     plan = healer()
     assert "backbone" not in plan.paths and {"backbone.blocks", "backbone.merge"} <= set(plan.paths), plan
