@@ -68,11 +68,14 @@ class ExitHooks:
 
 def explain_exit(guards: list) -> None:
     """The script stopped with a forward no optimizer step followed: replay it once in float32 (FP32 guard)."""
+    from .targets import replaying
+
     if any(g.exit_origin for g in guards):
         return
-    for guard in guards:
-        if guard.explain_exit() is not None:
-            return
+    with replaying():
+        for guard in guards:
+            if guard.explain_exit() is not None:
+                return
 
 
 def write_report(session) -> None:

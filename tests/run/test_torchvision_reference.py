@@ -149,6 +149,7 @@ def test_a_nan_image_is_named_by_its_batch_and_index_and_the_reference_keeps_its
     markdown = (tmp_path / "report" / "report.md").read_text()
     happened, fix = markdown.split("## Make the fix permanent")
     assert f"sample {image}" in happened and "kind='input'" in happened
+    assert f"{step + 1} batches checked" in happened  # the replay's forward is not one of the script's batches
     assert f"sample {image} of the batch of step {step}" in fix and "fix or drop it" in fix
     assert "swap-neck" not in fix and "ampsafe.patch(" not in fix  # data, not the model
     assert "sys.exit" not in fix and "Nothing to change" not in fix
