@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import atexit
 
-from .exits import write_report
+from .exits import mark_loaded, write_report
 from .launcher import format_summary
 from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 from .session import LOCK, RunSession, current
@@ -104,5 +104,6 @@ def _write_report() -> None:
 def install_from_env() -> RunOptions:
     """Install with ``ampsafe run``'s options (``AMPSAFE_RUN_OPTIONS``), and write this process's summary at exit."""
     options = install_options(RunOptions.from_env())
+    mark_loaded()
     atexit.register(_write_report)
     return options

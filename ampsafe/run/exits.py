@@ -4,6 +4,11 @@ Why: a run that stops early must say why in its report. ``sys.excepthook`` notes
 ``sys.exit`` notes the script's own exit status and where it asked for it (torchvision's engine exits 1 on a
 non-finite loss before any optimizer step). Both are patched through the run's ledger, so ``uninstall`` puts
 them back. At exit (``atexit``, ``ampsafe run``'s child), :func:`write_report` writes ``<pid>.json``.
+
+A script that stops itself with a failing status is explained inside its ``sys.exit`` call, before
+``SystemExit`` unwinds (:func:`explain_exit`): the FP32 guard's replay of the last forward needs the model, and
+a script that holds it as a local (torchvision's reference: a local of ``main()``) frees it while unwinding,
+long before ``atexit``. The guards hold their models weakly, so after the unwinding there is nothing to replay.
 """
 
 from __future__ import annotations
@@ -11,19 +16,26 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+from typing import Callable
 
 from ..core.attr_patches import AttrPatches
 from .options import ENV_REPORT
 from .records import Ended
 
-__all__ = ["ExitHooks", "write_report"]
+__all__ = ["ExitHooks", "explain_exit", "write_report", "mark_loaded", "LOADED"]
+
+LOADED = ".loaded"  # ``<pid>.loaded`` in ``AMPSAFE_RUN_REPORT``: this process loaded ampsafe
 
 
 class ExitHooks:
-    """``sys.excepthook`` and ``sys.exit`` noting how the run ended (:attr:`ended`, None while it goes on)."""
+    """``sys.excepthook`` and ``sys.exit`` noting how the run ended (:attr:`ended`, None while it goes on).
+    ``explain()``: called inside a failing ``sys.exit`` of the main thread, while the script's frames (and the
+    models they hold) are still alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, explain: Callable[[], None] = lambda: None) -> None:
         self.ended: Ended | None = None
+        self._explain = explain
         self._excepthook = sys.excepthook
         self._sys_exit = sys.exit
 
@@ -45,16 +57,25 @@ class ExitHooks:
         frame = sys._getframe(1)
         where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
         self.ended = Ended(exit=code if code is None or isinstance(code, int) else str(code)[:500], where=where)
+        failing = code is not None and not (isinstance(code, int) and code == 0)
+        if failing and threading.current_thread() is threading.main_thread():
+            try:
+                self._explain()
+            except Exception as exc:  # diagnosis only: the script's own exit goes ahead whatever happens here
+                print(f"[ampsafe] could not explain the exit: {type(exc).__name__}: {exc}", file=sys.stderr)
         self._sys_exit(code)
 
 
-def _explain_exit(guards: list) -> None:
+def explain_exit(guards: list) -> None:
     """The script stopped with a forward no optimizer step followed: replay it once in float32 (FP32 guard)."""
+    from .targets import replaying
+
     if any(g.exit_origin for g in guards):
         return
-    for guard in guards:
-        if guard.explain_exit() is not None:
-            return
+    with replaying():
+        for guard in guards:
+            if guard.explain_exit() is not None:
+                return
 
 
 def write_report(session) -> None:
@@ -63,9 +84,21 @@ def write_report(session) -> None:
     directory = os.environ.get(ENV_REPORT)
     if not directory or not session.open:
         return
-    _explain_exit(session.guards)
+    explain_exit(session.guards)
     try:
         with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as fh:
             json.dump(session.summary().to_dict(), fh, default=repr)
     except OSError as exc:
         print(f"[ampsafe] could not write the run report: {exc}", file=sys.stderr)
+
+
+def mark_loaded() -> None:
+    """``<pid>.loaded`` in ``AMPSAFE_RUN_REPORT``, written at install: a process killed by a signal runs no exit
+    hook and writes no summary, and the parent still knows that ampsafe was loaded (it says the command died on
+    that signal, not that ampsafe never loaded)."""
+    directory = os.environ.get(ENV_REPORT)
+    if directory:
+        try:
+            open(os.path.join(directory, f"{os.getpid()}{LOADED}"), "w").close()
+        except OSError:
+            pass  # the marker only words the parent's message

@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ..errors import ConfigError
+from .exits import LOADED
 from .options import DEFAULT_REPORT_DIR, ENV_OPTIONS, ENV_REPORT, ON_BAD_TARGET, ON_FLOOR, RunOptions
 
 __all__ = ["main", "options_from_config", "format_summary", "SITECUSTOMIZE", "RunOptions", "ENV_OPTIONS", "ENV_REPORT"]
@@ -249,17 +251,36 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             returncode = 130
         reports = _reports(report_dir)
+        loaded = bool(reports) or any(Path(report_dir).glob(f"*{LOADED}"))
     for change in sorted({c for r in reports for c in r.get("changes", [])}):
         print(f"ampsafe run: changed {change}")
-    if not reports:  # every process that loaded ampsafe.auto writes one, scalers or not
+    if reports:
+        print(format_summary(reports, returncode), flush=True)
+        _write_run_report(reports, options, command, returncode)
+    elif loaded:  # every process that loaded ampsafe.auto writes one at exit, unless killed before it
+        print(
+            "ampsafe run: ampsafe loaded, but no process of the command wrote its summary: a process killed by a "
+            "signal (or ended by os._exit) runs no exit hook",
+            flush=True,
+        )
+    else:
         print(
             "ampsafe run: no Python process of the command loaded ampsafe (was it a Python interpreter with ampsafe "
             "installed? a Python that ignores PYTHONPATH, e.g. with -I or -E?)",
             flush=True,
         )
-    else:
-        print(format_summary(reports, returncode), flush=True)
-        _write_run_report(reports, options, command, returncode)
+    if returncode < 0:
+        print(f"ampsafe run: {died_text(-returncode, loaded)}", flush=True)
+        return 128 - returncode  # a shell's status for a command killed by that signal
     if returncode:
         print(f"ampsafe run: the command exited with status {returncode}", flush=True)
     return returncode
+
+
+def died_text(signum: int, loaded: bool) -> str:
+    """``the command died on signal 11 after ampsafe loaded (SIGSEGV)``: what a negative return code means."""
+    try:
+        name = f" ({signal.Signals(signum).name})"
+    except ValueError:
+        name = ""
+    return f"the command died on signal {signum}{' after ampsafe loaded' if loaded else ''}{name}"

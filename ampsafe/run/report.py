@@ -106,6 +106,10 @@ def ended_text(report: Summary, returncode: int | None = None) -> str | None:
         return f"the run ended with `{ended.exception}`"
     if ended.exit not in (None, 0):
         return f"the script called sys.exit({ended.exit!r}) at {ended.where or '?'}"
+    if returncode is not None and returncode < 0:
+        from .launcher import died_text
+
+        return died_text(-returncode, loaded=True)  # this process loaded ampsafe: it wrote the summary
     if returncode:
         return f"the command exited with status {returncode}"
     return None
@@ -177,7 +181,9 @@ def _guard_lines(pid, g: GuardRecord) -> list[str]:
         f"{skipped}{restored}"
     ]
     if g.exit_origin:
-        lines.append(f"  [{g.framework}, pid {pid}] the script stopped itself; {origin_text(g.exit_origin)}")
+        o = g.exit_origin
+        data = f"; bad data: {_bad_sample(o)}" if o.kind == "input" else ""
+        lines.append(f"  [{g.framework}, pid {pid}] the script stopped itself; {origin_text(o)}{data}")
     return lines
 
 
@@ -257,15 +263,33 @@ def _hf_keep_line(report: RunSummary) -> str | None:
     return f"model._keep_in_fp32_modules = {json.dumps(names)}" if names else None
 
 
+def _bad_sample(o: Origin) -> str:
+    """Which sample of which batch a non-finite input came in with (steps count the batches that stepped)."""
+    sample = f"sample {o.sample}" if o.sample is not None else "a sample"
+    return f"{sample} of the batch of step {o.step} (batch {o.step} from the run's start, counting from 0)"
+
+
+def _data_advice(g: GuardRecord, o: Origin) -> str:
+    """A NaN/Inf that came in with the data: which sample to fix, and that the model needs no change."""
+    return (
+        f"{g.framework}: the script stopped itself before optimizer step {o.step} on bad data: a non-finite value "
+        f"came in with the model's input, {_bad_sample(o)}{' at ' + o.where if o.where else ''}. Find that sample "
+        f"in the data (print the ids of the batch of step {o.step}, e.g. the targets' image_id) and fix or drop "
+        f"it; the model, its precision and its config need no change (no island, no neck swap). Its last "
+        f"forward: {origin_text(o)}."
+    )
+
+
 def _guard_advice(g: GuardRecord, watch: bool) -> list[str]:
     """What to do about an FP32 guard's skipped steps, and about a script that stopped itself."""
     out = []
-    if g.exit_origin:
+    if g.exit_origin and g.exit_origin.kind == "input":
+        out.append(_data_advice(g, g.exit_origin))
+    elif g.exit_origin:
         o = g.exit_origin
-        what = "fix or drop that sample" if o.kind == "input" else "see the kind's advice in the message"
         out.append(
             f"{g.framework}: the script stopped itself before optimizer step {o.step}; its last forward "
-            f"names {origin_text(o)}: {what}."
+            f"names {origin_text(o)}: see the kind's advice in the message."
         )
     if g.skipped_steps:
         restored = (
@@ -327,6 +351,12 @@ def _scaler_advice(s: ScalerRecord) -> list[str]:
     return []
 
 
+def _bad_data_only(report: RunSummary, healed: list[str]) -> bool:
+    """The run stopped on a non-finite input and nothing overflowed or healed: the data is the fix, not a neck."""
+    data = any(g.exit_origin and g.exit_origin.kind == "input" for g in report.guards)
+    return data and not healed and not any(s.overflow_steps for s in report.scalers)
+
+
 def permanent_fix(
     report: Summary,
     *,
@@ -361,7 +391,7 @@ def permanent_fix(
     return PermanentFix(
         patch=_island_line(all_paths) if all_paths else None,
         level_islands={key: words for key, (_, words) in levels.items()},
-        swap_neck=_swap_and_run(config, command, run_args),
+        swap_neck=None if _bad_data_only(report, all_paths) else _swap_and_run(config, command, run_args),
         advice=tuple(advice),
         problems=tuple(problems(report, returncode)),
         hf_keep_in_fp32=_hf_keep_line(report),

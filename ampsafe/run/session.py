@@ -22,7 +22,7 @@ import sys
 import threading
 
 from ..core.attr_patches import AttrPatches
-from .exits import ExitHooks
+from .exits import ExitHooks, explain_exit
 from .finder import AfterImport
 from .options import RunOptions
 from .records import GuardRecord, RunSummary, TargetRecord
@@ -78,7 +78,7 @@ class RunSession:
         self.guards: list = []  # StepGuard per framework (ampsafe.run.guard)
         self.watches: list = []  # --watch contexts entered under a scaler
         self.changes: list[str] = []  # the summary's list of what the run changed
-        self.exits = ExitHooks()
+        self.exits = ExitHooks(explain=lambda: explain_exit(self.guards))
         self.open = False
 
     # -- enter / exit

@@ -12,12 +12,15 @@ SCRIPTS = Path(__file__).parent / "scripts"
 SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
 
 
-def ampsafe_run(*args: str, cwd: Path | str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python -m ampsafe.cli run ARGS`` with its output captured."""
+def ampsafe_run(
+    *args: str, cwd: Path | str | None = None, timeout: int = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m ampsafe.cli run ARGS`` with its output captured (``env``: the command's environment)."""
     return subprocess.run(
         [sys.executable, "-m", "ampsafe.cli", "run", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd or SCRATCH,
+        env=env,
     )

@@ -162,3 +162,13 @@ def test_the_config_is_read_from_the_scripts_arguments_never_from_python_dash_c(
     assert _config_path(["python3", "-m", "tools.train", "--config=det.yml"]) == Path("det.yml")
     assert _config_path(["bash", "-c", "det.yml"]) == Path("det.yml")  # not Python: its own arguments
     assert main(["--report", "", "--", sys.executable, "-c", code]) == 0
+
+
+def test_a_child_killed_by_a_signal_after_loading_ampsafe_is_reported_as_such(tmp_path):
+    script = tmp_path / "segfault.py"
+    script.write_text("import os, signal\nimport ampsafe  # noqa: F401\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    proc = ampsafe_run("--report", str(tmp_path / "report"), "--", sys.executable, str(script))
+    assert proc.returncode == 128 + 11, proc.stderr[-2000:]  # a shell's status for SIGSEGV
+    assert "ampsafe run: the command died on signal 11 after ampsafe loaded (SIGSEGV)" in proc.stdout
+    assert "no Python process of the command loaded ampsafe" not in proc.stdout
+    assert "no process of the command wrote its summary" in proc.stdout

@@ -3,7 +3,7 @@
 ``torch.cuda.amp.autocast(enabled=scaler is not None)``, a non-finite reduced loss stops the run with status 1.
 Knows nothing about ampsafe. Runs on the CPU; tiny synthetic images and boxes instead of COCO.
 
-``--nan-image STEP:SAMPLE`` makes one image all NaN (a corrupt file the loader decoded). ``--resume`` loads ``{"model": state_dict}`` as the reference does; ``--head-gain`` multiplies the RoI box head's
+``--resume`` loads ``{"model": state_dict}`` as the reference does; ``--head-gain`` multiplies the RoI box head's
 weights (``fc6``, ``fc7``) after that, the short way to a head that has grown as high-lr training grows it.
 """
 
@@ -23,9 +23,7 @@ parser.add_argument("--image-size", type=int, default=96)
 parser.add_argument("--batch-size", type=int, default=2)
 parser.add_argument("--head-gain", type=float, default=1.0)
 parser.add_argument("--resume", default="")
-parser.add_argument("--nan-image", default="", metavar="STEP:SAMPLE", help="that batch's image is all NaN")
 args = parser.parse_args()
-nan_step, nan_sample = map(int, args.nan_image.split(":")) if args.nan_image else (-1, -1)
 
 torch.manual_seed(0)
 model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
@@ -74,8 +72,6 @@ def reduce_loss_dict(loss_dict):
 for step in range(args.steps):
     start = time.time()
     images, targets = synthetic_batch(args.image_size, args.batch_size)
-    if step == nan_step:
-        images[nan_sample] = torch.full_like(images[nan_sample], float("nan"))
     with torch.cuda.amp.autocast(enabled=scaler is not None):
         loss_dict = model(images, targets)
         losses = sum(loss for loss in loss_dict.values())
