@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from typing import Callable
@@ -102,3 +103,12 @@ def mark_loaded() -> None:
             open(os.path.join(directory, f"{os.getpid()}{LOADED}"), "w").close()
         except OSError:
             pass  # the marker only words the parent's message
+
+
+def died_text(signum: int, loaded: bool) -> str:
+    """``the command died on signal 11 after ampsafe loaded (SIGSEGV)``: what a negative return code means."""
+    try:
+        name = f" ({signal.Signals(signum).name})"
+    except ValueError:
+        name = ""
+    return f"the command died on signal {signum}{' after ampsafe loaded' if loaded else ''}{name}"

@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ..errors import ConfigError
-from .exits import LOADED
+from .exits import LOADED, died_text
 from .options import DEFAULT_REPORT_DIR, ENV_OPTIONS, ENV_REPORT, ON_BAD_TARGET, ON_FLOOR, RunOptions
 
 __all__ = ["main", "options_from_config", "format_summary", "SITECUSTOMIZE", "RunOptions", "ENV_OPTIONS", "ENV_REPORT"]
@@ -276,11 +275,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ampsafe run: the command exited with status {returncode}", flush=True)
     return returncode
 
-
-def died_text(signum: int, loaded: bool) -> str:
-    """``the command died on signal 11 after ampsafe loaded (SIGSEGV)``: what a negative return code means."""
-    try:
-        name = f" ({signal.Signals(signum).name})"
-    except ValueError:
-        name = ""
-    return f"the command died on signal {signum}{' after ampsafe loaded' if loaded else ''}{name}"

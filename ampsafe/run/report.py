@@ -107,7 +107,7 @@ def ended_text(report: Summary, returncode: int | None = None) -> str | None:
     if ended.exit not in (None, 0):
         return f"the script called sys.exit({ended.exit!r}) at {ended.where or '?'}"
     if returncode is not None and returncode < 0:
-        from .launcher import died_text
+        from .exits import died_text
 
         return died_text(-returncode, loaded=True)  # this process loaded ampsafe: it wrote the summary
     if returncode:

@@ -180,10 +180,15 @@ def build_with_paddleocr(arch: dict, src: str | Path) -> nn.Layer:
     stride-2 activations dropped, so that its ``state_dict`` holds the shipped tensors and nothing else
     (under :func:`paddleocr_name`)."""
     src = str(Path(src).resolve())
-    if src not in sys.path:
+    added = src not in sys.path
+    if added:  # on the path for this import only: the caller's sys.path is left as it was
         sys.path.insert(0, src)
-    from ppocr.modeling.architectures import build_model
-    from ppocr.modeling.backbones.rec_lcnetv3 import LearnableRepLayer
+    try:
+        from ppocr.modeling.architectures import build_model
+        from ppocr.modeling.backbones.rec_lcnetv3 import LearnableRepLayer
+    finally:
+        if added and src in sys.path:
+            sys.path.remove(src)
 
     model = build_model(dict(arch))
     for layer in model.sublayers():
