@@ -274,4 +274,3 @@ def main(argv: list[str] | None = None) -> int:
     if returncode:
         print(f"ampsafe run: the command exited with status {returncode}", flush=True)
     return returncode
-
