@@ -72,6 +72,7 @@ class SELayer(nn.Module):
         self.conv2 = nn.Conv2d(channels // reduction, channels, 1)
 
     def gate(self, x):
+        """The excitation's squashing: torch's hardsigmoid (slope 1/6), Paddle's in the backbone."""
         return F.hardsigmoid(x)
 
     def forward(self, x):
