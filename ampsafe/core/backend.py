@@ -311,14 +311,14 @@ class Site(Protocol):
     def when_imported(self, name: str, callback: Callable) -> None:
         """``callback(module)`` right after module ``name`` is imported (now if it is)."""
 
-    def scaler_class(self, base: type, framework: str, **how) -> type:
-        """The class put in place of ``framework``'s GradScaler: ``base`` with the run's floor as defaults
-        (``defaults``), told ``scale``, ``guards``, ``steps``, ``map_device``, ``replaces``."""
+    def scaler_class(self, base: type, backend, **how) -> type:
+        """The class put in place of ``backend``'s GradScaler: ``base`` with the run's floor as defaults (named
+        by ``backend.amp.scaler_args``), told ``scale``, ``guards``, ``steps``, ``map_device``, ``replaces``."""
 
     def shim(self, cls: type, replaces: type | None) -> type:
         """Another spelling of :meth:`scaler_class`'s class, answering ``isinstance`` for ``replaces``."""
 
-    def step_guard(self, backend, finite: Callable, offenders: Callable) -> Any:
+    def step_guard(self, backend, offenders: Callable) -> Any:
         """The FP32 guard of ``backend``'s optimizers (``ampsafe.run.guard.StepGuard``) with the run's options."""
 
     def target_hook(self, where: str, policy: str) -> Any:

@@ -73,12 +73,10 @@ def _swap_scalers(options, ledger, site) -> None:
     except ImportError as exc:  # what a broken Paddle install looks like: training goes on with Paddle's scaler
         site.say(f"paddle.amp.GradScaler left as is: ampsafe.paddle.scaler unavailable ({exc})")
         return
-    name = BACKEND.name
     native = sys.modules.get("paddle.amp.grad_scaler")
     scaler = site.scaler_class(
         GradScaler,
-        name,
-        defaults=options.scaler_kwargs(BACKEND.amp.scaler_args),
+        BACKEND,
         scale=GradScaler.get_loss_scaling,
         guards=lambda s: s._guard or s.is_enable(),  # scaling, or ampsafe's own FP32 guard mode
         steps=("step", "minimize"),
@@ -104,10 +102,7 @@ def _guard_optimizers(ledger, site) -> None:
 
     from .grads import nonfinite_params
 
-    def finite(optimizer, loss) -> bool:
-        return BACKEND.tensors.grads_finite(BACKEND.optimizer_params(optimizer), loss)
-
-    guard = site.step_guard(BACKEND, finite, nonfinite_params)
+    guard = site.step_guard(BACKEND, nonfinite_params)
     guard.training = lambda model: model.training and paddle.is_grad_enabled()
 
     def no_loss(args, kwargs):

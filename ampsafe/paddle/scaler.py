@@ -23,6 +23,7 @@ hysteresis.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import defaultdict, deque
 from typing import Any, Callable, Optional
@@ -472,6 +473,20 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
 _STATIC_NOTE = {"said": False}
 
 
+# where paddle.amp.AmpScaler's constructor differs from its GradScaler's: two defaults
+_AMP_SCALER_DEFAULTS = {"init_loss_scaling": 2.0**15, "incr_every_n_steps": 1000}
+
+
+def _amp_signature() -> inspect.Signature:
+    """``AmpScaler.__init__``'s: :class:`GradScaler`'s positional parameters under :data:`_AMP_SCALER_DEFAULTS`,
+    then ``**kwargs`` (ampsafe's keyword-only options, passed through)."""
+    params = [
+        p for p in inspect.signature(GradScaler.__init__).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    params = [p.replace(default=_AMP_SCALER_DEFAULTS.get(p.name, p.default)) for p in params]
+    return inspect.Signature([*params, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+
+
 def amp_scaler(base: type) -> type:
     """``base`` (ampsafe's GradScaler or a subclass) with ``paddle.amp.AmpScaler``'s defaults
     (``init_loss_scaling=2**15``, ``incr_every_n_steps=1000``): what a script that builds an ``AmpScaler`` gets.
@@ -482,30 +497,17 @@ def amp_scaler(base: type) -> type:
         scaler = AmpScaler(init_loss_scaling=1024)   # scale / minimize as Paddle's AmpScaler
     """
 
+    signature = _amp_signature()
+
     class AmpScaler(base):
         """ampsafe's scaler with ``paddle.amp.AmpScaler``'s signature and defaults."""
 
-        def __init__(
-            self,
-            enable: bool = True,
-            init_loss_scaling: float = 2.0**15,
-            incr_ratio: float = 2.0,
-            decr_ratio: float = 0.5,
-            incr_every_n_steps: int = 1000,
-            decr_every_n_nan_or_inf: int = 1,
-            use_dynamic_loss_scaling: bool = True,
-            **kwargs: Any,
-        ) -> None:
-            super().__init__(
-                enable,
-                init_loss_scaling,
-                incr_ratio,
-                decr_ratio,
-                incr_every_n_steps,
-                decr_every_n_nan_or_inf,
-                use_dynamic_loss_scaling,
-                **kwargs,
-            )
+        def __init__(self, *args, **kwargs) -> None:
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            super().__init__(*bound.args[1:], **bound.kwargs)
+
+        __init__.__signature__ = signature
 
     AmpScaler.__module__ = base.__module__
     return AmpScaler

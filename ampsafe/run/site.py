@@ -47,20 +47,26 @@ class RunSite:
         """``callback(module)`` right after module ``name`` is imported (now if it is)."""
         self.session.finder.when_imported(name, callback)
 
-    def scaler_class(self, base: type, framework: str, **how) -> type:
-        """The class the run puts in place of ``framework``'s GradScaler: see
-        :func:`~ampsafe.run.scaler_class.with_floor`; each scaler it builds is tracked by the current session."""
-        return with_floor(base, framework, built=self._built, reloaded=self._reloaded, **how)
+    def scaler_class(self, base: type, backend, **how) -> type:
+        """The class the run puts in place of ``backend``'s GradScaler: see
+        :func:`~ampsafe.run.scaler_class.with_floor`, with the run's floor under the argument names of
+        ``backend.amp.scaler_args``; each scaler it builds is tracked by the current session."""
+        defaults = self.session.options.scaler_kwargs(backend.amp.scaler_args)
+        return with_floor(base, backend.name, defaults, built=self._built, reloaded=self._reloaded, **how)
 
     def shim(self, cls: type, replaces: type | None) -> type:
         """Another spelling built on :meth:`scaler_class`'s class (``torch.cuda.amp``'s, Paddle's ``AmpScaler``):
         its type claims ``ampsafe.auto``, ``isinstance`` answers for ``replaces``."""
         return shim(cls, replaces)
 
-    def step_guard(self, backend, finite: Callable, offenders: Callable):
+    def step_guard(self, backend, offenders: Callable):
         """The FP32 guard of ``backend``'s optimizers (:class:`~ampsafe.run.guard.StepGuard`), with the run's
-        options; it records the optimizer classes it wraps in the run's ledger."""
+        options; it records the optimizer classes it wraps in the run's ledger. A step goes ahead when the loss
+        and every gradient the optimizer updates are finite (``backend.tensors.grads_finite``, one host sync)."""
         from .guard import StepGuard
+
+        def finite(optimizer, loss) -> bool:
+            return backend.tensors.grads_finite(backend.optimizer_params(optimizer), loss)
 
         options = self.session.options
         guard = StepGuard(

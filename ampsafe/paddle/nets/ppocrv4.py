@@ -27,7 +27,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .backbones import ConvBNAct, make_divisible
+from ...workloads.ppocrv4 import network
+from .backbones import ConvBNAct
 from .dbnet import DBNet
 from .heads import DBHead
 from .paddleocr_necks import RSEFPN
@@ -43,16 +44,8 @@ __all__ = [
     "run_inference",
 ]
 
-# stage -> (kernel, in channels, out channels, stride, squeeze-excite) at scale 1, PPLCNetV3's detection layout
-_STAGES = {
-    "blocks2": [(3, 16, 32, 1, False)],
-    "blocks3": [(3, 32, 64, 2, False), (3, 64, 64, 1, False)],
-    "blocks4": [(3, 64, 128, 2, False), (3, 128, 128, 1, False)],
-    "blocks5": [(3, 128, 256, 2, False)] + [(5, 256, 256, 1, False)] * 4,
-    "blocks6": [(5, 256, 512, 2, True), (5, 512, 512, 1, True), (5, 512, 512, 1, False), (5, 512, 512, 1, False)],
-}
-# channels of the 1x1 convs that turn stages 3-6 into the four neck inputs, at scale 1
-_NECK_INPUTS = (16, 24, 56, 480)
+# DBHead's threshold branch, which the export does not ship (it keeps its initialization)
+NOT_SHIPPED = network.NOT_SHIPPED
 
 
 def _add_scalar(layer: nn.Layer, name: str, value: float) -> None:
@@ -72,7 +65,7 @@ class LearnableHardswish(nn.Layer):
         return self.scale * F.hardswish(x) + self.bias
 
 
-class RepConv(nn.Layer):
+class RepConv(network.RepForward, nn.Layer):
     """A re-parameterized learnable rep layer: ``reparam_conv`` (with bias), affine ``w``/``b``, and at stride 1
     a :class:`LearnableHardswish` (``activation``). The branches it was fused from are gone: what runs at
     inference, and what fine-tuning the shipped model trains, is this."""
@@ -86,10 +79,6 @@ class RepConv(nn.Layer):
         _add_scalar(self, "w", 1.0)
         _add_scalar(self, "b", 0.0)
         self.activation = LearnableHardswish() if stride != 2 else None
-
-    def forward(self, x):
-        x = self.w * self.reparam_conv(x) + self.b
-        return x if self.activation is None else self.activation(x)
 
 
 class SELayer(nn.Layer):
@@ -105,7 +94,7 @@ class SELayer(nn.Layer):
         return x * F.hardsigmoid(self.conv2(F.relu(self.conv1(self.avg_pool(x)))))
 
 
-class LCNetV3Block(nn.Layer):
+class LCNetV3Block(network.BlockForward, nn.Layer):
     """Depthwise rep layer (``dw_conv``), optional squeeze-excite (``se``), pointwise rep layer (``pw_conv``)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int, use_se: bool):
@@ -114,50 +103,27 @@ class LCNetV3Block(nn.Layer):
         self.se = SELayer(in_channels) if use_se else None
         self.pw_conv = RepConv(in_channels, out_channels, 1)
 
-    def forward(self, x):
-        x = self.dw_conv(x)
-        if self.se is not None:
-            x = self.se(x)
-        return self.pw_conv(x)
 
-
-class PPLCNetV3Det(nn.Layer):
+class PPLCNetV3Det(network.BackboneForward, nn.Layer):
     """PPLCNetV3 for detection, re-parameterized: stem conv + BN, stages 2-6, and ``layer_list``: four 1x1 convs
     (with bias) that give the neck its inputs from stages 3, 4, 5 and 6 (strides 4, 8, 16, 32)."""
 
     def __init__(self, scale: float = 0.75, in_channels: int = 3, **_ignored):
         super().__init__()
-
-        def width(channels: int) -> int:
-            return make_divisible(channels * scale, 16)
-
-        self.conv1 = ConvBNAct(in_channels, width(16), 3, stride=2, padding=1)
-        for stage, rows in _STAGES.items():
-            blocks = [LCNetV3Block(width(cin), width(cout), k, s, se) for k, cin, cout, s, se in rows]
-            setattr(self, stage, nn.Sequential(*blocks))
-        stage_out = [width(_STAGES[stage][-1][2]) for stage in ("blocks3", "blocks4", "blocks5", "blocks6")]
-        self.out_channels = [int(c * scale) for c in _NECK_INPUTS]
-        self.layer_list = nn.LayerList([nn.Conv2D(cin, cout, 1) for cin, cout in zip(stage_out, self.out_channels)])
-
-    def forward(self, x):
-        x = self.blocks2(self.conv1(x))
-        features = []
-        for stage in (self.blocks3, self.blocks4, self.blocks5, self.blocks6):
-            x = stage(x)
-            features.append(x)
-        return [conv(f) for conv, f in zip(self.layer_list, features)]
+        self.conv1 = ConvBNAct(in_channels, network.width(16, scale), 3, stride=2, padding=1)
+        for stage, rows in network.backbone_stages(scale).items():
+            setattr(self, stage, nn.Sequential(*[LCNetV3Block(cin, cout, k, s, se) for k, cin, cout, s, se in rows]))
+        convs = network.neck_inputs(scale)
+        self.out_channels = [cout for _, cout in convs]
+        self.layer_list = nn.LayerList([nn.Conv2D(cin, cout, 1) for cin, cout in convs])
 
 
 def build_det_model(arch: dict) -> DBNet:
     """The project's own PP-OCRv4 det network from an ``Architecture`` section (PPLCNetV3 + RSEFPN + DBHead)."""
-    parts = {part: dict(arch[part]) for part in ("Backbone", "Neck", "Head")}
-    for part, name in (("Backbone", "PPLCNetV3"), ("Neck", "RSEFPN"), ("Head", "DBHead")):
-        if parts[part].pop("name", None) != name:
-            raise ValueError(f"Architecture.{part} must be {name} for the PP-OCRv4 det network, got {arch[part]}")
-    backbone = PPLCNetV3Det(scale=parts["Backbone"].get("scale", 0.75))
-    neck = RSEFPN(backbone.out_channels, parts["Neck"]["out_channels"], shortcut=parts["Neck"].get("shortcut", True))
-    head = DBHead(neck.out_channels, k=parts["Head"].get("k", 50))
-    return DBNet(backbone, neck, head)
+    spec = network.det_spec(arch)
+    backbone = PPLCNetV3Det(scale=spec.scale)
+    neck = RSEFPN(backbone.out_channels, spec.neck_channels, shortcut=spec.shortcut)
+    return DBNet(backbone, neck, DBHead(neck.out_channels, k=spec.k))
 
 
 _PADDLEOCR_NAMES = (
@@ -199,25 +165,16 @@ def build_with_paddleocr(arch: dict, src: str | Path) -> nn.Layer:
     return model
 
 
-# DBHead's threshold branch only feeds the training loss: the inference export drops it, so it is not shipped
-NOT_SHIPPED = ("head.thresh.",)
-
-
 def load_params(model: nn.Layer, params: dict[str, np.ndarray], *, rename=None) -> list[str]:
-    """Copy the shipped tensors into ``model`` by name (``rename`` maps a shipped name to the model's). Every
-    shipped tensor must be used, with the same shape, and every tensor of the model shipped except DBHead's
-    threshold branch (:data:`NOT_SHIPPED`), which keeps its initialization. Returns the names left as they were."""
+    """Copy the shipped tensors into ``model`` by name (``rename`` maps a shipped name to the model's), once
+    :func:`~ampsafe.workloads.ppocrv4.network.check_fit` finds they fit. Returns the names left as they were."""
     rename = rename or (lambda name: name)
     wanted = {rename(name): array for name, array in params.items()}
     state = model.state_dict()
-    unshipped = sorted(set(state) - set(wanted))
-    missing = [name for name in unshipped if not name.startswith(NOT_SHIPPED)]
-    unused = sorted(set(wanted) - set(state))
-    if missing or unused:
-        raise ValueError(f"shipped tensors do not fit the model: missing {missing[:5]}, unused {unused[:5]}")
+    unshipped = network.check_fit(
+        {name: tuple(t.shape) for name, t in state.items()}, {n: a.shape for n, a in wanted.items()}
+    )
     for name, array in wanted.items():
-        if tuple(state[name].shape) != array.shape:
-            raise ValueError(f"{name}: model shape {tuple(state[name].shape)}, shipped {array.shape}")
         state[name].set_value(array.astype(np.float32))
     return unshipped
 

@@ -18,24 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...workloads.ppocrv4 import network
+
 __all__ = ["PPLCNetV3Det", "RSEFPN", "DBHead", "DBLoss", "PPOCRv4Det", "build_det_model", "load_params", "NOT_SHIPPED"]
 
-# stage -> (kernel, in channels, out channels, stride, squeeze-excite) at scale 1, PPLCNetV3's detection layout
-_STAGES = {
-    "blocks2": [(3, 16, 32, 1, False)],
-    "blocks3": [(3, 32, 64, 2, False), (3, 64, 64, 1, False)],
-    "blocks4": [(3, 64, 128, 2, False), (3, 128, 128, 1, False)],
-    "blocks5": [(3, 128, 256, 2, False)] + [(5, 256, 256, 1, False)] * 4,
-    "blocks6": [(5, 256, 512, 2, True), (5, 512, 512, 1, True), (5, 512, 512, 1, False), (5, 512, 512, 1, False)],
-}
-_NECK_INPUTS = (16, 24, 56, 480)
-# DBHead's threshold branch only feeds the training loss: the inference export drops it, so it is not shipped
-NOT_SHIPPED = ("head.thresh.",)
-
-
-def _divisible16(value: float) -> int:
-    rounded = max(16, int(value + 8) // 16 * 16)
-    return rounded + 16 if rounded < 0.9 * value else rounded
+# DBHead's threshold branch, which the export does not ship (it keeps its initialization)
+NOT_SHIPPED = network.NOT_SHIPPED
 
 
 def _scalar(value: float) -> nn.Parameter:
@@ -65,7 +53,7 @@ class LearnableHardswish(nn.Module):
         return self.scale * F.hardswish(x) + self.bias
 
 
-class RepConv(nn.Module):
+class RepConv(network.RepForward, nn.Module):
     """A re-parameterized learnable rep layer: ``reparam_conv``, affine ``w``/``b``, and at stride 1 ``activation``."""
 
     def __init__(self, cin: int, cout: int, kernel_size: int, stride: int = 1, groups: int = 1):
@@ -73,10 +61,6 @@ class RepConv(nn.Module):
         self.reparam_conv = nn.Conv2d(cin, cout, kernel_size, stride, (kernel_size - 1) // 2, groups=groups)
         self.w, self.b = _scalar(1.0), _scalar(0.0)
         self.activation = LearnableHardswish() if stride != 2 else None
-
-    def forward(self, x):
-        x = self.w * self.reparam_conv(x) + self.b
-        return x if self.activation is None else self.activation(x)
 
 
 class SELayer(nn.Module):
@@ -87,62 +71,41 @@ class SELayer(nn.Module):
         self.conv1 = nn.Conv2d(channels, channels // reduction, 1)
         self.conv2 = nn.Conv2d(channels // reduction, channels, 1)
 
+    def gate(self, x):
+        """The excitation's squashing: torch's hardsigmoid (slope 1/6), Paddle's in the backbone."""
+        return F.hardsigmoid(x)
+
     def forward(self, x):
-        return x * F.hardsigmoid(self.conv2(F.relu(self.conv1(F.adaptive_avg_pool2d(x, 1)))))
+        return x * self.gate(self.conv2(F.relu(self.conv1(F.adaptive_avg_pool2d(x, 1)))))
 
 
-class LCNetV3Block(nn.Module):
+class LCNetV3Block(network.BlockForward, nn.Module):
     def __init__(self, cin: int, cout: int, kernel_size: int, stride: int, use_se: bool):
         super().__init__()
         self.dw_conv = RepConv(cin, cin, kernel_size, stride, groups=cin)
         self.se = SELayer(cin) if use_se else None
         self.pw_conv = RepConv(cin, cout, 1)
 
-    def forward(self, x):
-        x = self.dw_conv(x)
-        if self.se is not None:
-            x = self.se(x)
-        return self.pw_conv(x)
 
-
-class PPLCNetV3Det(nn.Module):
+class PPLCNetV3Det(network.BackboneForward, nn.Module):
     """Stem, stages 2-6, and ``layer_list``: the four 1x1 convs giving the neck its inputs (strides 4 to 32)."""
 
     def __init__(self, scale: float = 0.75):
         super().__init__()
-
-        def width(channels: int) -> int:
-            return _divisible16(channels * scale)
-
-        self.conv1 = ConvBN(3, width(16), 3, 2)
-        for stage, rows in _STAGES.items():
-            setattr(
-                self, stage, nn.Sequential(*[LCNetV3Block(width(i), width(o), k, s, se) for k, i, o, s, se in rows])
-            )
-        stage_out = [width(_STAGES[stage][-1][2]) for stage in ("blocks3", "blocks4", "blocks5", "blocks6")]
-        self.out_channels = [int(c * scale) for c in _NECK_INPUTS]
-        self.layer_list = nn.ModuleList([nn.Conv2d(i, o, 1) for i, o in zip(stage_out, self.out_channels)])
-
-    def forward(self, x):
-        x = self.blocks2(self.conv1(x))
-        features = []
-        for stage in (self.blocks3, self.blocks4, self.blocks5, self.blocks6):
-            x = stage(x)
-            features.append(x)
-        return [conv(f) for conv, f in zip(self.layer_list, features)]
+        self.conv1 = ConvBN(3, network.width(16, scale), 3, 2)
+        for stage, rows in network.backbone_stages(scale).items():
+            setattr(self, stage, nn.Sequential(*[LCNetV3Block(i, o, k, s, se) for k, i, o, s, se in rows]))
+        convs = network.neck_inputs(scale)
+        self.out_channels = [cout for _, cout in convs]
+        self.layer_list = nn.ModuleList([nn.Conv2d(cin, cout, 1) for cin, cout in convs])
 
 
-class SEModule(nn.Module):
-    """The neck's squeeze-excite: gate ``clip(0.2 x + 0.5, 0, 1)`` (Paddle's hardsigmoid at slope 0.2)."""
+class SEModule(SELayer):
+    """The neck's squeeze-excite: the backbone's, gated by ``clip(0.2 x + 0.5, 0, 1)`` (Paddle's hardsigmoid at
+    slope 0.2)."""
 
-    def __init__(self, channels: int, reduction: int = 4):
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels, channels // reduction, 1)
-        self.conv2 = nn.Conv2d(channels // reduction, channels, 1)
-
-    def forward(self, x):
-        gate = self.conv2(F.relu(self.conv1(F.adaptive_avg_pool2d(x, 1))))
-        return x * torch.clamp(0.2 * gate + 0.5, 0.0, 1.0)
+    def gate(self, x):
+        return torch.clamp(0.2 * x + 0.5, 0.0, 1.0)
 
 
 class RSELayer(nn.Module):
@@ -231,12 +194,10 @@ class PPOCRv4Det(nn.Module):
 
 def build_det_model(arch: dict) -> PPOCRv4Det:
     """The network an ``Architecture`` section describes (PPLCNetV3 + RSEFPN + DBHead only)."""
-    for part, name in (("Backbone", "PPLCNetV3"), ("Neck", "RSEFPN"), ("Head", "DBHead")):
-        if arch[part].get("name") != name:
-            raise ValueError(f"Architecture.{part} must be {name} for the PP-OCRv4 det network, got {arch[part]}")
-    backbone = PPLCNetV3Det(scale=arch["Backbone"].get("scale", 0.75))
-    neck = RSEFPN(backbone.out_channels, arch["Neck"]["out_channels"], arch["Neck"].get("shortcut", True))
-    return PPOCRv4Det(backbone, neck, DBHead(neck.out_channels, k=arch["Head"].get("k", 50)))
+    spec = network.det_spec(arch)
+    backbone = PPLCNetV3Det(scale=spec.scale)
+    neck = RSEFPN(backbone.out_channels, spec.neck_channels, spec.shortcut)
+    return PPOCRv4Det(backbone, neck, DBHead(neck.out_channels, k=spec.k))
 
 
 def torch_name(shipped: str) -> str:
@@ -245,19 +206,15 @@ def torch_name(shipped: str) -> str:
 
 
 def load_params(model: nn.Module, params: dict[str, np.ndarray]) -> list[str]:
-    """Copy the shipped tensors into ``model``; every one must be used, and every tensor of the model shipped but
-    DBHead's threshold branch and BatchNorm's batch counters. Returns the names left as they were."""
-    state = model.state_dict()
+    """Copy the shipped tensors into ``model``, once :func:`~ampsafe.workloads.ppocrv4.network.check_fit` finds
+    they fit (BatchNorm's batch counters aside). Returns the names left as they were."""
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     wanted = {torch_name(name): torch.from_numpy(np.asarray(a, dtype=np.float32)) for name, a in params.items()}
-    unshipped = sorted(k for k in set(state) - set(wanted) if not k.endswith("num_batches_tracked"))
-    missing = [name for name in unshipped if not name.startswith(NOT_SHIPPED)]
-    unused = sorted(set(wanted) - set(state))
-    if missing or unused:
-        raise ValueError(f"shipped tensors do not fit the model: missing {missing[:5]}, unused {unused[:5]}")
+    unshipped = network.check_fit(
+        {name: tuple(t.shape) for name, t in state.items()}, {n: tuple(v.shape) for n, v in wanted.items()}
+    )
     with torch.no_grad():
         for name, value in wanted.items():
-            if state[name].shape != value.shape:
-                raise ValueError(f"{name}: model shape {tuple(state[name].shape)}, shipped {tuple(value.shape)}")
             state[name].copy_(value)
     return unshipped
 

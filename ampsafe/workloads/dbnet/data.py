@@ -16,6 +16,8 @@ import numpy as np
 import pyclipper
 from shapely.geometry import Polygon
 
+from ..imagenet import IMAGE_MEAN, IMAGE_STD, normalize_chw
+
 __all__ = [
     "IMAGE_MEAN",
     "IMAGE_STD",
@@ -30,8 +32,6 @@ __all__ = [
     "sample_rng",
 ]
 
-IMAGE_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-IMAGE_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 _FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_TRIPLEX, cv2.FONT_HERSHEY_COMPLEX)
 _LETTERS = string.ascii_letters + string.digits
 TRAIN_STREAM, EVAL_STREAM = 0, 1
@@ -206,7 +206,7 @@ def synth_text_image(rng: np.random.Generator, size: int = 128, max_words: int =
 
 def normalize_image(image: np.ndarray) -> np.ndarray:
     """uint8 HWC -> float32 CHW, scaled by 1/255 and ImageNet mean/std (PaddleOCR's NormalizeImage)."""
-    return ((image.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD).transpose(2, 0, 1).copy()
+    return normalize_chw(image)
 
 
 def make_sample(rng: np.random.Generator, size: int = 128) -> dict:

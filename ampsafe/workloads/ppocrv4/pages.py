@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..imagenet import IMAGE_MEAN, IMAGE_STD, normalize_chw
+
 __all__ = [
     "Page",
     "IMAGE_MEAN",
@@ -40,9 +42,6 @@ __all__ = [
     "write_pages",
 ]
 
-# PaddleOCR's NormalizeImage (ImageNet statistics, scale 1/255), applied to the BGR image DecodeImage returns
-IMAGE_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-IMAGE_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 TRAIN_STREAM, HELD_OUT_STREAM = 0, 1
 FONTS = (
     "DejaVuSans.ttf",
@@ -174,8 +173,7 @@ def _set_line(draw, rng, font, stroke: int, ink, y: int, margin: int, width: int
 def normalize(image: np.ndarray) -> np.ndarray:
     """(3, H, W) float32 as PaddleOCR's det pipeline feeds the network: DecodeImage's BGR order, /255, ImageNet
     mean and std (NormalizeImage, applied to the BGR channels as upstream applies them), CHW (ToCHWImage)."""
-    bgr = np.asarray(image, dtype=np.float32)[..., ::-1] / 255.0
-    return np.ascontiguousarray(((bgr - IMAGE_MEAN) / IMAGE_STD).transpose(2, 0, 1), dtype=np.float32)
+    return normalize_chw(np.asarray(image)[..., ::-1])
 
 
 def label_line(path: str, boxes: list[dict]) -> str:
