@@ -403,8 +403,10 @@ class Site(Protocol):
     def shim(self, cls: type, replaces: type | None) -> type:
         """Another spelling of :meth:`scaler_class`'s class, answering ``isinstance`` for ``replaces``."""
 
-    def step_guard(self, backend, finite: Callable, offenders: Callable) -> Any:
-        """The FP32 guard of ``backend``'s optimizers (``ampsafe.run.guard.StepGuard``) with the run's options."""
+    def step_guard(self, backend, offenders: Callable) -> Any:
+        """The FP32 guard of ``backend``'s optimizers (``ampsafe.run.guard.StepGuard``) with the run's options: it
+        skips a step by ``backend.tensors.grads_finite``, as ``watch(guard=True)`` does; ``offenders(optimizer)``
+        names the parameters whose gradients are not finite."""
 
     def target_hook(self, where: str, policy: str) -> Any:
         """A target check of one detection entry point (``ampsafe.run.targets.TargetHook``), counted in the

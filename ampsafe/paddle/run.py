@@ -104,10 +104,7 @@ def _guard_optimizers(ledger, site) -> None:
 
     from .grads import nonfinite_params
 
-    def finite(optimizer, loss) -> bool:
-        return BACKEND.tensors.grads_finite(BACKEND.optimizer_params(optimizer), loss)
-
-    guard = site.step_guard(BACKEND, finite, nonfinite_params)
+    guard = site.step_guard(BACKEND, nonfinite_params)
     guard.training = lambda model: model.training and paddle.is_grad_enabled()
 
     def no_loss(args, kwargs):

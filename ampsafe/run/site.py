@@ -57,7 +57,7 @@ class RunSite:
         its type claims ``ampsafe.auto``, ``isinstance`` answers for ``replaces``."""
         return shim(cls, replaces)
 
-    def step_guard(self, backend, finite: Callable, offenders: Callable):
+    def step_guard(self, backend, offenders: Callable):
         """The FP32 guard of ``backend``'s optimizers (:class:`~ampsafe.run.guard.StepGuard`), with the run's
         options; it records the optimizer classes it wraps in the run's ledger."""
         from .guard import StepGuard
@@ -65,7 +65,6 @@ class RunSite:
         options = self.session.options
         guard = StepGuard(
             backend,
-            finite,
             offenders,
             max_skips=options.max_skips,
             watch=options.watch,

@@ -91,11 +91,6 @@ def _swap_scalers(options, ledger, site, map_device) -> None:
     site.say(f"torch / torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
 
 
-def _finite(optimizer, loss) -> bool:
-    """The loss and every gradient the optimizer updates finite, read-only, one host sync."""
-    return BACKEND.tensors.grads_finite(BACKEND.optimizer_params(optimizer), loss)
-
-
 def _closure_of(args, kwargs):
     """``step(closure)`` / ``step(closure=...)``; ``step(None)`` is a plain step (accelerate's)."""
     closure = args[0] if args else kwargs.get("closure")
@@ -109,7 +104,7 @@ def _guard_optimizers(ledger, site) -> None:
     from .callhooks import TOP_CALLS
     from .grads import nonfinite_params
 
-    guard = site.step_guard(BACKEND, _finite, nonfinite_params)
+    guard = site.step_guard(BACKEND, nonfinite_params)
     # an optimizer's forward: train mode with autograd on (eval(), no_grad and inference_mode forwards are not)
     guard.training = lambda model: model.training and torch.is_grad_enabled()
     guard.is_loss = lambda value: isinstance(value, torch.Tensor)
