@@ -240,11 +240,12 @@ def test_backend_implements_every_member_the_protocol_lists(framework):
 
 # -- what a framework writes ---------------------------------------------------------------------------------------
 # The members each framework's adapter classes define, part by part (the rest is written once in core: BackendBase,
-# TensorsBase, AmpBase, SwapsBase, core.record, WatchBase, the scaler bases). A new framework writes at least what
+# TensorsBase, AmpBase, SwapsBase, TraceHooksBase, WatchBase, the scaler bases). A new framework writes at least what
 # both frameworks write (REQUIRED_AT_MOST bounds it); each framework's own total may not grow past its line here.
-# The goal is 50; what stands between: one member per tensor fact (Tensors), the tracer's interception (TraceHooks).
-WRITTEN_AT_MOST = {"torch": 66, "paddle": 65}
-REQUIRED_AT_MOST = 62
+# The goal was 50 per framework; today (torch / Paddle): Backend 10 / 9, Tensors 11 / 8, Amp 7 / 9, Swaps 9 / 10,
+# TraceHooks 6 / 8, Watch 4 / 4, GradScaler 2 / 2.
+WRITTEN_AT_MOST = {"torch": 49, "paddle": 50}
+REQUIRED_AT_MOST = 44
 
 
 def _abstract(cls) -> set[str]:
@@ -281,7 +282,7 @@ def _written(framework: str) -> dict[str, set[str]]:
         "Amp": (type(backend.amp), _protocol_members(Amp)),
         "Swaps": (type(backend.swaps), _protocol_members(Swaps) | _abstract(type(backend.swaps))),
         "TraceHooks": (type(hooks), _protocol_members(TraceHooks)),
-        "Watch": (backend._package()[1], _abstract(WatchBase)),
+        "Watch": (backend._package().watch, _abstract(WatchBase)),
         "GradScaler": (scaler, _abstract(scaler)),
     }
     out = {}
@@ -302,4 +303,5 @@ def test_a_framework_writes_few_members_and_the_count_does_not_grow():
         )
     required = sum(len(written["torch"][part] & written["paddle"][part]) for part in written["torch"])
     assert required <= REQUIRED_AT_MOST, f"a new framework writes {required} members"
-    assert {"is_float", "grads_finite"} <= written["paddle"]["Tensors"]  # the count sees what it should
+    assert {"lib", "grads_finite"} <= written["paddle"]["Tensors"]  # the count sees what it should
+    assert {"state_slots", "_package"} <= written["torch"]["Backend"]

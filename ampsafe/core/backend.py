@@ -7,7 +7,8 @@ once, in its adapter package (``ampsafe.torch.backend.TorchBackend``, ``ampsafe.
 Pure Python: importing it imports neither torch nor paddle.
 
 What a new framework supplies: one package ``ampsafe/<name>/`` whose ``backend.py`` defines one Backend class (a
-subclass of :class:`BackendBase`, which writes the members that follow from the others) with its named parts:
+subclass of :class:`BackendBase`, which writes the members that follow from the others) with its named parts, each
+named once in its ``_package()`` (a :class:`Package`):
 
 - ``backend.tensors``: a :class:`Tensors` (``<name>/tensors.py``, a subclass of :class:`TensorsBase`), every
   tensor fact the tracer, the watcher and the heal read;
@@ -23,24 +24,32 @@ from __future__ import annotations
 
 import gc
 import math
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from functools import cached_property
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Any, NamedTuple, Protocol
 
 from . import amp as levels
-from .graph import Graph
+from .graph import MASK_LIMIT, Graph
 from .swaps import Swaps
 
-__all__ = ["Backend", "BackendBase", "Tensors", "TensorsBase", "Amp", "AmpBase", "Site", "owner_of", "live_roots"]
+__all__ = ["Backend", "BackendBase", "Package", "Tensors", "TensorsBase", "WeakIds", "Amp", "AmpBase", "Site"]
+__all__ += ["NORM_STAT_NAMES", "owner_of", "live_roots"]
 
 
 class Tensors(Protocol):
     """Every fact about one framework's tensors that ampsafe's shared logic reads: the tracer's recorder
     (:mod:`ampsafe.core.record`), the watcher (:mod:`ampsafe.core.watcher`) and the heal. ``backend.tensors``;
-    stateless. The nested walks (``leaves`` and the two filtered ones) are written once in :class:`TensorsBase`."""
+    stateless. The nested walks (``leaves`` and the two filtered ones), and every fact the framework's module
+    answers in the spelling torch and Paddle share (``lib.Tensor``, ``lib.maximum``, ...), are written once in
+    :class:`TensorsBase`."""
 
+    lib: ModuleType  # the framework's top module (``torch``, ``paddle``): the base reads the shared spellings there
     tensor_type: type  # isinstance check for "a tensor of this framework"
+    # |x| at or past it on the negative side is a mask's fill value: :meth:`lane_abs_max` leaves such lanes out
+    mask_limit: float
 
     # -- nests
     def leaves(self, obj) -> list:
@@ -106,6 +115,10 @@ class Tensors(Protocol):
     def to_floats(self, scalars: list) -> list[float]:
         """Host values of 0-d float32 device tensors, in one sync."""
 
+    def assign(self, targets: list, values: list) -> None:
+        """Write each of ``values`` into the tensor of ``targets`` beside it, in place, outside autograd: a snapshot's
+        restore and a statistics reset keep the tensor objects the model (and an optimizer) hold."""
+
     # -- autograd
     def no_grad(self) -> ContextManager:
         """Measurements made inside are no part of the model's autograd graph."""
@@ -121,10 +134,29 @@ class Tensors(Protocol):
 
 
 class TensorsBase:
-    """The :class:`Tensors` members written once: the nested walks over the framework's ``tensor_type``,
-    ``is_float`` and ``checkable``, and the facts that hold unless a framework says otherwise."""
+    """The :class:`Tensors` members written once: the nested walks over the framework's ``tensor_type``, the facts
+    its module ``lib`` spells as torch and Paddle both do (``lib.Tensor``, ``lib.is_floating_point``,
+    ``lib.isfinite``, ``lib.maximum``, ``lib.stack``, ``lib.no_grad``, ``Tensor.to(dtype)``, ``Tensor.detach()``),
+    and the facts that hold unless a framework says otherwise. A framework whose module spells one otherwise, or
+    that has a faster way, writes that member."""
 
-    tensor_type: type = object
+    lib: ModuleType
+    mask_limit: float = MASK_LIMIT
+
+    @property
+    def tensor_type(self) -> type:
+        return self.lib.Tensor
+
+    @property
+    def no_grad(self) -> Callable[[], ContextManager]:
+        return self.lib.no_grad
+
+    @property
+    def maximum(self) -> Callable:
+        return self.lib.maximum
+
+    def is_float(self, t) -> bool:
+        return self.lib.is_floating_point(t)
 
     def checkable(self, t) -> bool:
         return self.is_float(t)  # a framework whose tensors may hold no values (torch's meta) says so
@@ -132,11 +164,37 @@ class TensorsBase:
     def numel(self, t) -> int:
         return math.prod(self.describe(t)[0])
 
+    def describe(self, t) -> tuple[tuple, str]:
+        return tuple(t.shape), str(t.dtype).removeprefix(f"{self.lib.__name__}.")
+
+    def id_map(self) -> Any:
+        return WeakIds()
+
     def key(self, t) -> int:
         return id(t)  # a framework without a storage pointer: the tensor object
 
     def custom_function(self, t) -> str | None:
         return None  # a tracer that cannot tell a custom Function's outputs apart
+
+    def finite(self, t) -> bool:
+        return self.numel(t) == 0 or bool(self.lib.isfinite(t).all())
+
+    def to_numpy(self, t):
+        if not isinstance(t, self.tensor_type) or not self.is_float(t):
+            return None
+        return t.detach().to(self.lib.float32).cpu().numpy()
+
+    def abs_max(self, t):
+        """Two reductions, no full-size ``|t|`` temporary."""
+        m = self.maximum(t.max(), -t.min())
+        return m if m.dtype == self.lib.float32 else m.to(self.lib.float32)
+
+    def lane_abs_max(self, t):
+        t = t.detach()
+        return self.abs_max(self.lib.where(t <= -self.mask_limit, self.lib.zeros_like(t), t))
+
+    def to_floats(self, scalars: list) -> list[float]:
+        return self.to_numpy(self.lib.stack(scalars)).tolist()
 
     def leaves(self, obj) -> list:
         if isinstance(obj, self.tensor_type):
@@ -156,6 +214,28 @@ class TensorsBase:
 
     def checkable_leaves(self, obj) -> list:
         return [t for t in self.leaves(obj) if self.checkable(t)]
+
+
+class WeakIds:
+    """Tensor -> value, keyed by ``id()`` but checked through a weak reference, so a recycled id never aliases:
+    :meth:`Tensors.id_map` for any framework whose tensors take weak references."""
+
+    def __init__(self):
+        self._entries: dict[int, tuple] = {}
+
+    def get(self, t):
+        entry = self._entries.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def __setitem__(self, t, value) -> None:
+        key, entries = id(t), self._entries
+
+        def forget(ref, key=key):
+            entry = entries.get(key)
+            if entry is not None and entry[0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(t, forget), value)
 
 
 class Amp(Protocol):
@@ -200,9 +280,10 @@ class Amp(Protocol):
 
 class AmpBase:
     """The :class:`Amp` members that hold unless a framework says otherwise: ``core.amp``'s levels, spelled as
-    they are, and one island line for every level."""
+    they are, one island line for every level, and a GradScaler taking ampsafe's own argument names."""
 
     island_levels: dict = {}
+    scaler_args: Mapping[str, str] = {"min_scale": "min_scale", "on_floor": "on_floor"}
     check_level = staticmethod(levels.check_level)
 
 
@@ -236,6 +317,10 @@ class Backend(Protocol):
         """The smallest module whose parameters cover ``optimizer``'s (see :func:`owner_of`), or None."""
 
     # -- state a forward may move
+    def state_slots(self, model) -> list[tuple[dict, str, Any]]:
+        """(holder dict, name, tensor) of every tensor :meth:`state_tensors` lists: the slots a forward may rebind
+        or write, which :meth:`snapshot` puts back."""
+
     def state_tensors(self, model) -> list:
         """Buffers plus the normalization statistics the framework keeps elsewhere: the one rule of what a
         forward may change besides activations (Paddle's BatchNorm ``_mean``/``_variance`` are non-trainable
@@ -319,20 +404,38 @@ class Site(Protocol):
         """Another spelling of :meth:`scaler_class`'s class, answering ``isinstance`` for ``replaces``."""
 
     def step_guard(self, backend, offenders: Callable) -> Any:
-        """The FP32 guard of ``backend``'s optimizers (``ampsafe.run.guard.StepGuard``) with the run's options."""
+        """The FP32 guard of ``backend``'s optimizers (``ampsafe.run.guard.StepGuard``) with the run's options: it
+        skips a step by ``backend.tensors.grads_finite``, as ``watch(guard=True)`` does; ``offenders(optimizer)``
+        names the parameters whose gradients are not finite."""
 
     def target_hook(self, where: str, policy: str) -> Any:
         """A target check of one detection entry point (``ampsafe.run.targets.TargetHook``), counted in the
         summary."""
 
 
+class Package(NamedTuple):
+    """The parts of one adapter package, as its Backend's ``_package()`` names them."""
+
+    tensors: Tensors  # ``backend.tensors``
+    amp: Amp  # ``backend.amp``
+    swaps: type  # the Swaps class (``backend.swaps`` is its instance, built with the backend)
+    trace: ModuleType  # the tracer module: ``trace(backend, model, ...)`` and ``trace_hooks(backend, model, ...)``
+    watch: type  # the Watch class: ``Watch(model, backend=..., **options)``
+
+
+# The spellings of a normalization's running statistics (mean, variance), as modules keep them in buffers or in
+# parameters: torch's ``_NormBase`` and the frozen BN variants of torchvision and ppdet (``running_*``), Paddle's
+# BatchNorm (``_mean`` / ``_variance``, non-trainable parameters).
+NORM_STAT_NAMES = (("running_mean", "running_var"), ("_mean", "_variance"))
+
+
 class BackendBase:
     """The :class:`Backend` members written once for every framework: those that follow from its other facts, and
     the hand-over to the rest of the adapter package.
 
-    Subclasses live in ``ampsafe.<name>.backend`` and name their package's tracer module, Watch class and Swaps
-    class in ``_package()`` (plain imports, on first use, so resolving a backend stays cheap). The Backend hands
-    itself to them, so those modules never import ``backend.py``: the package's imports run one way."""
+    Subclasses live in ``ampsafe.<name>.backend`` and name their package's parts in ``_package()`` (a
+    :class:`Package`: plain imports, on first use, so resolving a backend stays cheap). The Backend hands itself to
+    them, so those modules never import ``backend.py``: the package's imports run one way."""
 
     module_type: type = object
 
@@ -359,22 +462,61 @@ class BackendBase:
             if stats is not None:
                 yield path, module, *stats
 
-    def _package(self) -> tuple:
-        """(the trace module, the Watch class, the Swaps class) of the adapter package."""
+    def norm_stats(self, module) -> tuple[Any, Any] | None:
+        held = {**(getattr(module, "_buffers", None) or {}), **(getattr(module, "_parameters", None) or {})}
+        for mean_name, var_name in NORM_STAT_NAMES:
+            mean, var = held.get(mean_name), held.get(var_name)
+            if mean is not None and var is not None:
+                return mean, var
+        return None
+
+    def reset_running_stats(self, mean, var) -> None:
+        lib = self.tensors.lib
+        self.tensors.assign([mean, var], [lib.zeros_like(mean), lib.ones_like(var)])
+
+    def state_tensors(self, model) -> list:
+        return [t for _, _, t in self.state_slots(model)]
+
+    def snapshot(self, model) -> Callable[[], None]:
+        slots = self.state_slots(model)
+        with self.tensors.no_grad():
+            copies = [self.tensors.lib.clone(t) for _, _, t in slots]
+
+        def restore() -> None:
+            for holder, name, t in slots:
+                holder[name] = t
+            self.tensors.assign([t for _, _, t in slots], copies)
+
+        return restore
+
+    def _package(self) -> Package:
+        """The parts of the adapter package."""
         raise NotImplementedError
 
+    @cached_property
+    def _parts(self) -> Package:
+        return self._package()
+
+    @property
+    def tensors(self) -> Tensors:
+        return self._parts.tensors
+
+    @property
+    def amp(self) -> Amp:
+        return self._parts.amp
+
     def trace(self, model, example_inputs, **options) -> Graph:
-        return self._package()[0].trace(self, model, example_inputs, **options)
+        return self._parts.trace.trace(self, model, example_inputs, **options)
 
     def trace_hooks(self, model, *, level: str, target: str):
-        return self._package()[0].trace_hooks(self, model, level=level, target=target)
+        return self._parts.trace.trace_hooks(self, model, level=level, target=target)
 
     def watch(self, model, **options):
-        return self._package()[1](model, backend=self, **options)
+        return self._parts.watch(model, backend=self, **options)
 
     @cached_property
     def swaps(self) -> Swaps:
-        return self._package()[2](self)
+        return self._parts.swaps(self)
 
     # ``ampsafe run``'s hooks: the package's ``run.install``. That module stands above the package's scaler, which
     # holds this Backend, so the registry (``ampsafe._framework``) hands it in rather than this class importing it.

@@ -21,7 +21,7 @@ from ..errors import ConfigError, UnsupportedModelError
 from .backend import Backend, Tensors
 from .graph import START_KINDS, Graph, OpKind, amax_value, path_flags
 
-__all__ = ["TraceHooks", "Recorder", "trace", "preserved"]
+__all__ = ["TraceHooks", "TraceHooksBase", "Recorder", "trace", "preserved"]
 
 _LANE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.OTHER})
 # What a norm written as plain ops (an RMSNorm's ``x.pow(2).mean()``) computes to normalize: float32 statistics of
@@ -54,6 +54,14 @@ class TraceHooks(Protocol):
 
     def backward(self, model, loss, scale: float) -> None:
         """``(loss * scale).backward()`` into fresh ``.grad`` (the user's gradients are put back)."""
+
+
+class TraceHooksBase:
+    """The :class:`TraceHooks` facts that hold unless a tracer says otherwise: it sees every op that makes a
+    tensor, and hooks an op's outputs where they are read."""
+
+    tracks_unseen: bool = False
+    hooks_outputs_when_made: bool = False
 
 
 class Recorder:

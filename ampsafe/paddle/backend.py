@@ -45,8 +45,8 @@ class PaddleAmp(core.AmpBase):
     (``intercept.fp32_region``) also keeps ampsafe's float16 emulators off."""
 
     low_dtypes = LOW_DTYPES
-    # O2's ``paddle.amp.decorate`` casts the parameters to float16, so an island there is applied after it
     scaler_args = {"min_scale": "min_loss_scaling", "on_floor": "on_floor"}  # ampsafe.paddle.GradScaler's names
+    # O2's ``paddle.amp.decorate`` casts the parameters to float16, so an island there is applied after it
     island_levels = {
         "O2": (
             "Paddle O2, after paddle.amp.decorate",
@@ -56,10 +56,6 @@ class PaddleAmp(core.AmpBase):
         )
     }
     in_float32 = staticmethod(intercept.in_fp32_region)
-
-    @staticmethod
-    def check_level(level: str) -> str:
-        return amp_lists.check_level(level)
 
     @staticmethod
     @contextlib.contextmanager
@@ -111,8 +107,6 @@ class PaddleBackend(core.BackendBase):
     """``paddle.nn.Layer`` models."""
 
     module_type = paddle.nn.Layer
-    tensors = TENSORS
-    amp = PaddleAmp()
 
     # -- structure
     def modules(self, model) -> dict:
@@ -137,21 +131,6 @@ class PaddleBackend(core.BackendBase):
         ]
         return slots
 
-    def state_tensors(self, model) -> list:
-        return [t for _, _, t in self.state_slots(model)]
-
-    def snapshot(self, model):
-        slots = self.state_slots(model)
-        copies = [t.clone() for _, _, t in slots]
-
-        def restore() -> None:
-            with paddle.no_grad():
-                for (holder, name, t), saved in zip(slots, copies):
-                    holder[name] = t
-                    t.set_value(saved)
-
-        return restore
-
     def rng_state(self):
         """Paddle's generator, its CUDA one in a CUDA build, NumPy's and Python's ``random`` (ppdet and
         PaddleOCR draw from NumPy)."""
@@ -167,21 +146,6 @@ class PaddleBackend(core.BackendBase):
             random.setstate(py_rng)
 
         return restore
-
-    def norm_stats(self, layer):
-        """(mean, variance) a normalization keeps as running statistics, or None: the one rule (``_mean`` /
-        ``_variance`` as Paddle's BatchNorm keeps them, or ``running_mean`` / ``running_var`` as frozen BN
-        variants in ppdet do; parameters or buffers)."""
-        held = {**(getattr(layer, "_buffers", None) or {}), **(getattr(layer, "_parameters", None) or {})}
-        for names in (("_mean", "_variance"), ("running_mean", "running_var")):
-            mean, var = held.get(names[0]), held.get(names[1])
-            if mean is not None and var is not None:
-                return mean, var
-        return None
-
-    def reset_running_stats(self, mean, var) -> None:
-        mean.set_value(np.zeros(mean.shape, dtype="float32"))
-        var.set_value(np.ones(var.shape, dtype="float32"))
 
     # -- processes
     def all_gather(self, obj) -> list:
@@ -204,11 +168,11 @@ class PaddleBackend(core.BackendBase):
         return module.register_forward_post_hook(hook)
 
     # -- the rest of the adapter package
-    def _package(self):
+    def _package(self) -> core.Package:
         from . import trace, watch
         from .patch import PaddleSwaps
 
-        return trace, watch.Watch, PaddleSwaps
+        return core.Package(TENSORS, PaddleAmp(), PaddleSwaps, trace, watch.Watch)
 
 
 BACKEND = PaddleBackend()

@@ -3,19 +3,15 @@ the tracer, the watcher and the heal read, stated here once."""
 
 from __future__ import annotations
 
-import weakref
-
 import paddle
 
 from ..core.backend import TensorsBase
 from ..core.graph import MASK_LIMIT
 from .grads import unscale_params_
 
-__all__ = ["PaddleTensors", "TENSORS", "FLOATS", "PADDLE_MASK_LIMIT", "LOW_DTYPES"]
+__all__ = ["PaddleTensors", "TENSORS", "PADDLE_MASK_LIMIT", "LOW_DTYPES"]
 
 LOW_DTYPES = (paddle.float16, paddle.bfloat16)  # the low-precision float dtypes AMP computes in
-
-FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
 # Paddle's nn.MultiHeadAttention / TransformerEncoder turn a bool or int attn_mask into ``(mask - 1) * 1e9``
 # (``paddle.nn.layer.transformer._convert_attention_mask``): its -1e9 is a mask's fill value too. No value a model
@@ -23,58 +19,20 @@ FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 PADDLE_MASK_LIMIT = min(MASK_LIMIT, 2.0**28)
 
 
-class _WeakIds:
-    """Tensor -> value, keyed by ``id()`` but checked through a weak reference, so a recycled id never aliases."""
-
-    def __init__(self):
-        self._entries: dict[int, tuple] = {}
-
-    def get(self, t):
-        entry = self._entries.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
-
-    def __setitem__(self, t, value) -> None:
-        key, entries = id(t), self._entries
-
-        def forget(ref, key=key):
-            entry = entries.get(key)
-            if entry is not None and entry[0] is ref:
-                del entries[key]
-
-        entries[key] = (weakref.ref(t, forget), value)
-
-
-def _float32(t):
-    return t if t.dtype == paddle.float32 else t.astype("float32")
-
-
 class PaddleTensors(TensorsBase):
-    """``paddle.Tensor``: keyed by ``id()`` behind a weak reference, versioned by ``inplace_version``; Paddle has
-    no storage pointer, so data is identified by the tensor object."""
+    """``paddle.Tensor``: versioned by ``inplace_version``; Paddle has no storage pointer, so data is identified by
+    the tensor object (the base's ``key``). The facts ``paddle`` spells as the base reads them are the base's."""
 
-    tensor_type = paddle.Tensor
-
-    @staticmethod
-    def is_float(t) -> bool:
-        return t.dtype in FLOATS
+    lib = paddle
+    mask_limit = PADDLE_MASK_LIMIT  # Paddle's attention fills masked lanes with -1e9
 
     @staticmethod
     def is_batched(t) -> bool:
         return t.size > 1
 
     @staticmethod
-    def describe(t):
-        return tuple(t.shape), str(t.dtype).replace("paddle.", "")
-
-    id_map = _WeakIds
-
-    @staticmethod
     def version(t) -> int:
         return t.inplace_version
-
-    @staticmethod
-    def finite(t) -> bool:
-        return t.size == 0 or bool(paddle.isfinite(t).all())
 
     def grads_finite(self, params, loss=None) -> bool:
         """Paddle's fused ``check_finite_and_unscale`` kernel at scale 1, as its scaler checks, and the loss with it."""
@@ -85,29 +43,10 @@ class PaddleTensors(TensorsBase):
         return not bool(found.item())
 
     @staticmethod
-    def to_numpy(t):
-        if not isinstance(t, paddle.Tensor) or t.dtype not in FLOATS:
-            return None
-        return t.detach().astype("float32").numpy()
-
-    @staticmethod
-    def abs_max(t):
-        """Two reductions, no full-size ``|t|`` temporary."""
-        return _float32(paddle.maximum(paddle.max(t), -paddle.min(t)))
-
-    @staticmethod
-    def lane_abs_max(t):
-        """The fill values include Paddle's -1e9 (:data:`PADDLE_MASK_LIMIT`)."""
-        t = t.detach()
-        return PaddleTensors.abs_max(paddle.where(t <= -PADDLE_MASK_LIMIT, paddle.zeros_like(t), t))
-
-    maximum = staticmethod(paddle.maximum)
-
-    @staticmethod
-    def to_floats(scalars: list) -> list[float]:
-        return paddle.stack(scalars).numpy().tolist()
-
-    no_grad = staticmethod(paddle.no_grad)
+    def assign(targets: list, values: list) -> None:
+        with paddle.no_grad():
+            for t, value in zip(targets, values):
+                t.set_value(value)
 
     @staticmethod
     def requires_grad(t) -> bool:

@@ -21,9 +21,10 @@ Steps done inside an enabled ampsafe scaler's ``step`` / ``minimize`` are the sc
   ``ampsafe.watch``, and the summary and report name its origin (``kind='input'`` for a NaN image).
 
 The model is the smallest module covering the optimizer's parameters (``Backend.owner_of``), as the scalers
-find it. Steps are numbered from 0, as ``scaler.stats.total_steps`` counts them. Framework-neutral: what only the
-framework knows (how to check its gradients in one sync, which optimizer methods step, how a closure is called)
-is given by its ``install_run`` (:mod:`ampsafe.torch.run`, :mod:`ampsafe.paddle.run`), which gets its guard from
+find it. Steps are numbered from 0, as ``scaler.stats.total_steps`` counts them. Framework-neutral: the one-sync
+check is the Backend's ``tensors.grads_finite`` (``watch(guard=True)`` skips by the same); what only the framework
+knows (which optimizer methods step, how a closure is called, which gradients to name) is given by its
+``install_run`` (:mod:`ampsafe.torch.run`, :mod:`ampsafe.paddle.run`), which gets its guard from
 ``ampsafe.auto`` and wraps the optimizer classes with :meth:`StepGuard.wrap_step`.
 """
 
@@ -155,16 +156,16 @@ class _Tracked:
 class StepGuard:
     """The guard of one framework's optimizers.
 
-    ``backend``: the framework's :class:`~ampsafe.core.backend.Backend`; ``finite(optimizer, loss) -> bool``:
-    the loss and every gradient finite, one host sync; ``offenders(optimizer) -> [(param, label)]``: the
-    parameters with non-finite gradients (rare path); ``patches``: where :meth:`wrap_step` records the optimizer
+    ``backend``: the framework's :class:`~ampsafe.core.backend.Backend`, whose ``tensors.grads_finite`` decides
+    a skip (the loss and every gradient the optimizer updates finite, one host sync: the check
+    ``watch(guard=True)`` makes too); ``offenders(optimizer) -> [(param, label)]``: the parameters with
+    non-finite gradients (rare path); ``patches``: where :meth:`wrap_step` records the optimizer
     classes it wraps (``ampsafe run``'s ledger, so that its uninstall puts their methods back).
     """
 
     def __init__(
         self,
         backend,
-        finite: Callable,
         offenders: Callable,
         *,
         max_skips: int = 10,
@@ -172,7 +173,7 @@ class StepGuard:
         say: Callable[[str], None] = lambda _m: None,
         patches: AttrPatches | None = None,
     ):
-        self.backend, self._finite, self._offenders = backend, finite, offenders
+        self.backend, self._offenders = backend, offenders
         self._patches = patches if patches is not None else AttrPatches("ampsafe.run.guard")
         self.max_skips, self.watch, self._say = max_skips, watch, say
         self.enabled = True
@@ -290,7 +291,7 @@ class StepGuard:
                     loss = result if self.is_loss(result) else loss
                 loss = loss if loss is not None else self._loss
                 self._loss = None
-                finite = self._finite(optimizer, loss)
+                finite = self.backend.tensors.grads_finite(self.backend.optimizer_params(optimizer), loss)
                 index = self.total_steps
                 self.total_steps += 1
                 if finite:

@@ -65,13 +65,9 @@ class RunSite:
         and every gradient the optimizer updates are finite (``backend.tensors.grads_finite``, one host sync)."""
         from .guard import StepGuard
 
-        def finite(optimizer, loss) -> bool:
-            return backend.tensors.grads_finite(backend.optimizer_params(optimizer), loss)
-
         options = self.session.options
         guard = StepGuard(
             backend,
-            finite,
             offenders,
             max_skips=options.max_skips,
             watch=options.watch,

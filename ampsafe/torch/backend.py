@@ -28,7 +28,6 @@ class TorchAmp(core.AmpBase):
     """``torch.autocast``: which ops it runs in float16 is :mod:`ampsafe.torch.ops`' lists, per target."""
 
     low_dtypes = LOW_DTYPES
-    scaler_args = {"min_scale": "min_scale", "on_floor": "on_floor"}  # ampsafe.torch.GradScaler's names
     in_float32 = staticmethod(in_float32)  # one island line fits every level: autocast never casts parameters
 
     @staticmethod
@@ -76,8 +75,6 @@ class TorchBackend(core.BackendBase):
     """``torch.nn.Module`` models. Normalization statistics are buffers (``running_mean``/``running_var``)."""
 
     module_type = nn.Module
-    tensors = TENSORS
-    amp = TorchAmp()
 
     # -- structure
     def modules(self, model) -> dict:
@@ -112,22 +109,6 @@ class TorchBackend(core.BackendBase):
         """(holder dict, name, tensor) of every buffer: the slots a forward may rebind or write."""
         return [(m._buffers, n, b) for m in model.modules() for n, b in list(m._buffers.items()) if b is not None]
 
-    def state_tensors(self, model) -> list:
-        return [b for _, _, b in self.state_slots(model)]
-
-    def snapshot(self, model):
-        slots = self.state_slots(model)
-        copies = [b.detach().clone() for _, _, b in slots]
-
-        def restore() -> None:
-            for holder, name, b in slots:
-                holder[name] = b
-            if slots:
-                with torch.no_grad():
-                    torch._foreach_copy_([b for _, _, b in slots], copies)
-
-        return restore
-
     def rng_state(self):
         """torch's CPU generator, its CUDA generators once CUDA is initialized, and Python's ``random``."""
         cpu = torch.get_rng_state()
@@ -141,18 +122,6 @@ class TorchBackend(core.BackendBase):
             random.setstate(py)
 
         return restore
-
-    def norm_stats(self, module):
-        """(mean, variance) a normalization keeps as running statistics, or None: the one rule (buffers named
-        ``running_mean`` / ``running_var``, as ``_NormBase`` and frozen variants keep them)."""
-        bufs = getattr(module, "_buffers", None) or {}
-        mean, var = bufs.get("running_mean"), bufs.get("running_var")
-        return (mean, var) if mean is not None and var is not None else None
-
-    def reset_running_stats(self, mean, var) -> None:
-        with torch.no_grad():
-            mean.zero_()
-            var.fill_(1.0)
 
     # -- processes
     def all_gather(self, obj) -> list:
@@ -179,11 +148,11 @@ class TorchBackend(core.BackendBase):
         return module.register_forward_hook(hook)
 
     # -- the rest of the adapter package
-    def _package(self):
+    def _package(self) -> core.Package:
         from . import trace, watch
         from .patch import TorchSwaps
 
-        return trace, watch.Watch, TorchSwaps
+        return core.Package(TENSORS, TorchAmp(), TorchSwaps, trace, watch.Watch)
 
 
 BACKEND = TorchBackend()

@@ -4,10 +4,8 @@ tracer, the watcher and the heal read, stated here once."""
 from __future__ import annotations
 
 import torch
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..core.backend import TensorsBase
-from ..core.graph import MASK_LIMIT
 
 __all__ = ["TorchTensors", "TENSORS", "LOW_DTYPES"]
 
@@ -15,14 +13,10 @@ LOW_DTYPES = (torch.float16, torch.bfloat16)  # the low-precision float dtypes A
 
 
 class TorchTensors(TensorsBase):
-    """``torch.Tensor``: weakly keyed by ``WeakTensorKeyDictionary``, versioned by ``_version``, data identified
-    by its storage pointer."""
+    """``torch.Tensor``: versioned by ``_version``, data identified by its storage pointer; the facts ``torch``
+    spells as the base reads them are the base's."""
 
-    tensor_type = torch.Tensor
-
-    @staticmethod
-    def is_float(t) -> bool:
-        return t.is_floating_point()
+    lib = torch
 
     @staticmethod
     def checkable(t) -> bool:
@@ -31,12 +25,6 @@ class TorchTensors(TensorsBase):
     @staticmethod
     def is_batched(t) -> bool:
         return t.dim() > 0
-
-    @staticmethod
-    def describe(t):
-        return tuple(t.shape), str(t.dtype).removeprefix("torch.")
-
-    id_map = staticmethod(WeakTensorKeyDictionary)
 
     @staticmethod
     def version(t) -> int:
@@ -53,10 +41,6 @@ class TorchTensors(TensorsBase):
             return t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):
             return -1
-
-    @staticmethod
-    def finite(t) -> bool:
-        return t.numel() == 0 or bool(torch.isfinite(t).all())
 
     def grads_finite(self, params, loss=None) -> bool:
         """Each gradient's L2 norm by one fused call per (device, dtype), accumulated in float32: NaN and inf reach
@@ -81,30 +65,16 @@ class TorchTensors(TensorsBase):
         return bool(ok.item())
 
     @staticmethod
-    def to_numpy(t):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            return None
-        return t.detach().to("cpu", torch.float32).numpy()
-
-    @staticmethod
     def abs_max(t):
         """``aminmax``: two reductions in one kernel, no full-size ``|t|`` temporary."""
         lo, hi = torch.aminmax(t.detach())
         return torch.maximum(lo.abs(), hi.abs()).float()
 
     @staticmethod
-    def lane_abs_max(t):
-        t = t.detach()
-        lo, hi = torch.aminmax(torch.where(t <= -MASK_LIMIT, 0.0, t))
-        return torch.maximum(lo.abs(), hi.abs()).float()
-
-    maximum = staticmethod(torch.maximum)
-
-    @staticmethod
-    def to_floats(scalars: list) -> list[float]:
-        return torch.stack(scalars).tolist()
-
-    no_grad = staticmethod(torch.no_grad)
+    def assign(targets: list, values: list) -> None:
+        if targets:
+            with torch.no_grad():
+                torch._foreach_copy_(targets, values)
 
     @staticmethod
     def requires_grad(t) -> bool:

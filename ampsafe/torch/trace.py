@@ -5,9 +5,9 @@ flow (torchvision's RPN), while the dispatch level sees every aten op that runs,
 torchvision ops and composite functions, in train and eval mode alike. Global module hooks
 (:mod:`ampsafe.torch.modstack`) attribute each op to its module.
 
-Edges are real: tensors are keyed weakly (``WeakTensorKeyDictionary``), never by ``id()`` or ``data_ptr()``
-which are recycled, and each write (in-place ``relu_``/``add_``, ``out=``) makes a new versioned tensor id;
-a ``_version`` bump the trace did not see becomes an explicit ``mutated`` node.
+Edges are real: tensors are keyed weakly (``core.backend.WeakIds``: an ``id()`` checked through a weak reference,
+so a recycled ``id()`` or ``data_ptr()`` never aliases), and each write (in-place ``relu_``/``add_``, ``out=``)
+makes a new versioned tensor id; a ``_version`` bump the trace did not see becomes an explicit ``mutated`` node.
 
 What it cannot see: the backward of custom ``autograd.Function``s (their forward ops are recorded; their
 gradients are measured only at their outputs), ops run in other threads, and branches not taken on the
@@ -51,12 +51,10 @@ def _written_args(func, args, kwargs) -> list:
     return out
 
 
-class _Hooks:
-    """torch's tracer for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`)."""
-
-    tracks_unseen = False  # the dispatch level sees every op
-    # an output has no autograd node until dispatch returns: gradients are hooked where the tensor is read
-    hooks_outputs_when_made = False
+class _Hooks(record.TraceHooksBase):
+    """torch's tracer for :class:`ampsafe.core.record.Recorder` (see :class:`~ampsafe.core.record.TraceHooks`).
+    The base's facts hold: the dispatch level sees every op, and an output has no autograd node until dispatch
+    returns, so gradients are hooked where the tensor is read."""
 
     def __init__(self, backend, *, level: str, target: str):
         self.backend, self.level, self.target = backend, level, target
