@@ -99,7 +99,31 @@ _MASK_CARRIERS = frozenset({OpKind.ELEMENTWISE, OpKind.OTHER})
 _SDPA_DATA_INPUTS = 3  # query, key, value: a tensor after them in an SDPA node is its attn_mask
 
 
-class _MaskLanes:
+class _ConsumerWalk:
+    """A memoized walk from a tensor through the nodes that consume it (``_follow``); a tensor met again on its
+    own walk answers ``ON_CYCLE``. The two walks below share it: where mask lanes end, where float32 values go."""
+
+    ON_CYCLE = False
+
+    def __init__(self, graph: Graph, consumers: dict[int, list[int]]):
+        self.graph = graph
+        self.consumers = consumers
+        self.memo: dict[int, bool] = {}
+
+    def _tensor(self, tid: int, seen: set) -> bool:
+        if tid in self.memo:
+            return self.memo[tid]
+        if tid in seen:
+            return self.ON_CYCLE
+        seen.add(tid)
+        self.memo[tid] = answer = self._follow(tid, seen)
+        return answer
+
+    def _follow(self, tid: int, seen: set) -> bool:
+        raise NotImplementedError
+
+
+class _MaskLanes(_ConsumerWalk):
     """Whether a node's mask lanes (values at or below ``-MASK_LIMIT``) all end where a mask is meant to end.
 
     They may ride elementwise and layout ops (the scale, a cast, ``where``, ``masked_fill``, the add of a
@@ -108,20 +132,12 @@ class _MaskLanes:
     output means they are values like any other, and count.
     """
 
-    def __init__(self, graph: Graph, consumers: dict[int, list[int]]):
-        self.graph = graph
-        self.consumers = consumers
-        self.memo: dict[int, bool] = {}
+    ON_CYCLE = True
 
     def absorbed(self, node: Node) -> bool:
         return all(self._tensor(t, set()) for t in node.outputs)
 
-    def _tensor(self, tid: int, seen: set) -> bool:
-        if tid in self.memo:
-            return self.memo[tid]
-        if tid in seen:
-            return True
-        seen.add(tid)
+    def _follow(self, tid: int, seen: set) -> bool:
         g = self.graph
         ok = tid not in g.outputs and tid != g.loss
         for idx in self.consumers.get(tid, ()) if ok else ():
@@ -136,7 +152,6 @@ class _MaskLanes:
                 ok = False
             if not ok:
                 break
-        self.memo[tid] = ok
         return ok
 
 
@@ -147,7 +162,7 @@ def _node_amax(node: Node, lanes: _MaskLanes | None) -> float | None:
     return node.lane_amax
 
 
-class _CastsLow:
+class _CastsLow(_ConsumerWalk):
     """Whether a float32 value on a path reaches float16: only then can it overflow there.
 
     At O1 a path's op may run in float32 (autocast promotes float16 and float32 inputs to float32: T5's residual
@@ -157,22 +172,12 @@ class _CastsLow:
     the caller may cast them.
     """
 
-    def __init__(self, graph: Graph, consumers: dict[int, list[int]]):
-        self.graph = graph
-        self.consumers = consumers
-        self.memo: dict[int, bool] = {}
-
     def counts(self, node: Node) -> bool:
         if node.low_precision or node.kind in START_KINDS or self.graph.level != "O1":
             return True
         return any(self._tensor(t, set()) for t in node.outputs)
 
-    def _tensor(self, tid: int, seen: set) -> bool:
-        if tid in self.memo:
-            return self.memo[tid]
-        if tid in seen:
-            return False
-        seen.add(tid)
+    def _follow(self, tid: int, seen: set) -> bool:
         g = self.graph
         hit = tid in g.outputs or tid == g.loss
         for idx in self.consumers.get(tid, ()) if not hit else ():
@@ -185,7 +190,6 @@ class _CastsLow:
                 hit = any(self._tensor(t, seen) for t in c.outputs)
             if hit:
                 break
-        self.memo[tid] = hit
         return hit
 
 
