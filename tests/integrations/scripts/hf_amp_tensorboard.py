@@ -14,6 +14,7 @@ import os
 import warnings
 
 import torch
+from scaler_figures import scaler_figures
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import ampsafe.torch
@@ -73,15 +74,9 @@ trainer = Trainer(
 )
 trainer.train()
 scaler = trainer.accelerator.scaler
-stats = scaler.stats
 figures = {
     "ampsafe_scaler": isinstance(scaler, ampsafe.torch.GradScaler),
-    "scale": scaler.get_scale(),
-    "total_steps": stats.total_steps,
-    "overflow_steps": stats.overflow_steps,
-    "skipped_steps": stats.skipped_steps,
-    "heals": len(stats.heals),
-    "floor_hits": stats.floor_hits,
+    **scaler_figures(scaler),
     "callbacks": [type(cb).__name__ for cb in trainer.callback_handler.callbacks],
     "log_history": trainer.state.log_history,
 }

@@ -17,6 +17,7 @@ import torch
 from mmengine.config import Config
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
+from scaler_figures import scaler_figures
 from torch.utils.data import Dataset
 
 parser = argparse.ArgumentParser()
@@ -79,14 +80,5 @@ runner = Runner(
 )
 runner.train()
 scaler = runner.optim_wrapper.loss_scaler
-stats = scaler.stats
-figures = {
-    "scale": scaler.get_scale(),
-    "total_steps": stats.total_steps,
-    "overflow_steps": stats.overflow_steps,
-    "skipped_steps": stats.skipped_steps,
-    "heals": len(stats.heals),
-    "floor_hits": stats.floor_hits,
-    "scale_history": list(stats.scale_history),
-}
+figures = {**scaler_figures(scaler), "scale_history": list(scaler.stats.scale_history)}
 print("FIGURES " + json.dumps(figures), flush=True)

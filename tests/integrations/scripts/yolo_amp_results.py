@@ -12,16 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
+import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 os.environ.setdefault("YOLO_OFFLINE", "1")
 warnings.filterwarnings("ignore")
-from PIL import Image  # noqa: E402
 from ultralytics import YOLO  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainers" / "scripts"))
+from scaler_figures import scaler_figures  # noqa: E402
+from yolo_data import write_yolo_data  # noqa: E402
 
 from ampsafe.integrations.ultralytics import add_callbacks  # noqa: E402
 
@@ -29,15 +30,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--scale", type=float, default=2.0**16)
 args = parser.parse_args()
 
-root = Path(tempfile.mkdtemp(prefix="yolo-"))
-for split in ("train", "val"):
-    (root / "images" / split).mkdir(parents=True)
-    (root / "labels" / split).mkdir(parents=True)
-    for i in range(4):
-        pixels = (np.random.default_rng(i).random((64, 64, 3)) * 255).astype(np.uint8)
-        Image.fromarray(pixels).save(root / "images" / split / f"{i}.jpg")
-        (root / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.3 0.3\n")
-(root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n  0: thing\n")
+root = write_yolo_data()
 
 epochs = []
 
@@ -48,16 +41,9 @@ def start_scale(trainer) -> None:
 
 
 def record(trainer) -> None:
-    stats = trainer.scaler.stats
-    epochs.append(
-        {
-            "scale": trainer.scaler.get_scale(),
-            "overflow_steps": stats.overflow_steps,
-            "skipped_steps": stats.skipped_steps,
-            "heals": len(stats.heals),
-            "floor_hits": stats.floor_hits,
-        }
-    )
+    figures = scaler_figures(trainer.scaler)
+    del figures["total_steps"]
+    epochs.append(figures)
 
 
 model = YOLO("yolov8n.yaml")

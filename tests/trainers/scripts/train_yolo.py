@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import warnings
-from pathlib import Path
 
-import numpy as np
 import torch
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 warnings.filterwarnings("ignore")
-from PIL import Image  # noqa: E402
 from ultralytics import YOLO  # noqa: E402
+from yolo_data import write_yolo_data  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--amp", action="store_true")
@@ -30,15 +27,7 @@ parser.add_argument("--nan-step", type=int, default=-1)
 parser.add_argument("--overflow", action="store_true")
 args = parser.parse_args()
 
-root = Path(tempfile.mkdtemp(prefix="yolo-"))
-for split in ("train", "val"):
-    (root / "images" / split).mkdir(parents=True)
-    (root / "labels" / split).mkdir(parents=True)
-    for i in range(4):
-        pixels = (np.random.default_rng(i).random((64, 64, 3)) * 255).astype(np.uint8)
-        Image.fromarray(pixels).save(root / "images" / split / f"{i}.jpg")
-        (root / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.3 0.3\n")
-(root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n  0: thing\n")
+root = write_yolo_data()
 
 steps = [0]
 

@@ -1,0 +1,23 @@
+"""A tiny YOLO dataset (4 random 64x64 images a split, one box each) for the ultralytics scripts of the tests."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def write_yolo_data() -> Path:
+    """The dataset's folder, holding its ``data.yaml``."""
+    root = Path(tempfile.mkdtemp(prefix="yolo-"))
+    for split in ("train", "val"):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for i in range(4):
+            pixels = (np.random.default_rng(i).random((64, 64, 3)) * 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / "images" / split / f"{i}.jpg")
+            (root / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.3 0.3\n")
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n  0: thing\n")
+    return root
