@@ -36,6 +36,7 @@ class ExitHooks:
 
     def __init__(self, explain: Callable[[], None] = lambda: None) -> None:
         self.ended: Ended | None = None
+        self.raised: list[BaseException] = []  # the sentinel errors --watch raised, newest last
         self._explain = explain
         self._excepthook = sys.excepthook
         self._sys_exit = sys.exit
@@ -49,9 +50,18 @@ class ExitHooks:
     def note_exception(self, exc_type, exc, tb) -> None:
         """``sys.excepthook``: the error that ended the run, quoted in the summary and the report."""
         if exc_type is not None and not issubclass(exc_type, KeyboardInterrupt):
-            first = (str(exc).splitlines() or [""])[0]
-            self.ended = Ended(exception=f"{exc_type.__name__}: {first}"[:500])
+            self.ended = Ended(exception=self._quoted(exc_type, exc)[:500])
         self._excepthook(exc_type, exc, tb)
+
+    def _quoted(self, exc_type, exc) -> str:
+        """``Type: first line`` of the error that ended the run; a sentinel error the framework re-raised as its
+        own type (its text holds the original's) is quoted as the original, the wrapper named after it."""
+        first = (str(exc).splitlines() or [""])[0]
+        for error in reversed(self.raised):
+            own = (str(error).splitlines() or [""])[0]
+            if exc is not error and own and own in str(exc):
+                return f"{type(error).__name__}: {own} (re-raised as {exc_type.__name__})"
+        return f"{exc_type.__name__}: {first}"
 
     def note_exit(self, code=None):
         """``sys.exit``: the script's own exit status and where it asked for it."""

@@ -43,8 +43,15 @@ class ScalerWatch:
 
     def _on_event(self, error) -> None:
         if error.phase == "forward":
-            raise error
+            self._raise(error)
         self.pending.append(error)
+
+    def _raise(self, error):
+        """Raise the sentinel's ``error``, remembered by the exit hooks: a framework may re-raise it as its own
+        type from inside an op (Paddle: ``OSError: (External) NonFiniteError: ...``), and the report names the
+        original."""
+        self.session.exits.raised.append(error)
+        raise error
 
     def start(self, model) -> None:
         scaler = self.scaler
@@ -85,14 +92,14 @@ class ScalerWatch:
             event.add_note(
                 f"ampsafe run --watch: a non-finite gradient no loss scale makes finite (step {decision.step})"
             )
-            raise event
+            self._raise(event)
         if decision.floor_hit:
             if event is None:
                 return  # the scaler's own floor handling (heal / raise / clamp) speaks for it
             event.add_note(
                 f"ampsafe run --watch: step {decision.step} overflowed at the loss-scale floor ({decision.scale:g})"
             )
-            raise event
+            self._raise(event)
         where = f"{event.module or '<root>'}:{event.op}" if event is not None else "an unhooked op"
         self.backoffs.append(WatchBackoff(step=decision.step, scale=decision.scale, where=where))
         if len(self.backoffs) <= BACKOFF_LINES:

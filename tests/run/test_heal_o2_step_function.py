@@ -52,3 +52,17 @@ def test_O1_runs_exp_in_float32_and_never_overflows():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [scale for _, scale in _steps(proc.stdout)] == [8.0] * 8
     assert "ampsafe heal" not in proc.stderr
+
+
+def test_O2_watch_names_the_sentinels_own_error_not_the_frameworks_wrapper(tmp_path):
+    # Paddle re-raises an error raised inside an op as `OSError: (External) ...`: summary and report quote the
+    # sentinel's NonFiniteError, naming the wrapper after it
+    proc = ampsafe_run("--watch", "--emulate-fp16", "--report", str(tmp_path), "--", sys.executable, str(SCRIPT))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    ended = "the run ended with `NonFiniteError: first non-finite value of the forward pass comes from head:exp"
+    assert ended in proc.stdout and "(re-raised as OSError)`" in proc.stdout, proc.stdout[-3000:]
+    assert "ended with `OSError" not in proc.stdout
+    report = (tmp_path / "report.md").read_text()
+    assert (
+        "The run ended with `NonFiniteError: first non-finite value of the forward pass comes from head:exp" in report
+    )
