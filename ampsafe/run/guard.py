@@ -153,6 +153,18 @@ class _Tracked:
             self._handle = None
 
 
+def _values(backend, t) -> np.ndarray | None:
+    """A copy of ``t``'s values (float state through the backend; an integer counter such as BatchNorm's
+    ``num_batches_tracked`` through ``tolist``), or None when they cannot be read."""
+    a = backend.tensors.to_numpy(t)
+    if a is not None:
+        return a.copy()  # to_numpy may share memory
+    try:
+        return np.asarray(t.tolist())
+    except Exception:  # noqa: BLE001 - a tensor that cannot be read is not compared
+        return None
+
+
 class StepGuard:
     """The guard of one framework's optimizers.
 
@@ -369,14 +381,12 @@ class StepGuard:
             return []
         b = self.backend
         state = b.state_tensors(model)
-        before = [
-            None if (a := b.tensors.to_numpy(t)) is None else a.copy() for t in state
-        ]  # to_numpy may share memory
+        before = [_values(b, t) for t in state]
         tracked.restore()
         names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         changed = []
         for t, old in zip(state, before):
-            new = b.tensors.to_numpy(t)
+            new = _values(b, t)
             if old is None or new is None or old.shape != new.shape:
                 continue
             same = (old == new) | (np.isnan(old) & np.isnan(new))
