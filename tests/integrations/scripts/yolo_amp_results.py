@@ -22,7 +22,7 @@ from ultralytics import YOLO  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainers" / "scripts"))
 from scaler_figures import scaler_figures  # noqa: E402
-from yolo_data import write_yolo_data  # noqa: E402
+from yolo_data import train_args, write_yolo_data  # noqa: E402
 
 from ampsafe.integrations.ultralytics import add_callbacks  # noqa: E402
 
@@ -50,21 +50,5 @@ model = YOLO("yolov8n.yaml")
 model.add_callback("on_train_batch_end", start_scale)
 model.add_callback("on_train_epoch_end", record)
 add_callbacks(model)
-model.train(
-    data=str(root / "data.yaml"),
-    epochs=2,
-    imgsz=64,
-    batch=2,
-    nbs=2,  # one optimizer step per batch
-    workers=0,
-    device="cpu",
-    amp=True,
-    plots=False,
-    val=False,
-    project=str(root / "runs"),
-    name="r",
-    exist_ok=True,
-    verbose=False,
-    seed=0,
-)
+model.train(epochs=2, amp=True, **train_args(root))
 print("FIGURES " + json.dumps({"epochs": epochs, "results": str(model.trainer.csv)}), flush=True)

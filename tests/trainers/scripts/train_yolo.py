@@ -18,7 +18,7 @@ import torch
 os.environ.setdefault("YOLO_OFFLINE", "1")
 warnings.filterwarnings("ignore")
 from ultralytics import YOLO  # noqa: E402
-from yolo_data import write_yolo_data  # noqa: E402
+from yolo_data import train_args, write_yolo_data  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--amp", action="store_true")
@@ -52,23 +52,7 @@ def setup(trainer) -> None:
 model = YOLO("yolov8n.yaml")
 model.add_callback("on_pretrain_routine_end", setup)
 try:
-    model.train(
-        data=str(root / "data.yaml"),
-        epochs=args.epochs,
-        imgsz=64,
-        batch=2,
-        nbs=2,  # one optimizer step per batch
-        workers=0,
-        device="cpu",
-        amp=args.amp,
-        plots=False,
-        val=False,
-        project=str(root / "runs"),
-        name="r",
-        exist_ok=True,
-        verbose=False,
-        seed=0,
-    )
+    model.train(epochs=args.epochs, amp=args.amp, **train_args(root))
 except Exception as error:  # a run that stops still shows the state it left
     print(f"script: training stopped: {type(error).__name__}: {error}", flush=True)
 trainer = model.trainer

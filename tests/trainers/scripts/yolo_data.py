@@ -1,4 +1,5 @@
-"""A tiny YOLO dataset (4 random 64x64 images a split, one box each) for the ultralytics scripts of the tests."""
+"""A tiny YOLO dataset (4 random 64x64 images a split, one box each) and the CPU training settings the ultralytics
+scripts of the tests share."""
 
 from __future__ import annotations
 
@@ -21,3 +22,23 @@ def write_yolo_data() -> Path:
             (root / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.3 0.3\n")
     (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n  0: thing\n")
     return root
+
+
+def train_args(root: Path) -> dict:
+    """``model.train`` settings for the dataset at ``root``: 64 px, batch 2, one optimizer step per batch, on the
+    CPU, no plots or validation, deterministic; the caller adds ``epochs`` and ``amp``."""
+    return dict(
+        data=str(root / "data.yaml"),
+        imgsz=64,
+        batch=2,
+        nbs=2,
+        workers=0,
+        device="cpu",
+        plots=False,
+        val=False,
+        project=str(root / "runs"),
+        name="r",
+        exist_ok=True,
+        verbose=False,
+        seed=0,
+    )
