@@ -144,6 +144,7 @@ class ScalerRecord(_Record):
     watch_backoffs: tuple[WatchBackoff, ...] = ()
     backoff_scan: BackoffScan | None = None
     island_levels: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    engine_fixes: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # key -> (line, advice), ``fix_lines``
     reloads: tuple[Reload, ...] = ()
     total_steps: int = 0
     skipped_steps: int = 0

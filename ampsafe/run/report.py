@@ -74,6 +74,7 @@ def _level_islands(report: RunSummary, healed: dict[str, list[str]]) -> dict[str
         for level, (_, advice) in s.island_levels.items():
             if healed.get(s.framework):
                 out[f"{s.framework}_{level.lower()}"] = (_island_line(healed[s.framework], level), advice)
+        out.update({key: tuple(words) for key, words in s.engine_fixes.items()})  # a DeepSpeed engine's own lines
     return out
 
 

@@ -54,6 +54,10 @@ class RunSite:
         defaults = self.session.options.scaler_kwargs(backend.amp.scaler_args)
         return with_floor(base, backend.name, defaults, built=self._built, reloaded=self._reloaded, **how)
 
+    def track(self, scaler, framework: str) -> None:
+        """A scale the run put in place without building a scaler class (a DeepSpeed engine's): tracked as one."""
+        self._built(scaler, framework, {})
+
     def shim(self, cls: type, replaces: type | None) -> type:
         """Another spelling built on :meth:`scaler_class`'s class (``torch.cuda.amp``'s, Paddle's ``AmpScaler``):
         its type claims ``ampsafe.auto``, ``isinstance`` answers for ``replaces``."""

@@ -163,6 +163,7 @@ class TrackedScaler:
             watch_backoffs=tuple(self.watch.backoffs[-100:]) if self.watch is not None else (),
             backoff_scan=self._scan(),
             island_levels=_island_levels(self.framework),
+            engine_fixes=_engine_fixes(scaler, stats.heals),
             reloads=tuple(self.reloads),
             total_steps=stats.total_steps,
             skipped_steps=stats.skipped_steps,
@@ -171,6 +172,14 @@ class TrackedScaler:
             scale_history=tuple(stats.scale_history)[-5:],
             heals=len(heals),
         )
+
+
+def _engine_fixes(scaler, heals) -> dict:
+    """The fix lines of the engine that owns the scale (a DeepSpeed engine's ``fix_lines(paths)``: key -> (line,
+    advice)), for the healed paths as the scaler's model names them; empty for a plain scaler."""
+    lines = getattr(scaler, "fix_lines", None)
+    paths = [p for h in heals for p in (h.get("paths", ()) if isinstance(h, dict) else h.paths)]
+    return dict(lines(list(dict.fromkeys(paths)))) if callable(lines) and paths else {}
 
 
 def _hf_keep_in_fp32(scaler) -> tuple[str, ...] | None:

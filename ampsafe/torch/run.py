@@ -38,6 +38,7 @@ def install(options, ledger, site) -> None:
         "torchvision.models.detection.generalized_rcnn",
         lambda module: _check_targets(module, options.on_bad_target, ledger, site),
     )
+    site.when_imported("deepspeed", lambda module: _wrap_deepspeed(module, options, ledger, site))
 
 
 def _emulate(options, ledger, site):
@@ -87,6 +88,30 @@ def _swap_scalers(options, ledger, site, map_device) -> None:
                 label = f"{module.__name__}.GradScaler -> ampsafe.torch.GradScaler (deprecated alias)"
                 swap(module, "GradScaler", alias, label)
     site.say(f"torch / torch.amp / torch.cuda.amp / torch.cpu.amp GradScaler -> ampsafe.torch.GradScaler ({floor})")
+
+
+def _wrap_deepspeed(deepspeed, options, ledger, site) -> None:
+    """``deepspeed.initialize`` (a script's call, HF Trainer's, accelerate's) returns its engine with the run's
+    floor in its loss scale (:func:`ampsafe.torch.deepspeed.wrap`); the run tracks what decides the scale."""
+    from .deepspeed import DeepSpeedScale, wrap
+
+    floor = options.scaler_kwargs(BACKEND.amp.scaler_args)
+
+    def make(original):
+        def initialize(*args, **kwargs):
+            result = original(*args, **kwargs)
+            engine = result[0] if isinstance(result, tuple) else result
+            scale = wrap(engine, **floor)
+            if isinstance(scale, DeepSpeedScale):  # a torch_autocast scaler is the run's class: tracked when built
+                site.track(scale, BACKEND.name)
+            if scale is not None:
+                site.say(f"deepspeed.initialize: {scale.deepspeed_mode.value} decides with the run's floor")
+            return result
+
+        return initialize
+
+    ledger.wrap(deepspeed, "initialize", make, mark="__ampsafe_deepspeed__")
+    site.tell(f"deepspeed.initialize -> engines whose loss scale has the run's floor ({options.scaler_text()})")
 
 
 def _closure_of(args, kwargs):
