@@ -29,6 +29,8 @@ setup(
         "lightning": ["torch>=2.1", "lightning>=2.4"],
         "mmengine": ["torch>=2.1", "mmengine>=0.10"],
         "ultralytics": ["torch>=2.1", "ultralytics>=8.3"],
+        # ampsafe.deepspeed.wrap and `ampsafe run` under DeepSpeed engines (tests/deepspeed)
+        "deepspeed": ["torch>=2.1", "deepspeed>=0.19"],
         # ampsafe.integrations.tensorboard's event files (written without TensorFlow) and the tests that read them
         "tensorboard": ["tensorboard>=2.16"],
         # PaddleDetection / PaddleOCR runtime needs (ppdet itself goes in with --no-deps, see requirements-dev.txt)
