@@ -7,7 +7,9 @@ loss-scale implementation: ``zero0`` (FP16_UnfusedOptimizer), ``zero1`` / ``zero
 
     torchrun --nproc_per_node 2 ds_train.py MODE[,MODE...] OUT [--steps N[,N...]] [--save-at K] [--island PATHS]
 
-One process runs the modes one after another (a fresh engine each). Each rank writes ``OUT/MODE/rank<r>.json``:
+One process runs the modes one after another (a fresh engine each); ``MODE/island`` applies ampsafe's printed
+island line (``--island PATHS``) up front, ``MODE/wrap`` calls ``ampsafe.deepspeed.wrap(engine)`` (the explicit
+API). Each rank writes ``OUT/MODE/rank<r>.json`` (``OUT/MODE-island/...``):
 per step the loss scale, whether the step was skipped and the head's max |output|, the error that ended the run,
 a checksum of its parameters, the islanded modules. ``--save-at K``: ``save_checkpoint`` K steps before the end,
 one more step, then ``load_checkpoint`` rolls it back and training goes on. ``--island``: ampsafe's printed
@@ -67,17 +69,23 @@ def config(mode: str) -> dict:
 
 
 def build(mode: str, island: list):
-    """The engine of ``mode``; ``island``: ampsafe's printed line applied right after ``deepspeed.initialize``."""
+    """The engine of ``mode`` (``base/variant``): ``/island`` applies ampsafe's printed line (the paths
+    ``island``) right after ``deepspeed.initialize``, ``/wrap`` calls ``ampsafe.deepspeed.wrap`` there."""
     import deepspeed
 
+    base, _, variant = mode.partition("/")
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config(mode))
-    if island:
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config(base))
+    if variant == "island":
         import ampsafe
 
         ampsafe.patch(engine.module, policy="island", paths=island)
+    elif variant == "wrap":
+        import ampsafe
+
+        ampsafe.deepspeed.wrap(engine, min_scale=1.0, on_floor="heal")
     return engine
 
 
@@ -106,7 +114,7 @@ def train(engine, steps: range, rank: int, half: bool, log: list) -> None:
 def run_mode(mode: str, island: list, steps: int, save_at: int | None, out: Path, rank: int) -> None:
     """One engine of ``mode`` trained for ``steps``; ``save_at``: ``save_checkpoint`` after that step, then the
     engine rolled back with ``load_checkpoint`` and trained on."""
-    half = "fp16" in CONFIGS[mode]
+    half = "fp16" in CONFIGS[mode.partition("/")[0]]
     result = {"rank": rank, "steps": [], "error": None}
     engine = None
     try:
@@ -135,7 +143,9 @@ def run_mode(mode: str, island: list, steps: int, save_at: int | None, out: Path
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("modes", help="comma-separated: " + ", ".join(CONFIGS) + " (fp16 ones before autocast ones)")
+    parser.add_argument(
+        "modes", help="comma-separated: " + ", ".join(CONFIGS) + ", each /island or /wrap (fp16 before autocast)"
+    )
     parser.add_argument("out")
     parser.add_argument("--steps", default="16", help="one number, or one per mode (comma-separated)")
     parser.add_argument("--save-at", type=int, default=None, help="steps before the end to save and resume at")
@@ -151,7 +161,7 @@ def main() -> int:
     island = json.loads(args.island) if args.island else []
     for mode, n in zip(modes, steps):
         save_at = None if args.save_at is None else n - args.save_at
-        run_mode(mode, island, n, save_at, Path(args.out) / mode, rank)
+        run_mode(mode, island, n, save_at, Path(args.out) / mode.replace("/", "-"), rank)
     return 0
 
 

@@ -61,18 +61,31 @@ def _skipped(rank: dict) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def native(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("native")
-    _launch(out, MODES, (16,) * len(MODES))
-    return out
-
-
-@pytest.fixture(scope="module")
 def healed(tmp_path_factory):
     """Under ``ampsafe run``: torch's GradScaler starts at 65536, so the autocast modes reach the floor (1) later."""
     out = tmp_path_factory.mktemp("healed")
     done = _launch(out, MODES, (20, 20, 20, 28, 28), "--save-at", "3", ampsafe_run=True)
     return out, done.stdout + done.stderr
+
+
+def _printed(healed) -> dict:
+    out, _ = healed
+    return json.loads(Path(glob.glob(str(out / "report" / "*" / "report.json"))[0]).read_text())["fix"]
+
+
+# without ampsafe run, in one launch: each mode natively; the printed island line applied from the start, under
+# classic fp16 and under the torch_autocast switch the report prints; the explicit ampsafe.deepspeed.wrap
+NATIVE = (*FP16_MODES, "zero2/island", "zero1/wrap", "autocast0", "autocast2", "autocast2/island", "autocast2/wrap")
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory, healed) -> Path:
+    out = tmp_path_factory.mktemp("native")
+    line = _printed(healed)["deepspeed_island"]
+    paths = json.loads(line[line.index("paths=") + len("paths=") : -1])
+    steps = [28 if m == "autocast2/wrap" else 16 for m in NATIVE]  # torch's scale falls from 65536 to the floor
+    _launch(out, NATIVE, steps, "--island", json.dumps(paths))
+    return out
 
 
 @pytest.mark.parametrize("mode", ["zero1", "zero2"])
@@ -145,16 +158,22 @@ def test_the_heal_lines_and_the_report(healed):
         assert report["fix"]["deepspeed_config"] == '"torch_autocast": {"enabled": true, "dtype": "float16"}'
 
 
-def test_the_printed_fix_applied_from_the_start_trains_without_an_overflow(healed, tmp_path):
+def test_the_printed_fix_applied_from_the_start_trains_without_an_overflow(healed, native):
     """The report's island line on ``engine.module`` right after ``deepspeed.initialize``, under classic fp16 and
     under the config switch it prints (``torch_autocast``, the workload's autocast config): no step skipped."""
-    out, _ = healed
-    report = json.loads(Path(glob.glob(str(out / "report" / "*" / "report.json"))[0]).read_text())
-    line = report["fix"]["deepspeed_island"]
-    paths = json.loads(line[line.index("paths=") + len("paths=") : -1])
-    assert json.loads("{" + report["fix"]["deepspeed_config"] + "}")["torch_autocast"] == AUTOCAST
-    _launch(tmp_path, ("zero2", "autocast2"), (16, 16), "--island", json.dumps(paths))
-    for mode in ("zero2", "autocast2"):
-        for rank in _ranks(tmp_path, mode):
+    assert json.loads("{" + _printed(healed)["deepspeed_config"] + "}")["torch_autocast"] == AUTOCAST
+    for mode in ("zero2-island", "autocast2-island"):
+        for rank in _ranks(native, mode):
             assert rank["error"] is None and not _skipped(rank), rank
             assert max(s["amax"] for s in rank["steps"]) > 65504  # the head's output is past float16's range
+
+
+@pytest.mark.parametrize("mode", ["zero1-wrap", "autocast2-wrap"])
+def test_explicit_wrap_heals_as_ampsafe_run_does(native, mode):
+    """``ampsafe.deepspeed.wrap(engine)`` in the script: ZeRO's DynamicLossScaler decides through ampsafe, and
+    torch_autocast's torch GradScaler is replaced by ampsafe's (told of the steps ZeRO-2 skips before it)."""
+    ranks = _ranks(native, mode)
+    for rank in ranks:
+        assert rank["error"] is None and "head" in rank["islands"] and rank["finite"]
+        assert _skipped(rank) and _skipped(rank)[-1] < len(rank["steps"]) - 3
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
