@@ -36,7 +36,7 @@ class Mode(str, enum.Enum):
     """Which DeepSpeed implementation decides the loss scale of an engine."""
 
     ZERO_FP16 = "ZeRO 1-3 fp16 (DynamicLossScaler)"
-    ZERO0_FP16 = "ZeRO-0 fp16 (FP16_Optimizer)"
+    ZERO0_FP16 = "ZeRO-0 fp16 (FP16_Optimizer / FP16_UnfusedOptimizer)"
     AUTOCAST_ZERO0 = "torch_autocast float16, ZeRO-0 (engine.torch_autocast_z0_gradscaler)"
     AUTOCAST_ZERO = "torch_autocast float16, ZeRO 1-3 (optimizer.torch_autocast_gradscaler)"
 
@@ -192,11 +192,6 @@ def _full_grad(param):
         return param.grad
 
 
-def _replace_method(owner, name: str, fn) -> None:
-    """``owner.<name> = fn`` on the instance (DeepSpeed's own ``step`` calls ``self.<name>``)."""
-    setattr(owner, name, fn)
-
-
 def _autocast_scaler(engine, mode: Mode, floor: dict):
     """The ``torch_autocast`` GradScaler as ampsafe's (built by ``ampsafe run`` already, or replaced now, its state
     carried over), replaying ``engine.module``; under ZeRO 1-3 it is told of the steps ZeRO skips before it."""
@@ -211,6 +206,8 @@ def _autocast_scaler(engine, mode: Mode, floor: dict):
         scaler = mine
     elif not scaler._resolve_done:
         scaler._model = engine.module  # replay the module, not the engine (whose forward turns autocast on)
+    # resolved now, not at its first step(): under ZeRO 1-3 an overflow from the first step on never reaches step()
+    scaler._resolve(None)
     if mode is Mode.AUTOCAST_ZERO:
         optimizer = engine.optimizer
         original = optimizer._update_scale
@@ -220,7 +217,7 @@ def _autocast_scaler(engine, mode: Mode, floor: dict):
             if has_overflow:  # ZeRO skips the step before torch_autocast_gradscaler.step/update would see it
                 scaler._end_update(lambda: (True, [], []))
 
-        _replace_method(optimizer, "_update_scale", _update_scale)
+        optimizer._update_scale = _update_scale  # on the instance: DeepSpeed's step calls self._update_scale
     return scaler
 
 
@@ -253,7 +250,8 @@ def wrap(
         scale = _autocast_scaler(engine, mode, floor)
     else:
         scale = DeepSpeedScale(engine, mode, **floor)
-        _replace_method(engine.optimizer, "_update_scale", lambda has_overflow=False: scale.update_scale(has_overflow))
+        # on the instance: DeepSpeed's step calls self._update_scale; its loss-scaler object is left as it was
+        engine.optimizer._update_scale = lambda has_overflow=False: scale.update_scale(has_overflow)
     scale.deepspeed_mode = mode
     if mode.autocast:  # the report's DeepSpeed lines (DeepSpeedScale has them as a method)
         scale.fix_lines = functools.partial(fix_lines, mode)
