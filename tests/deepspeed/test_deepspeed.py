@@ -15,46 +15,29 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ds_launch import launch_script
 
 pytest.importorskip("deepspeed")
 
-HERE = Path(__file__).parent
-REPO = HERE.parents[1]
 FP16_MODES = ("zero0", "zero1", "zero2")
 MODES = (*FP16_MODES, "autocast0", "autocast2")
 AUTOCAST = {"enabled": True, "dtype": "float16"}  # ds_train's torch_autocast section
 AT_MINIMUM = "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
 
-pytestmark = pytest.mark.slow
-
-
-def _launch_script(out: Path, prefix: list, script: str, *args: str) -> subprocess.CompletedProcess:
-    """``prefix`` (``ampsafe run ... --`` or nothing) then ``script`` on 2 ranks (torchrun on loopback)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    command = [*prefix, *(["--"] if prefix else []), *command, str(HERE / script), *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=480, cwd=out, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+pytestmark = [pytest.mark.slow, pytest.mark.dist]
 
 
 def _launch(out: Path, modes, steps, *extra: str, ampsafe_run: bool = False) -> subprocess.CompletedProcess:
     """``ds_train.py`` on 2 ranks, under ``ampsafe run`` when asked."""
     prefix = [sys.executable, "-m", "ampsafe.cli", "run", "--report", str(out / "report")] if ampsafe_run else []
     args = (",".join(modes), str(out), "--steps", ",".join(map(str, steps)), *extra)
-    return _launch_script(out, prefix, "ds_train.py", *args)
+    return launch_script(out, prefix, "ds_train.py", *args)
 
 
 def _ranks(out: Path, mode: str) -> list[dict]:
@@ -182,20 +165,3 @@ def test_explicit_wrap_heals_as_ampsafe_run_does(native, mode):
         assert rank["error"] is None and "head" in rank["islands"] and rank["finite"]
         assert _skipped(rank) and _skipped(rank)[-1] < len(rank["steps"]) - 3
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
-
-
-def test_hf_trainer_deepspeed_t5_brink_heals_under_ampsafe_run(tmp_path):
-    """HF ``Trainer(deepspeed={... "torch_autocast" ...})`` on the t5 brink, unmodified (:mod:`hf_t5_trainer`):
-    ``deepspeed.initialize`` runs inside HF / accelerate, the brink's ``wo`` overflows from the first step, ZeRO-2
-    skips the steps before torch's scaler hears of them, and under ``ampsafe run`` (floor 16384, so the floor
-    comes after two backoffs) both ranks island the decoder's last feed-forward and the run goes on."""
-    pytest.importorskip("transformers")
-    command = [sys.executable, "-m", "ampsafe.cli", "run", "--min-scale", "16384", "--report", str(tmp_path / "r")]
-    done = _launch_script(tmp_path, command, "hf_t5_trainer.py", str(tmp_path), "--steps", "5", "--autocast")
-    assert re.search(r"ampsafe heal at step \d+: islanded \d+ module\(s\) \([^)]*DenseReluDense\.wo", done.stderr)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for rank in ranks:
-        assert rank["error"] is None and rank["trainer_steps"] == 5 and rank["finite"]
-        assert "decoder.block.1.layer.2.DenseReluDense.wo" in rank["islands"]
-        assert rank["skipped"] < 5  # steps after the heal went through
-    assert ranks[0]["islands"] == ranks[1]["islands"] and ranks[0]["checksum"] == ranks[1]["checksum"]
