@@ -9,7 +9,7 @@ loss-scale implementation: ``zero0`` (FP16_UnfusedOptimizer), ``zero1`` / ``zero
 
 One process runs the modes one after another (a fresh engine each); ``MODE/island`` applies ampsafe's printed
 island line (``--island PATHS``) up front, ``MODE/wrap`` calls ``ampsafe.deepspeed.wrap(engine)`` (the explicit
-API). Each rank writes ``OUT/MODE/rank<r>.json`` (``OUT/MODE-island/...``):
+API), ``MODE/raise`` the same with ``on_floor="raise"``. Each rank writes ``OUT/MODE/rank<r>.json`` (``OUT/MODE-island/...``):
 per step the loss scale, whether the step was skipped and the head's max |output|, the error that ended the run,
 a checksum of its parameters, the islanded modules. ``--save-at K``: ``save_checkpoint`` K steps before the end,
 one more step, then ``load_checkpoint`` rolls it back and training goes on. ``--island``: ampsafe's printed
@@ -82,10 +82,10 @@ def build(mode: str, island: list):
         import ampsafe
 
         ampsafe.patch(engine.module, policy="island", paths=island)
-    elif variant == "wrap":
+    elif variant in ("wrap", "raise"):
         import ampsafe
 
-        ampsafe.deepspeed.wrap(engine, min_scale=1.0, on_floor="heal")
+        ampsafe.deepspeed.wrap(engine, min_scale=1.0, on_floor="heal" if variant == "wrap" else "raise")
     return engine
 
 
@@ -144,7 +144,7 @@ def run_mode(mode: str, island: list, steps: int, save_at: int | None, out: Path
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "modes", help="comma-separated: " + ", ".join(CONFIGS) + ", each /island or /wrap (fp16 before autocast)"
+        "modes", help="comma-separated: " + ", ".join(CONFIGS) + ", each /island, /wrap or /raise (fp16 first)"
     )
     parser.add_argument("out")
     parser.add_argument("--steps", default="16", help="one number, or one per mode (comma-separated)")

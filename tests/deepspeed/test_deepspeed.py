@@ -63,7 +63,16 @@ def _printed(healed) -> dict:
 
 # without ampsafe run, in one launch: each mode natively; the printed island line applied from the start, under
 # classic fp16 and under the torch_autocast switch the report prints; the explicit ampsafe.deepspeed.wrap
-NATIVE = (*FP16_MODES, "zero2/island", "zero1/wrap", "autocast0", "autocast2", "autocast2/island", "autocast2/wrap")
+NATIVE = (
+    *FP16_MODES,
+    "zero2/island",
+    "zero1/wrap",
+    "zero2/raise",
+    "autocast0",
+    "autocast2",
+    "autocast2/island",
+    "autocast2/wrap",
+)
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +174,9 @@ def test_explicit_wrap_heals_as_ampsafe_run_does(native, mode):
         assert rank["error"] is None and "head" in rank["islands"] and rank["finite"]
         assert _skipped(rank) and _skipped(rank)[-1] < len(rank["steps"]) - 3
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
+def test_explicit_wrap_on_floor_raise_names_the_module_instead_of_deepspeeds_exit(native):
+    for rank in _ranks(native, "zero2-raise"):
+        assert rank["error"].startswith("LossScaleFloorError: loss scale reached its floor min_scale=1"), rank
+        assert "head:linear" in rank["error"] and AT_MINIMUM not in rank["error"]
