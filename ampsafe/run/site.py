@@ -58,6 +58,13 @@ class RunSite:
         """A scale the run put in place without building a scaler class (a DeepSpeed engine's): tracked as one."""
         self._built(scaler, framework, {})
 
+    def through_scaler(self):
+        """Context for a step whose inner optimizer steps a loss scale already checks (a DeepSpeed engine's
+        optimizer): the FP32 guard lets them through, as inside a scaler's ``step``."""
+        from .guard import through_scaler
+
+        return through_scaler(True)
+
     def shim(self, cls: type, replaces: type | None) -> type:
         """Another spelling built on :meth:`scaler_class`'s class (``torch.cuda.amp``'s, Paddle's ``AmpScaler``):
         its type claims ``ampsafe.auto``, ``isinstance`` answers for ``replaces``."""

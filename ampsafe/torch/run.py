@@ -104,6 +104,8 @@ def _wrap_deepspeed(deepspeed, options, ledger, site) -> None:
             scale = wrap(engine, **floor)
             if isinstance(scale, DeepSpeedScale):  # a torch_autocast scaler is the run's class: tracked when built
                 site.track(scale, BACKEND.name)
+            if scale is not None:  # DeepSpeed checks the gradients before its inner optimizer steps
+                _through_scaler(engine.optimizer, site)
             if scale is not None:
                 site.say(f"deepspeed.initialize: {scale.deepspeed_mode.value} decides with the run's floor")
             return result
@@ -112,6 +114,17 @@ def _wrap_deepspeed(deepspeed, options, ledger, site) -> None:
 
     ledger.wrap(deepspeed, "initialize", make, mark="__ampsafe_deepspeed__")
     site.tell(f"deepspeed.initialize -> engines whose loss scale has the run's floor ({options.scaler_text()})")
+
+
+def _through_scaler(optimizer, site) -> None:
+    """``optimizer.step`` (a DeepSpeed engine's, on the instance) inside ``site.through_scaler()``."""
+    step = optimizer.step
+
+    def guarded_by_the_engine(*args, **kwargs):
+        with site.through_scaler():
+            return step(*args, **kwargs)
+
+    optimizer.step = guarded_by_the_engine
 
 
 def _closure_of(args, kwargs):
