@@ -99,7 +99,8 @@ def _wrap_deepspeed(deepspeed, options, ledger, site) -> None:
 
     def make(original):
         def initialize(*args, **kwargs):
-            result = original(*args, **kwargs)
+            with site.through_scaler():  # ZeRO steps its inner optimizer once at build time (its state)
+                result = original(*args, **kwargs)
             engine = result[0] if isinstance(result, tuple) else result
             scale = wrap(engine, **floor)
             if isinstance(scale, DeepSpeedScale):  # a torch_autocast scaler is the run's class: tracked when built
