@@ -27,6 +27,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from functools import cached_property
 from types import ModuleType
 from typing import Any, NamedTuple, Protocol
@@ -342,6 +343,10 @@ class Backend(Protocol):
     def all_gather(self, obj) -> list:
         """``obj`` of every rank in rank order; ``[obj]`` outside a process group."""
 
+    def float32_params(self, model) -> ContextManager:
+        """Inside it, ``model``'s parameters take part in its forward as float32 where an engine would cast them to
+        float16 for compute (FSDP2's ``param_dtype``): with :meth:`Amp.float32`, what a float32 replay runs in."""
+
     def rng_state(self) -> Callable[[], None]:
         """Save every random state a forward may draw from (the framework's generators on each device it has
         initialized, and the host ones its models use); the returned function puts them back. A scan, and the
@@ -449,6 +454,9 @@ class BackendBase:
 
     def parameters(self, module) -> list:
         return list(module.parameters())
+
+    def float32_params(self, model) -> ContextManager:
+        return nullcontext()
 
     def live_modules(self) -> list:
         return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups

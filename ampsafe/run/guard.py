@@ -411,7 +411,7 @@ class StepGuard:
             try:
                 watcher = ampsafe.watch(model, backward=False)
                 watcher.step_source = lambda step=step: step
-                with b.amp.float32(), watcher:
+                with b.amp.float32(), b.float32_params(model), watcher:
                     model(*args, **kwargs)
             except ampsafe.NonFiniteError as exc:
                 self.exit_origin = _origin(exc, step, "replayed in float32 at exit")

@@ -123,6 +123,12 @@ class TorchBackend(core.BackendBase):
 
         return restore
 
+    def float32_params(self, model):
+        """FSDP2's float16 ``param_dtype`` set aside (:func:`ampsafe.torch.fsdp.float32_params`)."""
+        from .fsdp import float32_params
+
+        return float32_params(model)
+
     # -- processes
     def all_gather(self, obj) -> list:
         import torch.distributed as dist

@@ -7,11 +7,13 @@ torch modules, and the mixins only torch can write.
 - :class:`RescaledNorm`: a normalization compensating an input rescaled by 2^-k (``policies.rescale``).
 - :meth:`TorchSwaps.new_batch_norm`: the ``nn.BatchNorm{1,2,3}d`` that ``policies.convbn`` puts after a conv.
 
-Islands are for autocast (O1). A model cast with ``.half()`` has float16 island weights: islands then raise
-a dtype error, so keep such models out of ``.half()`` (torch has no ``excluded_layers`` equivalent).
+Islands are for autocast (O1). In a model cast with ``.half()`` (DeepSpeed's ``"fp16"``) an island reads its
+float16 weights as float32 copies at each call and returns float32.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -44,14 +46,34 @@ def _device_type(args, kwargs) -> str:
     return "cpu"
 
 
+@contextlib.contextmanager
+def _float32_parameters(module):
+    """A model cast to float16 (``.half()``, DeepSpeed's ``"fp16"``): its float16 parameters read as float32 copies
+    during one forward (differentiable casts: the gradients reach the float16 parameters), then put back."""
+    swapped = [
+        (m, name, p)
+        for m in module.modules()
+        for name, p in m._parameters.items()
+        if p is not None and p.dtype in LOW_DTYPES
+    ]
+    for m, name, p in swapped:
+        m._parameters[name] = p.float()
+    try:
+        yield
+    finally:
+        for m, name, p in swapped:
+            m._parameters[name] = p
+
+
 class FP32Island(SwapMixin):
-    """The module computes in float32 whatever autocast says; its parameters are untouched."""
+    """The module computes in float32 whatever autocast says; its parameters are untouched (float16 ones, of a
+    model cast to float16, are read as float32 copies during the forward)."""
 
     _ampsafe_protection = "island"
 
     def forward(self, *args, **kwargs):
         device = _device_type(args, kwargs)
-        with torch.autocast(device_type=device, enabled=False):
+        with torch.autocast(device_type=device, enabled=False), _float32_parameters(self):
             return self._ampsafe_base.forward(self, *_to_float32(args), **_to_float32(kwargs))
 
 
