@@ -343,6 +343,10 @@ class Backend(Protocol):
     def all_gather(self, obj) -> list:
         """``obj`` of every rank in rank order; ``[obj]`` outside a process group."""
 
+    def engine_fix(self, model, paths: list[str]) -> list[str]:
+        """The lines of the engine sharding ``model`` that keep the modules at ``paths`` in float32 for good, in its
+        own terms (FSDP2: ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))``), or []."""
+
     def float32_params(self, model) -> ContextManager:
         """Inside it, ``model``'s parameters take part in its forward as float32 where an engine would cast them to
         float16 for compute (FSDP2's ``param_dtype``): with :meth:`Amp.float32`, what a float32 replay runs in."""
@@ -457,6 +461,9 @@ class BackendBase:
 
     def float32_params(self, model) -> ContextManager:
         return nullcontext()
+
+    def engine_fix(self, model, paths: list[str]) -> list[str]:
+        return []
 
     def live_modules(self) -> list:
         return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups

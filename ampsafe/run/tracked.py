@@ -159,6 +159,7 @@ class TrackedScaler:
             model_path=self.holder_path or None,
             heal_records=heals,
             hf_keep_in_fp32=_hf_keep_in_fp32(scaler),  # HF's _keep_in_fp32_modules for the heals (run/hf.py)
+            engine_fix=_engine_fix(scaler, model, heals),
             steps=tuple(self.steps),
             watch_backoffs=tuple(self.watch.backoffs[-100:]) if self.watch is not None else (),
             backoff_scan=self._scan(),
@@ -171,6 +172,17 @@ class TrackedScaler:
             scale_history=tuple(stats.scale_history)[-5:],
             heals=len(heals),
         )
+
+
+def _engine_fix(scaler, model, heals) -> tuple[str, ...]:
+    """The lines of the engine that shards ``model`` keeping the healed modules in float32 (Backend.engine_fix)."""
+    paths = [p for h in heals for p in h.paths]
+    if model is None or not paths:
+        return ()
+    try:
+        return tuple(scaler._backend().engine_fix(model, list(dict.fromkeys(paths))))
+    except Exception:  # noqa: BLE001 - an extra line of the report never costs the summary
+        return ()
 
 
 def _hf_keep_in_fp32(scaler) -> tuple[str, ...] | None:

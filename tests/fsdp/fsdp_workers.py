@@ -51,7 +51,7 @@ def _train(model, mode: str, rank: int) -> dict:
     import torch
 
     from ampsafe.torch import GradScaler
-    from ampsafe.torch.fsdp import fix_lines
+    from ampsafe.torch.backend import BACKEND
 
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     if mode == "native":
@@ -81,5 +81,6 @@ def _train(model, mode: str, rank: int) -> dict:
     }
     if mode != "native":
         heals = scaler.stats.heals
-        record.update(heals=[(h.step, h.paths) for h in heals], fix=fix_lines([p for h in heals for p in h.paths]))
+        paths = [p for h in heals for p in h.paths]
+        record.update(heals=[(h.step, h.paths) for h in heals], fix=BACKEND.engine_fix(model, paths))  # the report's
     return record

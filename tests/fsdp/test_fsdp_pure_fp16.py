@@ -27,8 +27,10 @@ def test_fsdp2_pure_float16_heals_and_its_fully_shard_fix_trains_without_overflo
     assert "4" in paths and step < workers.STEPS - 2
     assert all(v < float("inf") for v in heal["outputs"][step + 1 :])
     assert heal["skipped"] and max(heal["skipped"]) < step
-    assert heal["fix"] == [
-        f"fully_shard(model[{p}], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" for p in paths
+    assert heal["fix"] == [  # the Linear layers among them (a ReLU holds no parameter)
+        f"fully_shard(model[{p}], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))"
+        for p in paths
+        if p in ("0", "2", "4")
     ]
     # the printed lines applied from the start: no overflow, and the output goes past 65504 in float32
     assert fix["skipped"] == [] and max(fix["outputs"]) > 65504 and fix["dtype"] == "torch.float32"
