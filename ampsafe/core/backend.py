@@ -343,6 +343,10 @@ class Backend(Protocol):
     def all_gather(self, obj) -> list:
         """``obj`` of every rank in rank order; ``[obj]`` outside a process group."""
 
+    def forward_is_collective(self, model) -> bool:
+        """Whether every forward of ``model`` runs collectives that all ranks must join (FSDP2's all-gathers): a
+        replay that one rank runs alone, at its exit, would hang."""
+
     def engine_fix(self, model, paths: list[str]) -> list[str]:
         """The lines of the engine sharding ``model`` that keep the modules at ``paths`` in float32 for good, in its
         own terms (FSDP2: ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))``), or []."""
@@ -464,6 +468,9 @@ class BackendBase:
 
     def engine_fix(self, model, paths: list[str]) -> list[str]:
         return []
+
+    def forward_is_collective(self, model) -> bool:
+        return False
 
     def live_modules(self) -> list:
         return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups

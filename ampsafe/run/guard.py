@@ -404,6 +404,13 @@ class StepGuard:
             model, b = tracked.model, self.backend
             if tracked.latest is None or model is None:
                 continue
+            if b.forward_is_collective(model):  # a forward that other ranks, maybe gone, must join would hang
+                tracked.latest = None
+                self._say(
+                    "the last forward was not replayed at exit: every forward of this model is collective "
+                    "(FSDP2's all-gathers) and the other ranks may have stopped"
+                )
+                continue
             args, kwargs = tracked.latest
             step = self.total_steps + self.scaler_steps  # the optimizer step that never came
             restore = b.snapshot(model)
@@ -411,7 +418,7 @@ class StepGuard:
             try:
                 watcher = ampsafe.watch(model, backward=False)
                 watcher.step_source = lambda step=step: step
-                with b.amp.float32(), b.float32_params(model), watcher:
+                with b.amp.float32(), watcher:
                     model(*args, **kwargs)
             except ampsafe.NonFiniteError as exc:
                 self.exit_origin = _origin(exc, step, "replayed in float32 at exit")

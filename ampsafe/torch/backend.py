@@ -129,6 +129,12 @@ class TorchBackend(core.BackendBase):
 
         return float32_params(model)
 
+    def forward_is_collective(self, model) -> bool:
+        """FSDP2: each forward all-gathers the parameters (:func:`ampsafe.torch.fsdp.fsdp_modules`)."""
+        from .fsdp import fsdp_modules
+
+        return bool(fsdp_modules(model))
+
     def engine_fix(self, model, paths: list[str]) -> list[str]:
         """FSDP2 with a float16 ``param_dtype``: a ``fully_shard`` line per module that holds parameters
         (:func:`ampsafe.torch.fsdp.fix_lines`; a module without any, an activation, has nothing to cast)."""

@@ -31,3 +31,20 @@ def test_ampsafe_run_heals_fsdp2_pure_float16_and_prints_fully_shard_lines(tmp_p
     assert fixes[0] == fixes[1] and fixes[0]
     assert "fully_shard(model[4], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" in fixes[0]
     assert fixes[0][0] in (tmp_path / str(healed[0]["pid"]) / "report.md").read_text()
+
+
+@pytest.mark.dist
+def test_ampsafe_run_does_not_replay_an_fsdp2_forward_at_exit(tmp_path, free_port):
+    """At the floor with ``--on-floor raise`` the script stops itself; the exit replay of its last forward used to
+    crash inside FSDP2 ("schema_.has_value() INTERNAL ASSERT FAILED": FSDP2's custom ops are gone at exit), and with
+    other ranks gone it would wait on their all-gathers. It is not replayed; the floor error names the module."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port"]
+    cmd = [sys.executable, "-m", "ampsafe.cli", "run", "--on-floor", "raise", "--report", str(tmp_path), "--"]
+    done = subprocess.run(
+        [*cmd, *torchrun, str(free_port), str(SCRIPT), "11"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "LossScaleFloorError" in out, out[-3000:]
+    assert "from 4:linear" in out and "in float32 its output reaches" in out  # measured in float32 at the floor
+    assert "could not replay" not in out and "INTERNAL ASSERT" not in out
+    assert "the last forward was not replayed at exit: every forward of this model is collective" in out
