@@ -2,7 +2,19 @@
 regression of issue 33 (three ``nn.Linear``, a target of 1e6) grows its last layers' float16 output past 65504 by
 training. torch's scaler skips every step from then on; ampsafe's heals at its floor (its float32 replay really
 runs float32 under FSDP2's float16 policy), and the ``fully_shard`` lines it prints, run before the model's own,
-train without an overflow."""
+train without an overflow.
+
+Why not the t5 brink (``ampsafe.workloads.t5_brink``), measured with transformers 5.24: in pure float16 its
+``DenseReluDense.wo`` output is inf, but HF's T5Block clamps float16 hidden states ("clamp inf values to enable
+fp16 training") to 64512, so the loss (4.04) and every gradient stay finite; under FSDP2 on 2 ranks from the brink
+the scale never dropped in 5 steps: nothing reaches a scaler to heal. A decoder LLM does overflow: HF's
+LlamaForCausalLM (hidden 64, intermediate 256, 2 layers, 4 heads, vocab 128, random init, seed 0) trained in
+float32 with Adam lr 0.1 on uniform random tokens (batch 8 x 32) grows ``layers.0.mlp.down_proj`` and with it the
+residual stream: the stream after layer 1 passes 65504 first, at step 31 (66885; ``down_proj`` 59538), and 1.3 x
+65504 at step 51. Under FSDP2 pure float16 (each layer and the root sharded) the heal islands ``down_proj`` and the
+norms after it, and the next ``q_proj`` then fails: "expected m1 and m2 to have the same dtype, but got: float !=
+c10::Half" (an island's float32 output meets float16 weights; FSDP2 also casts each layer's inputs, the residual
+stream, back to float16). A residual stream past 65504 is not something islands of modules hold in pure float16."""
 
 from __future__ import annotations
 
