@@ -347,9 +347,9 @@ class Backend(Protocol):
         """Whether every forward of ``model`` runs collectives that all ranks must join (FSDP2's all-gathers): a
         replay that one rank runs alone, at its exit, would hang."""
 
-    def engine_fix(self, model, paths: list[str]) -> list[str]:
-        """The lines of the engine sharding ``model`` that keep the modules at ``paths`` in float32 for good, in its
-        own terms (FSDP2: ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))``), or []."""
+    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
+        """The report's fix of the engine sharding ``model`` that keeps the modules at ``paths`` in float32 for good,
+        in its own terms: key -> (line, advice) (FSDP2: its ``fully_shard(..., mp_policy=...)`` lines), or {}."""
 
     def float32_params(self, model) -> ContextManager:
         """Inside it, ``model``'s parameters take part in its forward as float32 where an engine would cast them to
@@ -466,8 +466,8 @@ class BackendBase:
     def float32_params(self, model) -> ContextManager:
         return nullcontext()
 
-    def engine_fix(self, model, paths: list[str]) -> list[str]:
-        return []
+    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
+        return {}
 
     def forward_is_collective(self, model) -> bool:
         return False

@@ -140,11 +140,11 @@ class ScalerRecord(_Record):
     model_path: str | None = None
     heal_records: tuple[Heal, ...] = ()
     hf_keep_in_fp32: tuple[str, ...] | None = None
-    engine_fix: tuple[str, ...] = ()  # the engine's own lines for the heals (FSDP2's fully_shard calls)
     steps: tuple[tuple, ...] = ()
     watch_backoffs: tuple[WatchBackoff, ...] = ()
     backoff_scan: BackoffScan | None = None
     island_levels: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    engine_fixes: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # key -> (line, advice), ``fix_lines``
     reloads: tuple[Reload, ...] = ()
     total_steps: int = 0
     skipped_steps: int = 0
@@ -276,8 +276,7 @@ class PermanentFix(_Record):
     ``patch``: the healed modules as one island line; ``level_lines``: ``<framework>_<level>`` (``paddle_o2``) ->
     the island line for a level whose line differs, with its advice in ``level_islands`` (in JSON each line sits
     under its own key beside ``patch``); ``hf_keep_in_fp32``: HF's ``_keep_in_fp32_modules`` line; ``advice``: one
-    sentence per other problem; ``problems``: everything that went wrong (:func:`ampsafe.run.report.problems`);
-    ``engine_fix``: the sharding engine's own lines for the healed modules (FSDP2's ``fully_shard`` calls)."""
+    sentence per other problem; ``problems``: everything that went wrong (:func:`ampsafe.run.report.problems`)."""
 
     _ONE: ClassVar[Mapping[str, type]] = {"swap_neck": SwapNeck}
 
@@ -288,7 +287,6 @@ class PermanentFix(_Record):
     problems: tuple[str, ...] = ()
     hf_keep_in_fp32: str | None = None
     level_lines: Mapping[str, str] = field(default_factory=dict)
-    engine_fix: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()

@@ -74,6 +74,7 @@ def _level_islands(report: RunSummary, healed: dict[str, list[str]]) -> dict[str
         for level, (_, advice) in s.island_levels.items():
             if healed.get(s.framework):
                 out[f"{s.framework}_{level.lower()}"] = (_island_line(healed[s.framework], level), advice)
+        out.update({key: tuple(words) for key, words in s.engine_fixes.items()})  # a DeepSpeed engine's own lines
     return out
 
 
@@ -396,7 +397,6 @@ def permanent_fix(
         problems=tuple(problems(report, returncode)),
         hf_keep_in_fp32=_hf_keep_line(report),
         level_lines={key: line for key, (line, _) in levels.items()},
-        engine_fix=tuple(dict.fromkeys(line for s in report.scalers for line in s.engine_fix)),
     )
 
 
@@ -450,12 +450,6 @@ _HF_WORDS = (
     "weights' dtype; under autocast, which computes these layers in float16 whatever their weights, the "
     "patch line above is the fix:"
 )
-_ENGINE_WORDS = (
-    "The model is sharded by FSDP2 with a float16 `param_dtype`, so every layer computes in float16 and the patch "
-    "line above reads the islands' float16 weights as float32 copies. FSDP2's own way keeps these modules' "
-    "parameters and compute in float32: run these lines before the `fully_shard` calls of the modules that "
-    "enclose them (the model's own included), with the same `mesh=` as yours:"
-)
 _SWAP_WORDS = (
     "The config's neck has an AMP-safe counterpart (a BatchNorm after each unnormalized conv; upstream "
     "checkpoints load with only the new BatchNorm keys missing):"
@@ -469,8 +463,6 @@ def _fix_lines(fix: PermanentFix) -> list[str]:
         lines += [_PATCH_WORDS, "", "```python", "import ampsafe", fix.patch, "```", ""]
     if fix.hf_keep_in_fp32:
         lines += [_HF_WORDS, "", "```python", fix.hf_keep_in_fp32, "```", ""]
-    if fix.engine_fix:
-        lines += [_ENGINE_WORDS, "", "```python", *fix.engine_fix, "```", ""]
     for key, advice in fix.level_islands.items():
         lines += [advice, "", "```python", fix.level_lines[key], "```", ""]
     swap = fix.swap_neck

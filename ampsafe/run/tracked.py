@@ -159,11 +159,11 @@ class TrackedScaler:
             model_path=self.holder_path or None,
             heal_records=heals,
             hf_keep_in_fp32=_hf_keep_in_fp32(scaler),  # HF's _keep_in_fp32_modules for the heals (run/hf.py)
-            engine_fix=_engine_fix(scaler, model, heals),
             steps=tuple(self.steps),
             watch_backoffs=tuple(self.watch.backoffs[-100:]) if self.watch is not None else (),
             backoff_scan=self._scan(),
             island_levels=_island_levels(self.framework),
+            engine_fixes=_engine_fixes(scaler, stats.heals),
             reloads=tuple(self.reloads),
             total_steps=stats.total_steps,
             skipped_steps=stats.skipped_steps,
@@ -174,15 +174,12 @@ class TrackedScaler:
         )
 
 
-def _engine_fix(scaler, model, heals) -> tuple[str, ...]:
-    """The lines of the engine that shards ``model`` keeping the healed modules in float32 (Backend.engine_fix)."""
-    paths = [p for h in heals for p in h.paths]
-    if model is None or not paths:
-        return ()
-    try:
-        return tuple(scaler._backend().engine_fix(model, list(dict.fromkeys(paths))))
-    except Exception:  # noqa: BLE001 - an extra line of the report never costs the summary
-        return ()
+def _engine_fixes(scaler, heals) -> dict:
+    """The fix lines of the engine that owns the scale (a DeepSpeed engine's ``fix_lines(paths)``: key -> (line,
+    advice)), for the healed paths as the scaler's model names them; empty for a plain scaler."""
+    lines = getattr(scaler, "fix_lines", None)
+    paths = [p for h in heals for p in (h.get("paths", ()) if isinstance(h, dict) else h.paths)]
+    return dict(lines(list(dict.fromkeys(paths)))) if callable(lines) and paths else {}
 
 
 def _hf_keep_in_fp32(scaler) -> tuple[str, ...] | None:

@@ -135,15 +135,12 @@ class TorchBackend(core.BackendBase):
 
         return bool(fsdp_modules(model))
 
-    def engine_fix(self, model, paths: list[str]) -> list[str]:
-        """FSDP2 with a float16 ``param_dtype``: a ``fully_shard`` line per module that holds parameters
-        (:func:`ampsafe.torch.fsdp.fix_lines`; a module without any, an activation, has nothing to cast)."""
-        from .fsdp import fix_lines, float16_sharded
+    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
+        """FSDP2 with a float16 ``param_dtype``: ``{"torch_fsdp2": (its fully_shard lines, advice)}``
+        (:func:`ampsafe.torch.fsdp.engine_fix`)."""
+        from .fsdp import engine_fix
 
-        if not float16_sharded(model):
-            return []
-        modules = dict(model.named_modules())
-        return fix_lines([p for p in paths if p in modules and any(True for _ in modules[p].parameters())])
+        return engine_fix(model, paths)
 
     # -- processes
     def all_gather(self, obj) -> list:

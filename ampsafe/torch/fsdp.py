@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["fsdp_modules", "float16_sharded", "float32_params", "fix_lines", "module_expr"]
+__all__ = ["fsdp_modules", "float16_sharded", "float32_params", "fix_lines", "module_expr", "engine_fix", "ADVICE"]
 
 
 def _fsdp_module_type():
@@ -131,3 +131,22 @@ def fix_lines(paths, root: str = "model") -> list[str]:
     return [
         f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" for p in paths
     ]
+
+
+ADVICE = (
+    "FSDP2 with a float16 `param_dtype` computes every layer in float16, and the patch line above reads the "
+    "islands' float16 weights as float32 copies. FSDP2's own way keeps these modules' parameters and compute in "
+    "float32: run these lines before the `fully_shard` calls of the modules that enclose them (the model's own "
+    "included), with the same `mesh=` as yours:"
+)
+
+
+def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
+    """The report's FSDP2 fix of the healed ``paths``: ``{"torch_fsdp2": (lines, advice)}``, one ``fully_shard``
+    line per module that holds parameters (an activation has nothing to cast); {} unless ``model`` has a float16
+    FSDP2 policy."""
+    if not float16_sharded(model):
+        return {}
+    modules = dict(model.named_modules())
+    lines = fix_lines([p for p in paths if p in modules and any(True for _ in modules[p].parameters())])
+    return {"torch_fsdp2": ("\n".join(lines), ADVICE)} if lines else {}

@@ -37,7 +37,8 @@ def regress_worker(rank: int, world: int, port: int, out: str) -> None:
     records = {}
     for mode in ("native", "heal", "fix"):
         model = _net()
-        for line in records.get("heal", {}).get("fix", []) if mode == "fix" else []:
+        fix = records.get("heal", {}).get("fix", {}).get("torch_fsdp2", ("", ""))[0] if mode == "fix" else ""
+        for line in fix.splitlines():
             exec(line, {**names, "model": model})  # the printed line, run on the user's model
         policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
         fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -51,7 +52,6 @@ def _train(model, mode: str, rank: int) -> dict:
     import torch
 
     from ampsafe.torch import GradScaler
-    from ampsafe.torch.backend import BACKEND
 
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     if mode == "native":
@@ -82,5 +82,5 @@ def _train(model, mode: str, rank: int) -> dict:
     if mode != "native":
         heals = scaler.stats.heals
         paths = [p for h in heals for p in h.paths]
-        record.update(heals=[(h.step, h.paths) for h in heals], fix=BACKEND.engine_fix(model, paths))  # the report's
+        record.update(heals=[(h.step, h.paths) for h in heals], fix=scaler.fix_lines(paths))  # the report's lines
     return record

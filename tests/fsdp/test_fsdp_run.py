@@ -27,10 +27,10 @@ def test_ampsafe_run_heals_fsdp2_pure_float16_and_prints_fully_shard_lines(tmp_p
     reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/report.json"))]
     healed = [r for r in reports if any(s["heal_records"] for s in r["scalers"])]
     assert len(healed) == 2, [r["fix"] for r in reports]  # both ranks
-    fixes = [r["fix"]["engine_fix"] for r in healed]
+    fixes = [r["fix"]["torch_fsdp2"] for r in healed]  # the report's FSDP2 lines, beside its patch line
     assert fixes[0] == fixes[1] and fixes[0]
-    assert "fully_shard(model[4], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" in fixes[0]
-    assert fixes[0][0] in (tmp_path / str(healed[0]["pid"]) / "report.md").read_text()
+    assert "fully_shard(model[4], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" in fixes[0].splitlines()
+    assert fixes[0] in (tmp_path / str(healed[0]["pid"]) / "report.md").read_text()
 
 
 @pytest.mark.dist

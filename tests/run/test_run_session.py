@@ -14,8 +14,8 @@ from ampsafe.run.records import PermanentFix, RunSummary
 # the keys of a scaler's summary row, as the parent process and the report read them
 SCALER_KEYS = {
     "class", "framework", "script_kwargs", "scale", "disabled_reason", "model", "model_path", "heal_records",
-    "hf_keep_in_fp32", "steps", "watch_backoffs", "backoff_scan", "island_levels", "reloads", "total_steps",
-    "skipped_steps", "overflow_steps", "floor_hits", "scale_history", "heals",
+    "hf_keep_in_fp32", "steps", "watch_backoffs", "backoff_scan", "island_levels", "engine_fixes", "reloads",
+    "total_steps", "skipped_steps", "overflow_steps", "floor_hits", "scale_history", "heals",
 }  # fmt: skip
 GUARD_KEYS = {
     "framework", "model", "total_steps", "skipped_steps", "skipped_at", "offenders", "scaler_steps",
@@ -30,6 +30,7 @@ def test_a_summary_reads_back_from_its_json_as_it_was_written():
         "changes": ["torch.GradScaler -> ampsafe.torch.GradScaler"],
         "scalers": [{"class": "ampsafe.torch.scaler.GradScaler", "framework": "torch", "steps": [[0, 8.0, True, False]],
                      "heal_records": [{"step": 0, "paths": ["head"]}], "island_levels": {"O2": ["where", "advice"]},
+                     "engine_fixes": {"deepspeed_island": ["line", "advice"]},
                      "backoff_scan": {"step": 2, "paths": ["a"], "modules": ["a"], "error": None}}],
         "guards": [{"framework": "paddle", "exit_origin": {"step": 0, "phase": "forward", "kind": "input"}}],
         "targets": [{"where": "ppdet Gt2YoloTarget", "calls": 2, "bad_boxes": 1}],
@@ -38,6 +39,7 @@ def test_a_summary_reads_back_from_its_json_as_it_was_written():
     record = RunSummary.from_dict(json.loads(json.dumps(summary)))
     assert record.watch and record.scalers[0].skipped_at == [0] and record.scalers[0].heal_records[0].paths == ("head",)
     assert record.guards[0].exit_origin.kind == "input" and record.ended.exit == 1
+    assert tuple(record.scalers[0].engine_fixes["deepspeed_island"]) == ("line", "advice")
     again = json.loads(json.dumps(record.to_dict()))
     assert set(again["scalers"][0]) == SCALER_KEYS and set(again["guards"][0]) == GUARD_KEYS
     assert RunSummary.from_dict(again) == record
