@@ -27,6 +27,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from functools import cached_property
 from types import ModuleType
 from typing import Any, NamedTuple, Protocol
@@ -342,6 +343,18 @@ class Backend(Protocol):
     def all_gather(self, obj) -> list:
         """``obj`` of every rank in rank order; ``[obj]`` outside a process group."""
 
+    def forward_is_collective(self, model) -> bool:
+        """Whether every forward of ``model`` runs collectives that all ranks must join (FSDP2's all-gathers): a
+        replay that one rank runs alone, at its exit, would hang."""
+
+    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
+        """The report's fix of the engine sharding ``model`` that keeps the modules at ``paths`` in float32 for good,
+        in its own terms: key -> (line, advice) (FSDP2: its ``fully_shard(..., mp_policy=...)`` lines), or {}."""
+
+    def float32_params(self, model) -> ContextManager:
+        """Inside it, ``model``'s parameters take part in its forward as float32 where an engine would cast them to
+        float16 for compute (FSDP2's ``param_dtype``): with :meth:`Amp.float32`, what a float32 replay runs in."""
+
     def rng_state(self) -> Callable[[], None]:
         """Save every random state a forward may draw from (the framework's generators on each device it has
         initialized, and the host ones its models use); the returned function puts them back. A scan, and the
@@ -449,6 +462,15 @@ class BackendBase:
 
     def parameters(self, module) -> list:
         return list(module.parameters())
+
+    def float32_params(self, model) -> ContextManager:
+        return nullcontext()
+
+    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
+        return {}
+
+    def forward_is_collective(self, model) -> bool:
+        return False
 
     def live_modules(self) -> list:
         return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 __all__ = ["call", "unwrap"]
 
-_WRAPPERS = {"module": {"DistributedDataParallel", "DataParallel"}, "_layers": {"DataParallel"}}
+# Paddle fleet's meta-parallel wrappers (``fleet.distributed_model``) keep the model as ``._layers`` too
+_FLEET = {"ShardingParallel", "TensorParallel", "SegmentParallel"}
+_WRAPPERS = {"module": {"DistributedDataParallel", "DataParallel"}, "_layers": {"DataParallel"} | _FLEET}
 
 
 def unwrap(model):
-    """The user's model inside DDP / DataParallel / paddle.DataParallel wrappers (they keep it as ``.module``
-    in torch and ``._layers`` in Paddle)."""
+    """The user's model inside DDP / DataParallel / paddle.DataParallel / fleet wrappers (they keep it as
+    ``.module`` in torch and ``._layers`` in Paddle)."""
     while True:
         for attr, wrappers in _WRAPPERS.items():
             inner = getattr(model, attr, None)

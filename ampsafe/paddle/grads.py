@@ -14,7 +14,7 @@ from collections import defaultdict
 import paddle
 from paddle import _C_ops
 
-__all__ = ["unscale_and_check_", "unscale_params_", "nonfinite_params", "parameters"]
+__all__ = ["unscale_and_check_", "unscale_params_", "nonfinite_params", "parameters", "gradient"]
 
 
 def _check_finite_and_unscale(grads: list, scale):
@@ -42,11 +42,18 @@ def unscale_and_check_(optimizer, scale):
     return unscale_params_(parameters(optimizer), scale)
 
 
+def gradient(param):
+    """The gradient the optimizer applies: fleet's float32 ``main_grad`` where the parameter has one (hybrid
+    parallel's mixed precision accumulates there), else the parameter's own."""
+    main = getattr(param, "main_grad", None)
+    return main if main is not None else param._grad_ivar()
+
+
 def unscale_params_(params, scale):
     """:func:`unscale_and_check_` over the gradients of ``params``."""
     by_dtype: dict = defaultdict(list)
     for param in params:
-        grad = param._grad_ivar()
+        grad = gradient(param)
         if grad is not None:
             by_dtype[grad.dtype].append(grad)
     found_inf = None
@@ -60,7 +67,7 @@ def nonfinite_params(optimizer) -> list:
     """(parameter, fallback label) for each parameter whose gradient is non-finite: only on the floor path."""
     found = []
     for p in parameters(optimizer):
-        grad = p._grad_ivar()
+        grad = gradient(p)
         if grad is not None and not bool(paddle.isfinite(grad).all().item()):
             found.append((p, f"{p.name} {tuple(p.shape)}"))
     return found

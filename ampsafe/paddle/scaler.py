@@ -43,6 +43,7 @@ from ..core.scale import (
 from ..errors import ConfigError
 from ..healing.scaler import HealingScaler
 from .backend import BACKEND, amp_dtype, innermost_emulator
+from .fleet import KeptMethod
 from .grads import nonfinite_params, unscale_and_check_
 
 __all__ = ["GradScaler", "OptimizerState", "amp_scaler"]
@@ -263,8 +264,10 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
     _incr_count = property(*_tracker("growth_tracker"))
     _decr_count = property(*_tracker("overflow_tracker"))
 
+    @KeptMethod
     def _unscale(self, optimizer) -> None:
-        """Paddle's private name for :meth:`unscale_`."""
+        """Paddle's private name for :meth:`unscale_`; ``fleet.distributed_scaler`` does not shadow it
+        (:mod:`ampsafe.paddle.fleet`)."""
         self.unscale_(optimizer)
 
     def _update(self) -> None:

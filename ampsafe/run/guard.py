@@ -404,6 +404,13 @@ class StepGuard:
             model, b = tracked.model, self.backend
             if tracked.latest is None or model is None:
                 continue
+            if b.forward_is_collective(model):  # a forward that other ranks, maybe gone, must join would hang
+                tracked.latest = None
+                self._say(
+                    "the last forward was not replayed at exit: every forward of this model is collective "
+                    "(FSDP2's all-gathers) and the other ranks may have stopped"
+                )
+                continue
             args, kwargs = tracked.latest
             step = self.total_steps + self.scaler_steps  # the optimizer step that never came
             restore = b.snapshot(model)

@@ -450,6 +450,12 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
 
         return BACKEND
 
+    def fix_lines(self, paths) -> dict[str, tuple[str, str]]:
+        """The report's lines of the engine that shards :attr:`model` for the healed ``paths``: key -> (line,
+        advice); FSDP2 with a float16 ``param_dtype`` gives its ``fully_shard`` lines (``Backend.engine_fix``)."""
+        model = self.model
+        return self._backend().engine_fix(model, list(paths)) if model is not None else {}
+
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
     _wrappers = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"})
 

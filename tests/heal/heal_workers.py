@@ -51,7 +51,7 @@ def paddle_worker(out: str) -> None:
     import paddle.distributed as dist
 
     import ampsafe
-    from ampsafe.paddle import GradScaler, emulate_fp16
+    from ampsafe.paddle import GradScaler
 
     dist.init_parallel_env()
     rank = dist.get_rank()
@@ -64,6 +64,26 @@ def paddle_worker(out: str) -> None:
     opt = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
     scaler = GradScaler(init_loss_scaling=4.0, min_loss_scaling=1.0, on_floor="heal", emulated=True)
     healer = ampsafe.heal(model, scaler=scaler)
+    _paddle_hot_steps(model, layer, opt, scaler, rank)
+    record = {
+        "params": [p.numpy() for p in layer.parameters() if not p.stop_gradient],
+        "stats_finite": all(np.isfinite(p.numpy()).all() for p in layer.parameters() if p.stop_gradient),
+        "patched": ampsafe.patching.patched_modules(layer),
+        "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
+        "found": [list(h.found) for h in healer.heals],
+        "scale": scaler.get_loss_scaling(),
+    }
+    with open(os.path.join(out, f"{rank}.pkl"), "wb") as fh:
+        pickle.dump(record, fh)
+
+
+def _paddle_hot_steps(model, layer, opt, scaler, rank: int) -> None:
+    """Six float16 steps (emulated on this CPU); rank 1's first ``HOT_STEPS`` batches overflow the first conv."""
+    import numpy as np
+    import paddle
+
+    from ampsafe.paddle import emulate_fp16
+
     rng = np.random.default_rng(100 + rank)
     with emulate_fp16(layer):
         for step in range(6):
@@ -75,14 +95,48 @@ def paddle_worker(out: str) -> None:
             scaler.step(opt)
             scaler.update()
             opt.clear_grad()
+
+
+def paddle_fleet_worker(out: str) -> None:
+    """As :func:`paddle_worker` under Paddle fleet's sharding parallel (``sharding_degree`` 2): the hybrid mode in
+    which ``fleet.distributed_scaler`` assigns its own ``_unscale`` on the scaler."""
+    import pickle
+
+    import paddle
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+    from paddle.distributed.fleet.base.topology import ParallelMode
+
+    import ampsafe
+    from ampsafe.paddle import GradScaler
+    from ampsafe.paddle.fleet import assigned
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": 2}
+    fleet.init(is_collective=True, strategy=strategy)
+    rank = dist.get_rank()
+    paddle.seed(0)
+    nn = paddle.nn
+    layer = nn.Sequential(nn.Conv2D(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2D(8, 8, 3, padding=1), nn.Conv2D(8, 1, 1))
+    model = fleet.distributed_model(layer)
+    opt = fleet.distributed_optimizer(paddle.optimizer.Adam(learning_rate=1e-3, parameters=layer.parameters()))
+    scaler = GradScaler(init_loss_scaling=4.0, min_loss_scaling=1.0, on_floor="heal", emulated=True)
+    scaler = fleet.distributed_scaler(scaler)
     record = {
-        "params": [p.numpy() for p in layer.parameters() if not p.stop_gradient],
-        "stats_finite": all(np.isfinite(p.numpy()).all() for p in layer.parameters() if p.stop_gradient),
-        "patched": ampsafe.patching.patched_modules(layer),
-        "heals": [(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
-        "found": [list(h.found) for h in healer.heals],
-        "scale": scaler.get_loss_scaling(),
+        "beyond_dp": fleet.get_hybrid_communicate_group().get_parallel_mode() != ParallelMode.DATA_PARALLEL,
+        "fleet_assigned": assigned(scaler, "_unscale") is not None,
+        "own_unscale": scaler._unscale.__func__ is type(scaler)._unscale,
     }
+    healer = ampsafe.heal(model, scaler=scaler)
+    _paddle_hot_steps(model, layer, opt, scaler, rank)
+    record.update(
+        params=[p.numpy() for p in layer.parameters()],
+        patched=ampsafe.patching.patched_modules(layer),
+        heals=[(h.step, h.paths, h.scale_after) for h in scaler.stats.heals],
+        found=[list(h.found) for h in healer.heals],
+        skipped=scaler.stats.skipped_steps,
+        scale=scaler.get_loss_scaling(),
+    )
     with open(os.path.join(out, f"{rank}.pkl"), "wb") as fh:
         pickle.dump(record, fh)
 

@@ -30,13 +30,13 @@ def test_torch_ddp_ranks_heal_the_union_of_paths_and_stay_identical(tmp_path, fr
     assert r0["stats_finite"] and r1["stats_finite"]  # rank 1's BatchNorm saw inf: the heal reset it
 
 
-@pytest.mark.dist
-def test_paddle_data_parallel_ranks_heal_the_union_of_paths_and_stay_identical(tmp_path):
+def _paddle_ranks(worker: str, tmp_path) -> tuple[dict, dict]:
+    """``heal_workers.<worker>(tmp_path)`` on 2 gloo ranks (``paddle.distributed.spawn``); each rank's record."""
     pytest.importorskip("paddle")
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); import heal_workers, paddle.distributed as dist;\n"
         "if __name__ == '__main__':\n"
-        "    dist.spawn(heal_workers.paddle_worker, args=(sys.argv[2],), nprocs=2, backend='gloo')\n"
+        f"    dist.spawn(heal_workers.{worker}, args=(sys.argv[2],), nprocs=2, backend='gloo')\n"
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
@@ -44,9 +44,34 @@ def test_paddle_data_parallel_ranks_heal_the_union_of_paths_and_stay_identical(t
     )
     assert done.returncode == 0, done.stderr[-3000:]
     r0, r1 = (pickle.loads((tmp_path / f"{r}.pkl").read_bytes()) for r in (0, 1))
+    return r0, r1
+
+
+@pytest.mark.dist
+def test_paddle_data_parallel_ranks_heal_the_union_of_paths_and_stay_identical(tmp_path):
+    r0, r1 = _paddle_ranks("paddle_worker", tmp_path)
     assert len(r0["heals"]) == 1 and r0["heals"] == r1["heals"]
     assert r0["found"] == r1["found"] and "0" in r0["found"][0]
     assert r0["patched"] == r1["patched"] and r0["patched"]
     assert all(np.array_equal(a, b) and np.isfinite(a).all() for a, b in zip(r0["params"], r1["params"]))
     assert r0["scale"] == r1["scale"]
     assert r0["stats_finite"] and r1["stats_finite"]  # rank 1's BatchNorm saw inf: the heal reset it
+
+
+@pytest.mark.dist
+def test_paddle_fleet_distributed_scaler_under_sharding_keeps_the_floor_and_heal(tmp_path):
+    """``fleet.distributed_scaler`` outside pure data parallel assigns its own ``_unscale`` on the scaler; ampsafe's
+    keeps its own (floor and heal), and both ranks heal alike and stay identical.
+
+    Measured with paddlepaddle 3.3.1 on a CPU: sharding parallel (``sharding_degree`` 2) runs on gloo; tensor
+    parallel does not (``fleet.distributed_model`` asserts "Only support xpu, gpu and custom_device now, but this is
+    cpu", and without it ``ColumnParallelLinear`` fails: "Do not support c_identity for cpu kernel now")."""
+    r0, r1 = _paddle_ranks("paddle_fleet_worker", tmp_path)
+    for r in (r0, r1):
+        assert r["beyond_dp"]  # the mode in which fleet replaces _unscale
+        assert r["fleet_assigned"] and r["own_unscale"]  # fleet assigned its _unscale; the scaler's own answers
+    assert len(r0["heals"]) == 1 and r0["heals"] == r1["heals"]
+    assert r0["found"] == r1["found"] and "0" in r0["found"][0]  # named in the model fleet wrapped
+    assert r0["patched"] == r1["patched"] and r0["patched"]
+    assert r0["skipped"] == r1["skipped"] >= 1 and r0["scale"] == r1["scale"]
+    assert all(np.array_equal(a, b) and np.isfinite(a).all() for a, b in zip(r0["params"], r1["params"]))

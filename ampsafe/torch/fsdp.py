@@ -1,0 +1,152 @@
+"""FSDP2 (``fully_shard``) in pure float16: what a heal needs to see float32, and the island's permanent fix line.
+
+Why a module of its own: under ``fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16))``
+(torchtitan, verl, lerobot) no autocast is on; FSDP2 all-gathers every parameter in float16, so every layer
+computes in float16. Turning autocast off (``backend.amp.float32()``) leaves that in place, and a heal's "float32"
+scan or replay of the batch overflowed exactly as the step did and read as a numerical error.
+:func:`float32_params` switches every FSDP2 parameter group of a model to float32 all-gathers for the duration
+(FSDP2's own mixed-precision attributes, the parameters' sharding untouched) and back afterwards. It is
+collective like any FSDP2 forward: every rank runs the same forwards inside it.
+
+An island under FSDP2 is ``FP32Island`` on the module (float32 inputs, float32 copies of its float16 weights);
+the permanent fix is FSDP2's own per-module policy, applied before the enclosing ``fully_shard`` call::
+
+    fully_shard(model.decoder.block[1].layer[2].DenseReluDense.wo,
+                mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))
+
+(:func:`fix_lines`), which gives the module float32 parameters and casts its floating inputs to float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["fsdp_modules", "float16_sharded", "float32_params", "fix_lines", "module_expr", "engine_fix", "ADVICE"]
+
+
+def _fsdp_module_type():
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return None
+    return FSDPModule
+
+
+def fsdp_modules(model) -> list:
+    """The FSDP2 modules (``fully_shard``-ed) in ``model``, outermost first."""
+    kind = _fsdp_module_type()
+    if kind is None or not isinstance(model, torch.nn.Module):
+        return []
+    return [m for m in model.modules() if isinstance(m, kind)]
+
+
+def _low(dtype) -> bool:
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+def float16_sharded(model) -> bool:
+    """Whether an FSDP2 policy of ``model`` computes some parameters in float16/bfloat16 (``param_dtype``)."""
+    return any(_low(m._get_fsdp_state()._mp_policy.param_dtype) for m in fsdp_modules(model))
+
+
+_PARAM_SLOTS = ("param_dtype", "reduce_dtype", "all_gather_outputs", "_unsharded_param")
+
+
+def _save_param(fsdp_param) -> dict:
+    return {k: getattr(fsdp_param, k) for k in _PARAM_SLOTS if hasattr(fsdp_param, k)}
+
+
+def _load_param(fsdp_param, saved: dict) -> None:
+    for key in _PARAM_SLOTS:
+        if key in saved:
+            setattr(fsdp_param, key, saved[key])
+        elif hasattr(fsdp_param, key):
+            delattr(fsdp_param, key)
+
+
+@contextlib.contextmanager
+def float32_params(model) -> Iterator[None]:
+    """Every FSDP2 group of ``model`` all-gathers float32 parameters (and casts forward inputs to float32) inside
+    the block; FSDP2's own state (policies, per-parameter dtypes, its cached float16 buffers) is put back after.
+
+    Nothing happens for a model without a float16 FSDP2 policy. A group still unsharded (after a forward under
+    no grad, or the root's forward) is resharded first, so its float16 buffers are free when they are set aside.
+    """
+    if not float16_sharded(model):
+        yield
+        return
+    saved: list[tuple[str, Any, Any]] = []  # (kind, owner, what to put back)
+    try:
+        for module in fsdp_modules(model):
+            state = module._get_fsdp_state()
+            wide = dataclasses.replace(state._mp_policy, param_dtype=torch.float32)
+            saved.append(("state", state, state._mp_policy))
+            state._mp_policy = wide
+            group = state._fsdp_param_group
+            if group is None:
+                continue
+            if not group.is_sharded:
+                group.reshard()
+            saved.append(("group", group, group.mp_policy))
+            group.mp_policy = dataclasses.replace(group.mp_policy, param_dtype=torch.float32)
+            for fsdp_param in group.fsdp_params:
+                saved.append(("param", fsdp_param, _save_param(fsdp_param)))
+                fsdp_param.init_dtype_attrs(group.mp_policy)
+                fsdp_param.all_gather_outputs = []
+                if hasattr(fsdp_param, "_unsharded_param"):
+                    del fsdp_param._unsharded_param
+        yield
+    finally:
+        for kind, owner, old in reversed(saved):
+            if kind == "state":
+                owner._mp_policy = old
+            elif kind == "group":
+                if not owner.is_sharded:
+                    owner.reshard()
+                owner.mp_policy = old
+            else:
+                _load_param(owner, old)
+
+
+_INDEX = re.compile(r"^\d+$")
+
+
+def module_expr(path: str, root: str = "model") -> str:
+    """``decoder.block.1.layer.2.wo`` -> ``model.decoder.block[1].layer[2].wo``: the module as Python code."""
+    out = root
+    for part in path.split(".") if path else ():
+        out += f"[{part}]" if _INDEX.match(part) else f".{part}"
+    return out
+
+
+def fix_lines(paths, root: str = "model") -> list[str]:
+    """The FSDP2 lines that keep ``paths`` in float32 for good: one ``fully_shard`` each, to run before the
+    ``fully_shard`` calls of the modules that enclose them (the model's own included)."""
+    return [
+        f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" for p in paths
+    ]
+
+
+ADVICE = (
+    "FSDP2 with a float16 `param_dtype` computes every layer in float16, and the patch line above reads the "
+    "islands' float16 weights as float32 copies. FSDP2's own way keeps these modules' parameters and compute in "
+    "float32: run these lines before the `fully_shard` calls of the modules that enclose them (the model's own "
+    "included), with the same `mesh=` as yours:"
+)
+
+
+def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
+    """The report's FSDP2 fix of the healed ``paths``: ``{"torch_fsdp2": (lines, advice)}``, one ``fully_shard``
+    line per module that holds parameters (an activation has nothing to cast); {} unless ``model`` has a float16
+    FSDP2 policy."""
+    if not float16_sharded(model):
+        return {}
+    modules = dict(model.named_modules())
+    lines = fix_lines([p for p in paths if p in modules and any(True for _ in modules[p].parameters())])
+    return {"torch_fsdp2": ("\n".join(lines), ADVICE)} if lines else {}
