@@ -41,7 +41,7 @@ import numpy as np
 from ..core.attr_patches import AttrPatches
 from ..errors import AmpSafeError
 
-__all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "guards"]
+__all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "guards", "latest_inputs"]
 
 _tls = threading.local()  # .scaler: depth inside an enabled ampsafe scaler's step; .step: inside a guarded step
 _guards: list[StepGuard] = []
@@ -61,6 +61,17 @@ class SkippedStepsError(AmpSafeError, FloatingPointError):
 
 def guards() -> list[StepGuard]:
     return list(_guards)
+
+
+def latest_inputs(model) -> tuple[tuple, dict] | None:
+    """The inputs of ``model``'s latest training forward as a guard kept them (hooked since its optimizer was
+    built, so step 0's too), or None: what a run's scaler, which finds its model only at its first step, reads
+    to tell a step-0 NaN input from an overflow."""
+    for guard in _guards:
+        tracked = guard._tracked.get(id(model)) if guard.enabled and model is not None else None
+        if tracked is not None and tracked.latest is not None:
+            return tracked.latest
+    return None
 
 
 def _depth(name: str) -> int:

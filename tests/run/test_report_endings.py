@@ -76,3 +76,13 @@ def test_fp32_watch_stop_on_a_backward_nan_says_what_was_measured(tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "<loss>:loss" not in markdown and "the backward pass went non-finite" in markdown
     assert "swap-neck" not in markdown
+
+
+def test_a_nan_input_under_amp_at_step_0_is_data_too():
+    # the scaler finds its model at its first step, after step 0's forward; the run's guard hooked the model when
+    # the optimizer was built, so step 0's NaN is told from an overflow as well
+    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_torch.py"), "--nan-step", "0", "--steps", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "script: done, scale 65536.0" in proc.stdout
+    assert "final scale 65536.0; 1 skipped for a non-finite input (step 0: args[0][4]" in proc.stdout
+    assert "overflowing" not in proc.stdout and "step 0 skipped: a non-finite value came in" in proc.stderr
