@@ -20,9 +20,6 @@ def _risky(report) -> list:
 
 
 # ------------------------------------------------------------------------------------------------------ torch
-torch_spellings = pytest.mark.parametrize("spelling", SPELLINGS)
-
-
 def _torch_attention(spelling: str, to_softmax: bool = True):
     torch = pytest.importorskip("torch")
 
@@ -55,21 +52,6 @@ def _torch_attention(spelling: str, to_softmax: bool = True):
     mask = torch.ones(2, 8, 8, dtype=torch.bool)
     mask[1, :, 5:] = False
     return Attention(), (torch.randn(2, 8, 16), mask)
-
-
-@torch_spellings
-def test_torch_mask_into_a_softmax_is_not_an_overflow(spelling):
-    model, inputs = _torch_attention(spelling)
-    report = ampsafe.scan(model, inputs)
-    assert _risky(report) == []
-    assert all(p.amax is not None and p.amax < 1e3 for p in report.paths)
-
-
-@pytest.mark.parametrize("spelling", ["masked_fill", "where_number", "additive"])
-def test_torch_mask_lanes_that_reach_a_matmul_are_values(spelling):
-    model, inputs = _torch_attention(spelling, to_softmax=False)
-    risky = _risky(ampsafe.scan(model, inputs))
-    assert risky and max(amax for _, amax in risky) > 1e38  # the fill value goes into a matmul: float16 overflows
 
 
 def test_deberta_masked_fill_with_finfo_min_is_not_an_overflow():
@@ -135,16 +117,23 @@ def _paddle_attention(spelling: str, to_softmax: bool = True):
     return Attention(), (paddle.randn([2, 8, 16]), paddle.to_tensor(mask))
 
 
-@pytest.mark.parametrize("spelling", PADDLE_SPELLINGS)
-def test_paddle_mask_into_a_softmax_is_not_an_overflow(spelling):
-    model, inputs = _paddle_attention(spelling)
+# ------------------------------------------------------------------------------------------------------ both
+BUILDERS = {"torch": _torch_attention, "paddle": _paddle_attention}
+
+
+@pytest.mark.parametrize(
+    "framework, spelling", [("torch", s) for s in SPELLINGS] + [("paddle", s) for s in PADDLE_SPELLINGS]
+)
+def test_mask_into_a_softmax_is_not_an_overflow(framework, spelling):
+    model, inputs = BUILDERS[framework](spelling)
     report = ampsafe.scan(model, inputs)
     assert _risky(report) == []
     assert all(p.amax is not None and p.amax < 1e3 for p in report.paths)
 
 
+@pytest.mark.parametrize("framework", BUILDERS)
 @pytest.mark.parametrize("spelling", ["masked_fill", "where_number", "additive"])
-def test_paddle_mask_lanes_that_reach_a_matmul_are_values(spelling):
-    model, inputs = _paddle_attention(spelling, to_softmax=False)
+def test_mask_lanes_that_reach_a_matmul_are_values(framework, spelling):
+    model, inputs = BUILDERS[framework](spelling, to_softmax=False)
     risky = _risky(ampsafe.scan(model, inputs))
-    assert risky and max(amax for _, amax in risky) > 1e38
+    assert risky and max(amax for _, amax in risky) > 1e38  # the fill value goes into a matmul: float16 overflows
