@@ -19,6 +19,7 @@ from .core.model import unwrap
 from .core.modpath import ancestors
 from .core.paths import UNTRACED, analyze, merge_paths, merge_risky_ops
 from .core.report import ScanReport
+from .core.sentinel import nonfinite_input
 from .core.swaps import protection_of
 from .errors import AmpSafeError, ConfigError
 
@@ -51,6 +52,18 @@ def _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale,
     for i, batch in enumerate(calibration or ()):
         if not isinstance(batch, (tuple, dict)):
             raise ConfigError(f"calibration batch {i} must be a tuple or dict like example_inputs")
+
+
+def _check_finite(backend, batch, which: str) -> None:
+    """A NaN/Inf in the data makes every path after it non-finite, which says nothing about float16's range:
+    a :class:`ScanError` names the input instead of a report that flags every path."""
+    bad = nonfinite_input(((), batch) if isinstance(batch, dict) else (batch, {}), backend.tensors)
+    if bad is not None:
+        raise ScanError(
+            f"{which} holds a non-finite value at {bad.text}: a NaN/Inf that comes in with the data makes every "
+            "path after it non-finite, which is not a float16 overflow. Fix or drop that sample (or scan "
+            "another batch); nothing was run."
+        )
 
 
 def _protection(modules: dict, path: str):
@@ -89,6 +102,7 @@ def scan(
     batches = [example_inputs, *(calibration or ())]
     paths, ops, notes = [], [], []
     for i, batch in enumerate(batches):
+        _check_finite(backend, batch, "example_inputs" if i == 0 else f"calibration batch {i - 1}")
         try:
             graph = backend.trace(model, batch, level=level, target=target, loss_fn=loss_fn, loss_scale=loss_scale)
         except AmpSafeError:

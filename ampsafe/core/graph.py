@@ -16,6 +16,12 @@ FP16_MAX = 65504.0
 # additive attention masks hold finfo.min. No activation a model computes gets near 2**100 without having left
 # float16's range long before, so the lanes measured apart below it are what the model computes.
 MASK_LIMIT = 2.0**100
+# The mask rule, for every spelling: mask lanes enter a path either through a float input from off the path (an
+# additive float mask, ``where(mask, x, fill_tensor)``) or through an op that writes a fill value into the lanes a
+# boolean mask picks, the value given as a number (``masked_fill(bool_mask, finfo.min)``: its only float input
+# is the path's own tensor). Both are measured apart (``lane_abs_max``) and do not count where the lanes end in a
+# masked softmax, an exp, a bounded op or SDPA's attn_mask (``ampsafe.core.paths``).
+MASK_FILL_OPS = frozenset({"masked_fill", "masked_fill_"})
 
 
 class OpKind(str, Enum):

@@ -6,7 +6,8 @@ A *path* starts at a conv/matmul output and follows its consumers through ops th
 path, the outputs of the ops that end it included, counts for its float16 headroom: in the DBNet seed the
 first value past 65504 is the output of the head conv that *ends* the unnormalized DBFPN concat path.
 A mask's fill value (``finfo.min``, ``-inf``) on a path is not a value when it ends in a masked softmax, an
-``exp`` or SDPA's ``attn_mask`` (:class:`_MaskLanes`): HF's additive attention masks hold ``finfo(float32).min``.
+``exp`` or SDPA's ``attn_mask`` (:class:`_MaskLanes`), whatever the spelling (an additive float mask, ``where``,
+``masked_fill`` with a number: the rule is stated once, at :data:`~ampsafe.core.graph.MASK_FILL_OPS`).
 At O1 a value an op computes in float32 counts only if it is cast to float16 later (:class:`_CastsLow`): a
 transformer's residual stream stays float32 under autocast, so a big sublayer output joining it does not flag
 every earlier path that feeds it.

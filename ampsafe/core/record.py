@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, UnsupportedModelError
 from .backend import Backend, Tensors
-from .graph import START_KINDS, Graph, OpKind, amax_value, path_flags
+from .graph import MASK_FILL_OPS, START_KINDS, Graph, OpKind, amax_value, path_flags
 
 __all__ = ["TraceHooks", "TraceHooksBase", "Recorder", "trace", "preserved"]
 
@@ -221,10 +221,11 @@ class Recorder:
                 maxima = [ts.abs_max(t) for t in measured]
                 if probe is not None:
                     maxima += list(probe())
-                # mask lanes (finfo.min, -inf) enter through an input from off the path (the mask) and ride
-                # elementwise ops from there; a conv/matmul output, or an op fed only by path values, has none
-                laned = kind in _LANE_KINDS
-                laned = laned and any(tid not in self.on_path or tid in self.laned for tid in in_ids)
+                # mask lanes: see MASK_FILL_OPS (the rule); a conv/matmul output, or an elementwise op fed only
+                # by path values, has none
+                laned = kind in _LANE_KINDS and (
+                    op in MASK_FILL_OPS or any(tid not in self.on_path or tid in self.laned for tid in in_ids)
+                )
                 lanes = [ts.lane_abs_max(t) for t in measured] if laned else None
                 if laned:
                     self.laned.update(out_ids)

@@ -15,6 +15,12 @@ Semantics (Paddle's ``decr_every_n_nan_or_inf`` for ``hysteresis``)::
 A *floor hit* is an overflowing step taken while the scale already sits at ``min_scale`` (``min_scale > 0``):
 no smaller scale is allowed, so the overflow can't be cured by backing off. ``on_floor`` (an :class:`OnFloor`)
 says what then happens, in one dispatch of :class:`ScalerBase` (its docstring gives a step's order).
+
+Data is never an overflow: a step whose non-finite gradients came with a non-finite model input (a NaN pixel, a
+corrupt file) is skipped and nothing else changes: the scale, both trackers and the floor stay as they were
+(:meth:`LossScaleState.skip_input`), whatever the precision. A bad sample says nothing about float16's range,
+and backing off on it would let a few corrupt files decay the scale. It is counted apart
+(``ScalerStats.input_steps``, ``StepDecision.bad_input``), never as an overflow, a floor hit or a heal's reason.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 from ..errors import ConfigError, LossScaleFloorError
 from .amp import ON_FLOOR, OnFloor
 from .modpath import parent
+from .sentinel import BadInput
 from .verdict import HealVerdict
 
 __all__ = [
@@ -190,6 +197,12 @@ class StepDecision:
     backed_off: bool
     floor_hit: bool
     on_floor: OnFloor
+    bad_input: Optional[BadInput] = None  # the non-finite model input of a step skipped for its data
+
+    @property
+    def overflow(self) -> bool:
+        """A step that overflowed (not one skipped for its data)."""
+        return self.found_inf and self.bad_input is None
 
 
 @dataclass(frozen=True)
@@ -259,11 +272,11 @@ class ScalerStats:
     floor_hits: int = 0
     scale_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     heals: list = field(default_factory=list)
+    input_steps: int = 0  # skipped for a non-finite model input (data, not an overflow: the scale stayed)
 
     def to_dict(self) -> dict:
-        counts = {
-            name: getattr(self, name) for name in ("total_steps", "skipped_steps", "overflow_steps", "floor_hits")
-        }
+        names = ("total_steps", "skipped_steps", "overflow_steps", "floor_hits", "input_steps")
+        counts = {name: getattr(self, name) for name in names}
         return {**counts, "scale_history": list(self.scale_history), "heals": [h.to_dict() for h in self.heals]}
 
 
@@ -353,6 +366,27 @@ class LossScaleState:
             backed_off=backed_off,
             floor_hit=floor_hit,
             on_floor=p.on_floor,
+        )
+
+    def skip_input(self, bad_input: BadInput) -> StepDecision:
+        """Record a step skipped for its data (``bad_input``: the non-finite model input): the scale, the trackers
+        and the last clean scale stay as they were (see the module docstring)."""
+        s, scale = self.stats, float(self.scale)
+        s.total_steps += 1
+        s.skipped_steps += 1
+        s.input_steps += 1
+        s.scale_history.append(scale)
+        return StepDecision(
+            step=s.total_steps - 1,
+            found_inf=True,
+            skipped=True,
+            scale=scale,
+            next_scale=scale,
+            grew=False,
+            backed_off=False,
+            floor_hit=False,
+            on_floor=self.policy.on_floor,
+            bad_input=bad_input,
         )
 
     def set_scale(self, value: float) -> None:
@@ -532,6 +566,8 @@ class ScalerBase:
         gather       the adapter: found_inf (its one host sync), the offenders when at the floor, the losses
                      ``scale()`` saw; None when there is nothing to decide (``update(new_scale)``, a step
                      decided on the device, nothing stepped)
+        data         found_inf with a non-finite model input (``_bad_input()``, checked only on such steps):
+                     LossScaleState.skip_input, no dispatch (data is never an overflow: module docstring)
         decide       LossScaleState.update(found_inf) -> StepDecision; the adapter's scale tensor follows
         dispatch     FLOOR_HANDLERS[decision.on_floor](decision, offenders, losses), the one place on_floor acts:
                        RAISE  a floor hit raises LossScaleFloorError naming the offenders and the measured pass
@@ -595,12 +631,16 @@ class ScalerBase:
             self._end_step()
 
     def _decide(self, found_inf: bool, offenders: list, losses: list) -> StepDecision:
+        bad_input = self._bad_input() if found_inf else None
         before = self._core.scale
-        decision = self._core.update(found_inf)
+        decision = self._core.update(found_inf) if bad_input is None else self._core.skip_input(bad_input)
         if self._core.scale != before:
             self._refresh_scale()
         try:
-            getattr(self, self.FLOOR_HANDLERS[decision.on_floor])(decision, offenders, losses)
+            if bad_input is None:
+                getattr(self, self.FLOOR_HANDLERS[decision.on_floor])(decision, offenders, losses)
+            else:
+                self._skipped_input(decision)
         finally:
             for observe in list(self._core.callbacks):
                 observe(decision)
@@ -676,6 +716,13 @@ class ScalerBase:
     def _measured(self, info: FloorInfo, magnitude: bool = True) -> FloorInfo:
         """``info`` with the measured verdict of the floor (here: none, nothing to replay)."""
         return info
+
+    def _bad_input(self) -> Optional[BadInput]:
+        """The non-finite input of this step's forward (None: finite, or no forward was seen)."""
+        return None
+
+    def _skipped_input(self, decision: StepDecision) -> None:
+        """A step skipped for its data (here: nothing more to do)."""
 
     def _scans(self, hook: Optional[Callable]) -> bool:
         """Whether ``hook`` scans the batch itself (then the floor's replay leaves the magnitude to it)."""

@@ -27,6 +27,8 @@ __all__ = [
     "verdict",
     "tensor_stats",
     "first_nonfinite_row",
+    "BadInput",
+    "nonfinite_input",
     "nonfinite_error",
     "rerun_failure",
     "HeadroomWarning",
@@ -90,6 +92,53 @@ def first_nonfinite_row(array, batch_size: int | None) -> int | None:
     bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
     hits = np.flatnonzero(bad)
     return int(hits[0]) if hits.size else None
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A model input that holds a NaN/Inf: ``where`` (``args[0][1]``, ``batch['img'][1]``, as the sentinel names
+    inputs) and ``sample``, its index in the batch (None when the input has no batch dimension)."""
+
+    where: str
+    sample: int | None = None
+
+    @property
+    def text(self) -> str:
+        return self.where + (f" (sample {self.sample})" if self.sample is not None else "")
+
+
+def nonfinite_input(latest, tensors) -> BadInput | None:
+    """The first floating input of a forward's ``(args, kwargs)`` that holds a NaN/Inf, or None.
+
+    ``tensors``: the framework's :class:`~ampsafe.core.backend.Tensors`. One ``finite`` check per floating
+    tensor (no copy); only a non-finite one is read back to find its sample (its first bad row along the batch
+    dimension, or its index in a list of samples such as torchvision's list of images).
+    """
+    args, kwargs = latest
+    named = [(f"args[{i}]", a) for i, a in enumerate(args)] + list((kwargs or {}).items())
+    for where, value in named:
+        bad = _nonfinite_in(where, value, None, tensors, 0)
+        if bad is not None:
+            return bad
+    return None
+
+
+def _nonfinite_in(where: str, value, sample, tensors, depth: int) -> BadInput | None:
+    if isinstance(value, tensors.tensor_type):
+        if not tensors.is_float(value) or tensors.finite(value):
+            return None
+        rows = int(value.shape[0]) if value.ndim and depth == 0 else None
+        row = first_nonfinite_row(tensors.to_numpy(value), rows) if rows is not None else None
+        return BadInput(where + (f"[{row}]" if row is not None else ""), sample if sample is not None else row)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items if depth < 3 else ():
+        # a list of samples (torchvision's images): its index is the sample; a dict of batched arrays (ppdet,
+        # ultralytics) keeps the batch dimension of its values
+        inner = key if sample is None and depth == 0 and not isinstance(value, dict) else sample
+        bad = _nonfinite_in(f"{where}[{key!r}]", item, inner, tensors, depth + (0 if isinstance(value, dict) else 1))
+        if bad is not None:
+            return bad
+    return None
 
 
 _ADVICE = {

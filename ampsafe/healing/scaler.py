@@ -28,8 +28,10 @@ from ..core.amp import OnFloor
 from ..core.capture import InputCapture
 from ..core.model import unwrap
 from ..core.scale import FloorInfo, ScalePolicy, ScalerBase, StepDecision
+from ..core.sentinel import BadInput, nonfinite_input
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError
+from .evidence import repair_running_stats
 from .healer import Healer
 from .verdict import measure, not_replayed
 
@@ -121,6 +123,27 @@ class HealingScaler(ScalerBase):
         except TypeError:  # an object that takes no weak reference: held as it is
             self._resolved_ref = lambda model=model: model
         self._capture = InputCapture(backend, model, state=backend.amp.state)
+
+    def _bad_input(self) -> Optional[BadInput]:
+        """The non-finite input of the step's captured forward (checked only on a step that found inf/NaN)."""
+        latest = self._capture.latest if self._capture is not None else None
+        return nonfinite_input(latest, self._backend().tensors) if latest is not None else None
+
+    def _skipped_input(self, decision: StepDecision) -> None:
+        """A data step: the running statistics its forward made non-finite restart (the heal's repair), and
+        one line says what was skipped and kept."""
+        model = self._resolved
+        repaired = repair_running_stats(self._backend(), model) if model is not None else []
+        log.warning(
+            "ampsafe: step %s skipped: a non-finite value came in with the model's input %s, not a float16 "
+            "overflow; the loss scale stays %g%s (fix or drop that sample)",
+            decision.step,
+            decision.bad_input.text,
+            decision.scale,
+            f"; running statistics reset in {', '.join(repaired[:4])}{', …' if len(repaired) > 4 else ''}"
+            if repaired
+            else "",
+        )
 
     def _end_step(self) -> None:
         """After ``update()``: the step's inputs are no longer the latest (the capture forgets them)."""

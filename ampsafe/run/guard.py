@@ -41,7 +41,7 @@ import numpy as np
 from ..core.attr_patches import AttrPatches
 from ..errors import AmpSafeError
 
-__all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "guards"]
+__all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "guards", "latest_inputs"]
 
 _tls = threading.local()  # .scaler: depth inside an enabled ampsafe scaler's step; .step: inside a guarded step
 _guards: list[StepGuard] = []
@@ -61,6 +61,17 @@ class SkippedStepsError(AmpSafeError, FloatingPointError):
 
 def guards() -> list[StepGuard]:
     return list(_guards)
+
+
+def latest_inputs(model) -> tuple[tuple, dict] | None:
+    """The inputs of ``model``'s latest training forward as a guard kept them (hooked since its optimizer was
+    built, so step 0's too), or None: what a run's scaler, which finds its model only at its first step, reads
+    to tell a step-0 NaN input from an overflow."""
+    for guard in _guards:
+        tracked = guard._tracked.get(id(model)) if guard.enabled and model is not None else None
+        if tracked is not None and tracked.latest is not None:
+            return tracked.latest
+    return None
 
 
 def _depth(name: str) -> int:
@@ -310,7 +321,7 @@ class StepGuard:
                     self.in_a_row = 0
                     with _inside("accounted"):
                         return run() if closure is None else run(_Replay(result, closure))
-                self._skip(optimizer, index, model)
+                self._skip(optimizer, index, model, loss)
                 if closure is not None:
                     return result
                 return skipped() if callable(skipped) else skipped
@@ -444,7 +455,7 @@ class StepGuard:
         names = {id(p): n for n, p in (model.named_parameters() if model is not None else [])}
         return [names.get(id(p), label) for p, label in found]
 
-    def _skip(self, optimizer, index: int, model) -> None:
+    def _skip(self, optimizer, index: int, model, loss=None) -> None:
         self.skipped_steps += 1
         self.in_a_row += 1
         self.skipped_at.append(index)
@@ -470,7 +481,7 @@ class StepGuard:
             f"{put_back}){where}{more}"
         )
         if self.watch:
-            self._replay(index, model)
+            self._replay(index, model, self._finite(loss))
         if self.in_a_row > self.max_skips:
             raise SkippedStepsError(
                 f"{self.in_a_row} optimizer steps in a row (steps {self.skipped_at[-self.in_a_row]}-{index}) had a "
@@ -481,9 +492,16 @@ class StepGuard:
                 offenders=self.offender_names,
             )
 
-    def _replay(self, index: int, model) -> None:
-        """``watch``: replay the latest forward under ``ampsafe.watch`` (state restored) and raise what it names."""
-        from ..core.sentinel import UNKNOWN, nonfinite_error
+    def _finite(self, loss) -> bool | None:
+        """Whether the step's loss was finite (None: no loss tensor was seen)."""
+        ts = self.backend.tensors
+        return bool(ts.finite(loss)) if isinstance(loss, ts.tensor_type) else None
+
+    def _replay(self, index: int, model, loss_finite: bool | None = None) -> None:
+        """``watch``: replay the latest forward under ``ampsafe.watch`` (state restored) and raise what it names;
+        when the forward replays finite, what that and the step's loss and gradients say (no placeholder op)."""
+        from ..core.sentinel import UNKNOWN
+        from ..errors import NonFiniteError
 
         tracked = self._tracked.get(id(model)) if model is not None else None
         latest = tracked.latest if tracked is not None else None
@@ -507,22 +525,34 @@ class StepGuard:
                 raise
             finally:
                 restore()
-            why = (
-                "the replay of its forward under ampsafe.watch was finite: the non-finite value comes from the "
-                "loss computed outside the model, or from the backward pass"
+            forward = "its forward, replayed under ampsafe.watch, is finite"
+        else:
+            forward = "the model's inputs for this step were not captured, so its forward was not replayed"
+        names = ", ".join(self.offender_names[:5]) + (", …" if len(self.offender_names) > 5 else "")
+        grads = f"non-finite gradients: {names}" if names else "no parameter named"
+        if latest is None:
+            loss = {True: "finite", False: "non-finite", None: "not seen"}[loss_finite]
+            phase, what = "backward", f"the loss was {loss}, and the pass that went non-finite was not measured"
+        elif loss_finite is False:
+            phase, what = (
+                "loss",
+                (
+                    "the loss is non-finite: it went non-finite outside the model's forward (a log, division or exp "
+                    "of its outputs: guard that op with a clamp or eps), or the replay did not reproduce the step"
+                ),
+            )
+        elif loss_finite:
+            phase, what = (
+                "backward",
+                (
+                    "the loss is finite and gradients are not: the backward pass went non-finite (a numerical error "
+                    "in a backward op); ampsafe.watch(model) around that step's loss.backward() names the op"
+                ),
             )
         else:
-            why = "the model's inputs for this step were not captured, so its forward could not be replayed"
-        names = ", ".join(self.offender_names[:5])
-        raise nonfinite_error(
-            phase="backward",
-            module="<loss>",
-            op="loss",
-            kind=UNKNOWN,
-            where=f"optimizer step skipped by ampsafe run's FP32 guard; non-finite gradients: {names or 'none'}",
-            step=index,
-            reason=why,
-        )
+            phase, what = "backward", "no loss tensor was seen, so the loss and the backward were not told apart"
+        message = f"optimizer step {index} skipped by ampsafe run's FP32 guard: {forward}; {what} ({grads})"
+        raise NonFiniteError(message, phase=phase, module="", op="", kind=UNKNOWN)
 
     def to_dict(self) -> dict:
         models = {name for _opt, _ref, name in self._models.values() if name is not None}

@@ -25,6 +25,7 @@ __all__ = [
     "Heal",
     "BackoffScan",
     "WatchBackoff",
+    "BadInputStep",
     "Reload",
     "ScalerRecord",
     "Origin",
@@ -113,6 +114,16 @@ class WatchBackoff(_Record):
 
 
 @dataclass(frozen=True)
+class BadInputStep(_Record):
+    """A step the scaler skipped for its data: a non-finite model input (``where``, ``sample``), the scale kept."""
+
+    step: int | None = None
+    where: str = ""
+    sample: int | None = None
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
 class Reload(_Record):
     """The script loaded its scaler's state (a checkpoint reload) mid-run."""
 
@@ -129,7 +140,12 @@ class ScalerRecord(_Record):
 
     _KEYS: ClassVar[Mapping[str, str]] = {"class_name": "class"}
     _ONE: ClassVar[Mapping[str, type]] = {"backoff_scan": BackoffScan}
-    _MANY: ClassVar[Mapping[str, type]] = {"heal_records": Heal, "watch_backoffs": WatchBackoff, "reloads": Reload}
+    _MANY: ClassVar[Mapping[str, type]] = {
+        "heal_records": Heal,
+        "watch_backoffs": WatchBackoff,
+        "reloads": Reload,
+        "bad_inputs": BadInputStep,
+    }
 
     class_name: str = ""
     framework: str = ""
@@ -152,10 +168,17 @@ class ScalerRecord(_Record):
     floor_hits: int = 0
     scale_history: tuple[float, ...] = ()
     heals: int = 0
+    input_steps: int = 0  # skipped for a non-finite model input (data): not overflows, the scale kept
+    bad_inputs: tuple[BadInputStep, ...] = ()
+
+    @property
+    def overflowed(self) -> bool:
+        """Whether float16 overflowed under this scaler (a data step is not an overflow)."""
+        return not self.disabled_reason and bool(self.overflow_steps or self.floor_hits or self.heals)
 
     @property
     def skipped_at(self) -> list[int]:
-        """The steps that overflowed (skipped), from the per-step records."""
+        """The steps that overflowed (skipped), from the per-step records (data steps are not among them)."""
         return [r[0] for r in self.steps if r[2]]
 
     @property

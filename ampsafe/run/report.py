@@ -5,8 +5,8 @@ Per Python process of the command that trained something, ``DIR`` gets (in ``DIR
 * ``report.md``: the scalers (steps, overflows, skips, floor hits, heals, or why one was disabled), the FP32
   guard's skipped steps, the bad detection targets, and **the permanent fix**: the healed module paths as a
   ready ``ampsafe.patch(model, policy="island", paths=[...])`` line (for Paddle O2 the ``excluded_layers`` of
-  ``paddle.amp.decorate`` too), and the ``ampsafe swap-neck`` command when the ``-c`` config's neck has an
-  AMP-safe counterpart;
+  ``paddle.amp.decorate`` too), and the ``ampsafe swap-neck`` command when float16 overflowed and the ``-c``
+  config's neck has an AMP-safe counterpart (never for a clean run, an FP32 run or bad data);
 * ``report.json``: the same as data (the process's summary plus ``fix``, a :class:`~ampsafe.run.records.PermanentFix`);
 * ``scale.png``: the loss scale per step, the overflowing / skipped steps and the heals (matplotlib, Agg).
 
@@ -95,9 +95,17 @@ def _scaler_counts(s: ScalerRecord, n: int) -> str:
     if s.overflow_steps or skipped_at:
         steps = f" (skipped steps {_cut(skipped_at, n)})" if skipped_at else ""
         text += f"; {s.overflow_steps} overflowing{steps}"
+    if s.input_steps:
+        text += f"; {_input_steps(s, n)}"
     if s.watch_backoffs:
         text += f"; --watch: {len(s.watch_backoffs)} routine backoff(s) counted, not raised"
     return text
+
+
+def _input_steps(s: ScalerRecord, n: int) -> str:
+    """``1 skipped for a non-finite input (step 2: args[0][1], sample 1; scale kept)``."""
+    named = _cut((f"step {b.step}: {b.where}" for b in s.bad_inputs), n)
+    return f"{s.input_steps} skipped for a non-finite input ({named}; data, not an overflow: scale kept)"
 
 
 def ended_text(report: Summary, returncode: int | None = None) -> str | None:
@@ -136,7 +144,7 @@ def problems(report: Summary, returncode: int | None = None) -> list[str]:
             out.append(
                 f"{s.class_name}: {s.overflow_steps} of {s.total_steps} steps overflowing, {s.skipped_steps} skipped"
                 f"{' (steps ' + _cut(skipped_at, 10) + ')' if skipped_at else ''}, {s.floor_hits} floor "
-                f"hits, {s.heals} heals"
+                f"hits, {s.heals} heals{'; ' + _input_steps(s, 10) if s.input_steps else ''}"
             )
     for g in report.guards:
         if g.skipped_steps:
@@ -339,9 +347,31 @@ def _backoff_advice(s: ScalerRecord) -> str:
     )
 
 
+def _input_advice(s: ScalerRecord) -> str:
+    """Steps a scaler skipped for their data: which samples to fix, and that the model needs no change."""
+    first = s.bad_inputs[0] if s.bad_inputs else None
+    which = (
+        f" The first: {first.where} of the batch of step {first.step}"
+        f"{' (sample ' + str(first.sample) + ')' if first.sample is not None else ''}."
+        if first is not None
+        else ""
+    )
+    return (
+        f"{s.class_name}: {s.input_steps} step(s) had a non-finite value in the model's input and were skipped "
+        f"with the loss scale kept (steps {_cut((b.step for b in s.bad_inputs), 10)}): bad data, not a float16 "
+        f"overflow.{which} Find those samples in the data (print the ids of those steps' batches) and fix or "
+        "drop them; the model, its precision and its config need no change (no island, no neck swap)."
+    )
+
+
 def _scaler_advice(s: ScalerRecord) -> list[str]:
     if s.disabled_reason:
         return []
+    out = [_input_advice(s)] if s.input_steps else []
+    return out + _overflow_advice(s)
+
+
+def _overflow_advice(s: ScalerRecord) -> list[str]:
     if s.floor_hits and not s.heal_records:
         return [
             f"{s.class_name}: {s.floor_hits} floor hits and no heal: run with `--on-floor heal` (the default) "
@@ -352,10 +382,10 @@ def _scaler_advice(s: ScalerRecord) -> list[str]:
     return []
 
 
-def _bad_data_only(report: RunSummary, healed: list[str]) -> bool:
-    """The run stopped on a non-finite input and nothing overflowed or healed: the data is the fix, not a neck."""
-    data = any(g.exit_origin and g.exit_origin.kind == "input" for g in report.guards)
-    return data and not healed and not any(s.overflow_steps for s in report.scalers)
+def _overflowed(report: RunSummary) -> bool:
+    """Whether float16 overflowed in the run (a scaler's overflowing step, floor hit or heal): only then is a neck
+    swap, an AMP fix, advice. Not for a clean run, an FP32 run, or bad data (a non-finite input is data)."""
+    return any(s.overflowed for s in report.scalers)
 
 
 def permanent_fix(
@@ -392,7 +422,7 @@ def permanent_fix(
     return PermanentFix(
         patch=_island_line(all_paths) if all_paths else None,
         level_islands={key: words for key, (_, words) in levels.items()},
-        swap_neck=None if _bad_data_only(report, all_paths) else _swap_and_run(config, command, run_args),
+        swap_neck=_swap_and_run(config, command, run_args) if _overflowed(report) else None,
         advice=tuple(advice),
         problems=tuple(problems(report, returncode)),
         hf_keep_in_fp32=_hf_keep_line(report),

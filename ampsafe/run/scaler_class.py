@@ -87,6 +87,19 @@ def with_floor(
         def _run_guards(self) -> bool:
             return bool(guards(self))
 
+        def _bad_input(self):
+            """Also at step 0, before the scaler's own capture saw a forward: the run's guard hooked the model
+            when its optimizer was built (:func:`~ampsafe.run.guard.latest_inputs`)."""
+            bad = super()._bad_input()
+            capture = getattr(self, "capture", None)
+            if bad is None and capture is not None and capture.latest is None:
+                from ..core.sentinel import nonfinite_input
+                from .guard import latest_inputs
+
+                latest = latest_inputs(self.model)
+                bad = nonfinite_input(latest, self._backend().tensors) if latest is not None else None
+            return bad
+
     for name in steps:
         setattr(GradScaler, name, _through_scaler(GradScaler, name))
     GradScaler.__doc__ = (

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ..core.modpath import outermost
 from ..policies.island import island_modules
-from .records import BackoffScan, Heal, Reload, ScalerRecord
+from .records import BackoffScan, BadInputStep, Heal, Reload, ScalerRecord
 from .scaler_class import SHIM_MODULE
 
 __all__ = ["TrackedScaler", "backoff_scan", "disabled_reason", "STEP_RECORDS", "BACKOFF_SCAN_AT"]
@@ -83,6 +83,7 @@ class TrackedScaler:
         self.backoffs = 0  # overflowing steps above the floor, up to the scan
         self.scan: BackoffScan | None = None
         self.watch: Any = None
+        self.bad_inputs: list[BadInputStep] = []  # steps skipped for a non-finite model input (data)
         self._hf_follow: Callable = follow(scaler)
 
     def on_step(self, decision) -> None:
@@ -90,9 +91,13 @@ class TrackedScaler:
         (and the holder, at the first step), the backoff scan, HF's measurement, ``--watch`` (which may raise)."""
         if not self.holder_known:  # the first step: the scaler has resolved its model, still alive now
             self._note_holder()
+        bad = getattr(decision, "bad_input", None)  # data, not an overflow: no backoff, no scan (core.scale)
+        overflow = bool(decision.found_inf) and bad is None
         if len(self.steps) < STEP_RECORDS:
-            self.steps.append((decision.step, float(decision.scale), bool(decision.found_inf), decision.floor_hit))
-        if decision.found_inf and not decision.floor_hit and self.scan is None:
+            self.steps.append((decision.step, float(decision.scale), overflow, decision.floor_hit))
+        if bad is not None and len(self.bad_inputs) < STEP_RECORDS:
+            self.bad_inputs.append(BadInputStep(decision.step, bad.where, bad.sample, float(decision.scale)))
+        if overflow and not decision.floor_hit and self.scan is None:
             self.backoffs += 1
             if self.backoffs >= BACKOFF_SCAN_AT:
                 self.scan = backoff_scan(self.scaler, decision.step)
@@ -171,6 +176,8 @@ class TrackedScaler:
             floor_hits=stats.floor_hits,
             scale_history=tuple(stats.scale_history)[-5:],
             heals=len(heals),
+            input_steps=getattr(stats, "input_steps", 0),
+            bad_inputs=tuple(self.bad_inputs[-100:]),
         )
 
 

@@ -81,8 +81,25 @@ class ScalerWatch:
                 self.start(model)
             return
         events, self.pending = self.pending, []
+        bad = getattr(decision, "bad_input", None)
+        if bad is not None:
+            self._raise_input(decision, bad)
         if decision.found_inf:
             self._decide(decision, events[0] if events else None)
+
+    def _raise_input(self, decision, bad) -> None:
+        """A step the scaler skipped for its data (a non-finite model input): stop and name the input, as the
+        sentinel names one at any precision (kind='input'); never a routine backoff."""
+        from ..core.sentinel import INPUT, nonfinite_error
+
+        error = nonfinite_error(
+            phase="forward", module="", op="input", kind=INPUT, sample=bad.sample, where=bad.where, step=decision.step
+        )
+        error.add_note(
+            f"ampsafe run --watch: step {decision.step} was skipped with the loss scale kept at {decision.scale:g}: "
+            "the non-finite value came in with the model's input"
+        )
+        self._raise(error)
 
     def _decide(self, decision, event) -> None:
         """An overflowing step: raise what the scaler cannot absorb, count (and name) a routine backoff."""

@@ -61,16 +61,18 @@ def test_bare_raise_scaler_says_forward_and_names_the_linear_and_its_op():
     assert "in float32 its output reaches |x| = " in msg
 
 
-def test_nonfinite_input_names_the_sample():
+def test_nonfinite_input_is_data_not_a_floor():
     def poison(x):
         a = x.numpy()
         a[2, 0] = math.nan
         return paddle.to_tensor(a)
 
     scaler = GradScaler(init_loss_scaling=4.0, emulated=True)
-    with pytest.raises(ampsafe.LossScaleFloorError) as info:
-        _train(scaler, 8, hot_from=99, poison=poison)
-    assert info.value.info.where == "data" and "non-finite at sample 2" in str(info.value)
+    decisions = []
+    scaler.add_step_callback(decisions.append)
+    _train(scaler, 8, hot_from=99, poison=poison)  # no LossScaleFloorError: data never reaches the floor
+    assert [d.bad_input.where for d in decisions[1:]] == ["args[0][2]"] * 7
+    assert scaler.stats.input_steps == 7 and scaler.stats.floor_hits == 0 and scaler.get_loss_scaling() == 2.0
 
 
 def test_minimize_resolves_and_drops_the_capture_too():

@@ -8,6 +8,21 @@ import sys
 import pytest
 from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
 
+# a run whose scaler overflowed float16 (backed off 4 times, no floor): a neck swap is advice for it
+OVERFLOWED = {
+    "pid": 1,
+    "scalers": [
+        {
+            "class": "ampsafe.torch.scaler.GradScaler",
+            "framework": "torch",
+            "total_steps": 8,
+            "overflow_steps": 4,
+            "skipped_steps": 4,
+            "steps": [[i, 2.0 ** (16 - min(i, 4)), i < 4, False] for i in range(8)],
+        }
+    ],
+}
+
 
 def test_forward_overflow_heals_once_by_default_and_the_report_gives_the_patch_line(tmp_path):
     report = tmp_path / "report"
@@ -37,18 +52,32 @@ def test_forward_overflow_with_on_floor_raise_names_the_forward_and_the_linear(t
     assert "forward" in error and "embed:linear" in error
 
 
-def test_report_gives_the_swap_neck_command_for_the_configs_neck(upstream, tmp_path):
+def test_a_clean_run_offers_no_neck_swap_and_its_exit_line_agrees_with_the_report(upstream, tmp_path):
+    # the config's neck has a safe counterpart, but nothing overflowed: the exit line and report.md both say
+    # "nothing to change" (the exit line used to suggest swap-neck while report.md said "Nothing to change")
     config = upstream / "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml"
     proc = ampsafe_run(
         "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "build_ppdet.py"), "-c", str(config)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     markdown = (tmp_path / "report.md").read_text()
+    assert "swap-neck" not in markdown and "swap-neck" not in proc.stdout
+    assert "Nothing to change" in markdown and ": nothing to change" in proc.stdout
+    assert json.loads((tmp_path / "report.json").read_text())["fix"]["swap_neck"] is None
+
+
+def test_an_overflowing_run_gives_the_swap_neck_command_for_the_configs_neck(upstream):
+    from ampsafe.run.report import permanent_fix, to_markdown
+
+    config = upstream / "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml"
+    command = ["python", "tools/train.py", "-c", str(config)]
+    fix = permanent_fix(OVERFLOWED, config=config, command=command)
+    markdown = to_markdown(OVERFLOWED, fix, command=command, plot=None)
     out = config.with_name("faster_rcnn_r50_fpn_1x_coco_ampsafe.yml")
     assert f"ampsafe swap-neck {config} -o {out}" in markdown
     assert f"-c {out}" in markdown  # the same command, run on the swapped config
     assert not out.exists()  # the report suggests the command; it writes no config
-    assert json.loads((tmp_path / "report.json").read_text())["fix"]["swap_neck"]["applicable"] is True
+    assert fix.to_dict()["swap_neck"]["applicable"] is True
 
 
 def test_report_of_a_clean_fp32_run_says_nothing_to_change(tmp_path):
@@ -104,7 +133,7 @@ def test_next_run_line_keeps_the_run_options_and_is_shell_quoted(upstream, tmp_p
 
     config = upstream / "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml"
     command = ["python", "tools/train.py", "-c", str(config), "-o", "weights=my dir/model.pdparams"]
-    fix = permanent_fix({"scalers": []}, config=config, command=command, run_args=["--emulate-fp16"])
+    fix = permanent_fix(OVERFLOWED, config=config, command=command, run_args=["--emulate-fp16"])
     out = config.with_name("faster_rcnn_r50_fpn_1x_coco_ampsafe.yml")
     assert fix.swap_neck.run == (
         f"ampsafe run --emulate-fp16 -- python tools/train.py -c {out} -o 'weights=my dir/model.pdparams'"
