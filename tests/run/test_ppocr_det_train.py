@@ -25,7 +25,7 @@ from bench.ppocr_optin import BATCH, STEPS
 pytestmark = pytest.mark.slow
 
 O2_STEPS = 12  # the README row heals at step 10
-O1_STEPS = 28  # the README row (AMD EPYC) heals at step 23
+O1_STEPS = 30  # the README row heals at step 23 (AMD EPYC), at step 26 on this project's Xeon
 DBFPN = {"neck.p2_conv", "neck.p3_conv", "neck.p4_conv", "neck.p5_conv"}
 _results: dict = {}
 
