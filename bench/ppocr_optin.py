@@ -1,9 +1,9 @@
-"""Opt-in: PaddleOCR's own ``tools/train.py -c configs/det/det_mv3_db.yml`` under emulated float16 AMP.
+"""PaddleOCR's own ``tools/train.py -c configs/det/det_mv3_db.yml`` under emulated float16 AMP.
 
-Needs a PaddleOCR source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``, unmodified) and its runtime packages
-(scikit-image, imgaug, lmdb, rapidfuzz, pyclipper, shapely). Three runs per AMP level, 36 steps each, Adam at
-lr 0.01 from random init, 160 px crops, batch 4, on a synthetic text-detection set written to a temporary folder
-in PaddleOCR's det label format:
+Runs an unmodified PaddleOCR tree (``$PADDLEOCR_SRC``, else ``shared/upstream/PaddleOCR-src`` from
+``$AMPSAFE_SHARED`` or beside the checkout) with its runtime packages (requirements-dev.txt). Three runs per AMP
+level, 36 steps each, Adam at lr 0.01 from random init, 160 px crops, batch 4, on a synthetic text-detection set
+written to a temporary folder in PaddleOCR's det label format:
 
 * ``native``: Paddle's own GradScaler; only :func:`ampsafe.paddle.amp_emulation.install` is in place, so
   ``auto_cast`` / ``decorate`` / ``GradScaler`` behave on this CPU as float16 AMP on a GPU;

@@ -1,8 +1,8 @@
-"""Opt-in: PaddleOCR's own ``tools/train.py -c configs/rec/rec_svtrnet.yml`` (SVTR) under emulated float16 AMP.
+"""PaddleOCR's own ``tools/train.py -c configs/rec/rec_svtrnet.yml`` (SVTR) under emulated float16 AMP.
 
-The recognizer half of PaddleOCR issue #6632 (SVTR trains to ``CTCLoss: nan``), at a CPU size. Needs a PaddleOCR
-source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``, unmodified) and its runtime packages (scikit-image, imgaug,
-lmdb, rapidfuzz). Two runs per AMP level, one epoch each, from random init, on synthetic text lines (lower-case
+The recognizer half of PaddleOCR issue #6632 (SVTR trains to ``CTCLoss: nan``), at a CPU size. Runs an unmodified
+PaddleOCR tree (``$PADDLEOCR_SRC``, else ``shared/upstream/PaddleOCR-src``) with its runtime packages
+(requirements-dev.txt). Two runs per AMP level, one epoch each, from random init, on synthetic text lines (lower-case
 words and digits drawn with OpenCV's Hershey fonts, PaddleOCR's rec label format) written to a temporary folder:
 
 * ``native``: Paddle's own GradScaler, only :func:`ampsafe.paddle.amp_emulation.install` in place, so
@@ -38,7 +38,6 @@ from bench.ppocr_optin import (
     write_results,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/rec/rec_svtrnet.yml"
 RUNS = ("native", "ampsafe")
 STEPS = 24  # one epoch of STEPS * BATCH text lines
