@@ -376,14 +376,20 @@ def run_one(
     src, work = Path(src), Path(work)
     out = work / run_folder(run, level, options, stop_after)
     out.mkdir(parents=True, exist_ok=True)
-    if data is None:
-        data = work / "data"
-        if not (data / "train.txt").is_file():
-            write_dataset(data)
+    data = data_folder(work, data, write_dataset)
     config = str(swap_config(src, work / "det_mv3_db_safe.yml")) if run == "swapped" else CONFIG
     opts = overrides(src, data, out, level, **recipe)
     cmd = command(run, config, opts, report=None if run == "native" else out / "report", options=options)
     return launch(src, work, out, cmd, {"run": run, "level": level}, stop_after=stop_after, timeout=timeout)
+
+
+def data_folder(work: Path, data: Path | None, write: Callable[[Path], object]) -> Path:
+    """``data``, else ``work/data``, written by ``write`` the first time."""
+    if data is None:
+        data = work / "data"
+        if not (data / "train.txt").is_file():
+            write(data)
+    return data
 
 
 def run_folder(run: str, level: str, options: tuple = (), stop_after: int | None = None, *more: str) -> str:

@@ -29,6 +29,7 @@ from bench.ppocr_optin import (
     _fmt,
     closing_lines,
     command,
+    data_folder,
     heal_lines,
     launch,
     optin_args,
@@ -130,10 +131,7 @@ def run_one(
     more = ([] if lr == LR else [f"lr{lr:g}"]) + ([] if epochs == 1 else [f"ep{epochs}"])
     out = work / run_folder(run, level, (), stop_after, *more)
     out.mkdir(parents=True, exist_ok=True)
-    if data is None:
-        data = work / "data"
-        if not (data / "train.txt").is_file():
-            write_dataset(data)
+    data = data_folder(work, data, write_dataset)
     opts = overrides(data, out, level, **recipe)
     cmd = command(run, CONFIG, opts, report=None if run == "native" else out / "report")
     head = {"run": run, "level": level, "lr": lr, "epochs": epochs}

@@ -9,11 +9,13 @@ import sys
 
 from run_helpers import SCRIPTS, ampsafe_run
 
-SCRIPT = SCRIPTS / "train_paddle_raises_on_nan.py"
+SCRIPT = SCRIPTS / "train_paddle_fp32_nan.py"
 
 
 def test_a_script_that_raises_on_a_nan_loss_gets_its_last_forward_replayed_at_exit(tmp_path):
-    proc = ampsafe_run("--report", str(tmp_path), "--", sys.executable, str(SCRIPT), "--nan-step", "2")
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--", sys.executable, str(SCRIPT), "--nan-step", "2", "--raise-on-nan-loss"
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "FloatingPointError: loss is nan at step 2" in proc.stderr
     assert "could not replay" not in proc.stderr and "signal" not in proc.stdout + proc.stderr
