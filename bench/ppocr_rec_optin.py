@@ -1,8 +1,8 @@
-"""Opt-in: PaddleOCR's own ``tools/train.py -c configs/rec/rec_svtrnet.yml`` (SVTR) under emulated float16 AMP.
+"""PaddleOCR's own ``tools/train.py -c configs/rec/rec_svtrnet.yml`` (SVTR) under emulated float16 AMP.
 
-The recognizer half of PaddleOCR issue #6632 (SVTR trains to ``CTCLoss: nan``), at a CPU size. Needs a PaddleOCR
-source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``, unmodified) and its runtime packages (scikit-image, imgaug,
-lmdb, rapidfuzz). Two runs per AMP level, one epoch each, from random init, on synthetic text lines (lower-case
+The recognizer half of PaddleOCR issue #6632 (SVTR trains to ``CTCLoss: nan``), at a CPU size. Runs an unmodified
+PaddleOCR tree (``$PADDLEOCR_SRC``, else ``shared/upstream/PaddleOCR-src``) with its runtime packages
+(requirements-dev.txt). Two runs per AMP level, one epoch each, from random init, on synthetic text lines (lower-case
 words and digits drawn with OpenCV's Hershey fonts, PaddleOCR's rec label format) written to a temporary folder:
 
 * ``native``: Paddle's own GradScaler, only :func:`ampsafe.paddle.amp_emulation.install` in place, so
@@ -21,28 +21,24 @@ records: loss, scale before and after, overflow, heals.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.ppocr_optin import (
-    STEPLOG_ENV,
     _fmt,
     closing_lines,
     command,
+    data_folder,
+    heal_lines,
+    launch,
     optin_args,
     optin_parser,
-    parse_log,
     print_result,
-    summarize,
+    run_folder,
     write_results,
-    write_shim,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/rec/rec_svtrnet.yml"
 RUNS = ("native", "ampsafe")
 STEPS = 24  # one epoch of STEPS * BATCH text lines
@@ -117,61 +113,29 @@ def overrides(
     ]
 
 
-def heal_lines(log: str) -> list[str]:
-    """The healer's own lines (``ampsafe heal at step N: islanded ... for the path(s) starting at ...``)."""
-    return [line[line.index("ampsafe heal at step") :] for line in log.splitlines() if "ampsafe heal at step" in line]
-
-
-def _folder(run: str, level: str, lr: float, epochs: int = 1) -> str:
-    return f"{run}-{level}" + ("" if lr == LR else f"-lr{lr:g}") + ("" if epochs == 1 else f"-ep{epochs}")
-
-
-def run_one(src: Path, work: Path, run: str, level: str, *, data: Path | None = None, timeout: float = 1800, **recipe):
-    """Train once; returns the summary plus per-step records, the command and the log tail."""
+def run_one(
+    src: Path,
+    work: Path,
+    run: str,
+    level: str,
+    *,
+    data: Path | None = None,
+    timeout: float = 1800,
+    stop_after: int | None = None,
+    **recipe,
+) -> dict:
+    """Train once; returns the summary plus per-step records, the command and the log tail (``stop_after``: end
+    after that many optimizer steps)."""
     src, work = Path(src), Path(work)
     lr, epochs = recipe.get("lr", LR), recipe.get("epochs", 1)
-    out = work / _folder(run, level, lr, epochs)
+    more = ([] if lr == LR else [f"lr{lr:g}"]) + ([] if epochs == 1 else [f"ep{epochs}"])
+    out = work / run_folder(run, level, (), stop_after, *more)
     out.mkdir(parents=True, exist_ok=True)
-    if data is None:
-        data = work / "data"
-        if not (data / "train.txt").is_file():
-            write_dataset(data)
-    shim = write_shim(work / "shim")
-    steplog = out / "steps.jsonl"
-    steplog.unlink(missing_ok=True)
-    cmd = command(
-        run, CONFIG, overrides(data, out, level, **recipe), report=None if run == "native" else out / "report"
-    )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env[STEPLOG_ENV] = str(steplog)
-    env.setdefault("OMP_NUM_THREADS", "2")
-    start = time.time()
-    proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
-    seconds = time.time() - start
-    log = proc.stdout + proc.stderr
-    (out / "log.txt").write_text(log, encoding="utf-8")
-    steps = [json.loads(line) for line in steplog.read_text().splitlines()] if steplog.is_file() else []
-    printed = parse_log(log)
-    for s in steps:
-        s["log_loss"] = printed.get(s["step"] + 1)
-    report = out / "report" / "report.json"
-    result = {
-        "run": run,
-        "level": level,
-        "lr": lr,
-        "epochs": epochs,
-        "returncode": proc.returncode,
-        "seconds": round(seconds, 1),
-        "command": [str(c) for c in cmd],
-        **summarize(steps),
-        "per_step": steps,
-        "report": json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None,
-        "heal_log": heal_lines(log),
-        "log_tail": log[-4000:],
-    }
-    (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    return result
+    data = data_folder(work, data, write_dataset)
+    opts = overrides(data, out, level, **recipe)
+    cmd = command(run, CONFIG, opts, report=None if run == "native" else out / "report")
+    head = {"run": run, "level": level, "lr": lr, "epochs": epochs}
+    return launch(src, work, out, cmd, head, stop_after=stop_after, timeout=timeout)
 
 
 RECIPE_NOTE = """
@@ -234,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     combos = [(lv, lr, ep, run) for lv in args.levels for lr in args.lrs for ep in args.epochs for run in args.runs]
     for level, lr, epochs, run in combos:
-        path = work / _folder(run, level, lr, epochs) / "result.json"
+        more = ([] if lr == LR else [f"lr{lr:g}"]) + ([] if epochs == 1 else [f"ep{epochs}"])
+        path = work / run_folder(run, level, (), None, *more) / "result.json"
         if args.collect:
             if not path.is_file():
                 continue

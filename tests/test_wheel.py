@@ -29,11 +29,11 @@ PACKAGE = Path(ampsafe.__file__).resolve().parent
 SHIPPED = sorted(p.relative_to(PACKAGED).as_posix() for p in PACKAGED.rglob("*.yml"))
 
 
-def test_packaged_configs_are_unmodified_copies_of_upstream_with_their_source_listed(upstream):
+def test_packaged_configs_are_unmodified_copies_of_upstream_with_their_source_listed(upstream_tree):
     sources = (PACKAGED / "SOURCES.md").read_text(encoding="utf-8")
     assert len(SHIPPED) == 18, SHIPPED
     for rel in SHIPPED:
-        assert (PACKAGED / rel).read_bytes() == (upstream / rel).read_bytes(), rel
+        assert (PACKAGED / rel).read_bytes() == (upstream_tree / rel).read_bytes(), rel
         repo_name, path = rel.split("/", 1)
         listed = f"| PaddlePaddle/{repo_name} | {path} |" in sources
         gap_filler = f"{repo_name} `{path}` = `" in sources

@@ -17,9 +17,7 @@ scalers, guards, watches, changes and ending), entered by :func:`install` and le
 
 from __future__ import annotations
 
-import atexit
-
-from .exits import mark_loaded, write_report
+from .exits import at_exit, mark_loaded, write_report
 from .launcher import format_summary
 from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 from .session import LOCK, RunSession, current
@@ -105,5 +103,5 @@ def install_from_env() -> RunOptions:
     """Install with ``ampsafe run``'s options (``AMPSAFE_RUN_OPTIONS``), and write this process's summary at exit."""
     options = install_options(RunOptions.from_env())
     mark_loaded()
-    atexit.register(_write_report)
+    at_exit(_write_report)
     return options

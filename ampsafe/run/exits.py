@@ -9,10 +9,16 @@ A script that stops itself with a failing status is explained inside its ``sys.e
 ``SystemExit`` unwinds (:func:`explain_exit`): the FP32 guard's replay of the last forward needs the model, and
 a script that holds it as a local (torchvision's reference: a local of ``main()``) frees it while unwinding,
 long before ``atexit``. The guards hold their models weakly, so after the unwinding there is nothing to replay.
+
+The at-exit summary runs before the frameworks' own exit cleanups (:func:`at_exit`, :func:`keep_at_exit_first`):
+``atexit`` runs its callbacks last-registered first, and Paddle registers ``clear_device_manager`` and
+``clear_kernel_factory`` when it is imported, after ``ampsafe run``'s child installed; the replay of a forward
+after those ran dies on SIGSEGV in Paddle's first op.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -24,7 +30,7 @@ from ..core.attr_patches import AttrPatches
 from .options import ENV_REPORT
 from .records import Ended
 
-__all__ = ["ExitHooks", "explain_exit", "write_report", "mark_loaded", "LOADED"]
+__all__ = ["ExitHooks", "explain_exit", "write_report", "mark_loaded", "LOADED", "at_exit", "keep_at_exit_first"]
 
 LOADED = ".loaded"  # ``<pid>.loaded`` in ``AMPSAFE_RUN_REPORT``: this process loaded ampsafe
 
@@ -77,6 +83,24 @@ class ExitHooks:
         self._sys_exit(code)
 
 
+_AT_EXIT: list[Callable[[], None]] = []  # ampsafe's own exit callbacks, kept ahead of the frameworks' cleanups
+
+
+def at_exit(callback: Callable[[], None]) -> None:
+    """``atexit.register(callback)``, moved ahead of every exit cleanup registered later by
+    :func:`keep_at_exit_first`."""
+    _AT_EXIT.append(callback)
+    atexit.register(callback)
+
+
+def keep_at_exit_first() -> None:
+    """Register ampsafe's exit callbacks again, so that they run before every cleanup registered so far (call it
+    right after a framework's import, which registers its own)."""
+    for callback in _AT_EXIT:
+        atexit.unregister(callback)
+        atexit.register(callback)
+
+
 def explain_exit(guards: list) -> None:
     """The script stopped with a forward no optimizer step followed: replay it once in float32 (FP32 guard)."""
     from .targets import replaying
@@ -95,7 +119,8 @@ def write_report(session) -> None:
     directory = os.environ.get(ENV_REPORT)
     if not directory or not session.open:
         return
-    explain_exit(session.guards)
+    if not session.exits.raised:  # --watch's sentinel stopped the run: its error names the origin already
+        explain_exit(session.guards)
     try:
         with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as fh:
             json.dump(session.summary().to_dict(), fh, default=repr)

@@ -22,7 +22,7 @@ import sys
 import threading
 
 from ..core.attr_patches import AttrPatches
-from .exits import ExitHooks, explain_exit
+from .exits import ExitHooks, explain_exit, keep_at_exit_first
 from .finder import AfterImport
 from .options import RunOptions
 from .records import GuardRecord, RunSummary, TargetRecord
@@ -110,6 +110,7 @@ class RunSession:
         from .._framework import backend_named
 
         backend_named(name).install_run(self.options, self.ledger, self.site)
+        keep_at_exit_first()  # the framework registered its exit cleanups while it was imported
 
     def __exit__(self, *exc_info) -> None:
         """Undo everything the run put in place (every patch and hook in its ledger, the emulators it installed)

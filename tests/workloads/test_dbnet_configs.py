@@ -41,7 +41,7 @@ def test_v2_config_disables_squeeze_excite(upstream):
     assert not any("mid_se" in n for n in names)
 
 
-def test_config_names_resolve_under_upstream(upstream):
+def test_config_names_resolve_under_upstream(upstream_tree):
     by_name = load_config("det_res18_db_v2.0")
     assert by_name["Architecture"]["Backbone"] == {"name": "ResNet_vd", "layers": 18}
     assert load_config("ch_ppocr_v2.0/ch_det_mv3_db_v2.0")["Architecture"]["Neck"]["out_channels"] == 96

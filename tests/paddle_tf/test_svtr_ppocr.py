@@ -1,4 +1,5 @@
-"""Opt-in (``PADDLEOCR_SRC=/path/to/PaddleOCR``): PaddleOCR's SVTR recognizers built by ppocr's own ``build_model``.
+"""PaddleOCR's SVTR recognizers built by ppocr's own ``build_model`` (the unmodified tree in
+``shared/upstream/PaddleOCR-src``, or ``$PADDLEOCR_SRC``).
 
 * ``rec_svtrnet.yml``'s architecture: STN_ON, ``SVTRNet`` (Local mixers add a ``-inf`` buffer to their logits before
   the softmax; Global mixers attend everywhere), CTCHead;
@@ -12,14 +13,10 @@ CTCLoss, and ``ampsafe.patch(policy="island")`` exact in float32 with the state_
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from pathlib import Path
 
 import pytest
-
-SRC = os.environ.get("PADDLEOCR_SRC")
-pytestmark = pytest.mark.skipif(not SRC, reason="set PADDLEOCR_SRC to a PaddleOCR source checkout to run")
 
 CLASSES = 37  # the configs' default character set (0-9, a-z) plus CTC's blank
 CONFIGS = {"svtrnet": "configs/rec/rec_svtrnet.yml", "ppocrv3": "configs/rec/PP-OCRv3/en_PP-OCRv3_rec.yml"}
@@ -27,24 +24,22 @@ SHAPES = {"svtrnet": [2, 3, 64, 256], "ppocrv3": [2, 3, 48, 320]}
 
 
 @pytest.fixture(scope="module")
-def ppocr():
-    if not (Path(SRC) / "ppocr" / "modeling" / "architectures" / "__init__.py").is_file():
-        pytest.fail(f"PADDLEOCR_SRC={SRC} is not a PaddleOCR checkout (no ppocr/modeling/architectures)")
-    sys.path.insert(0, SRC)
+def ppocr(paddleocr_src):
+    sys.path.insert(0, str(paddleocr_src))
     try:
         from ppocr.losses import build_loss
         from ppocr.modeling.architectures import build_model
 
-        yield build_model, build_loss
+        yield build_model, build_loss, paddleocr_src
     finally:
-        sys.path.remove(SRC)
+        sys.path.remove(str(paddleocr_src))
 
 
-def _architecture(name: str) -> dict:
+def _architecture(src: Path, name: str) -> dict:
     """The config's Architecture; PP-OCRv3's CTC branch of MultiHead as a Neck + Head (its SAR branch needs labels)."""
     import yaml
 
-    arch = yaml.safe_load((Path(SRC) / CONFIGS[name]).read_text(encoding="utf-8"))["Architecture"]
+    arch = yaml.safe_load((src / CONFIGS[name]).read_text(encoding="utf-8"))["Architecture"]
     if name == "svtrnet":
         arch["Head"]["out_channels"] = CLASSES
         return arch
@@ -59,9 +54,9 @@ def _architecture(name: str) -> dict:
 def _build(ppocr, name: str, mode: str):
     import paddle
 
-    build_model, _ = ppocr
+    build_model, _, src = ppocr
     paddle.seed(0)
-    model = build_model(copy.deepcopy(_architecture(name)))
+    model = build_model(copy.deepcopy(_architecture(src, name)))
     getattr(model, mode)()
     return model
 
@@ -105,7 +100,7 @@ def test_svtr_emulated_float16_step_is_clean_under_watch(ppocr, name, level):
     import ampsafe
     from ampsafe.paddle import emulate_fp16
 
-    _, build_loss = ppocr
+    _, build_loss, _ = ppocr
     model = _build(ppocr, name, "train")
     loss_fn = build_loss({"name": "CTCLoss"})
     images, labels, lengths = _batch(name)

@@ -1,30 +1,23 @@
-"""Opt-in: with a PaddleOCR source checkout (``PADDLEOCR_SRC=/path/to/PaddleOCR``), register the safe necks into
-its real ``ppocr`` and build the swapped det_mv3_db.yml with PaddleOCR's own ``build_model``."""
+"""Register the safe necks into PaddleOCR's real ``ppocr`` (the unmodified tree in ``shared/upstream/PaddleOCR-src``,
+or ``$PADDLEOCR_SRC``) and build the swapped det_mv3_db.yml with PaddleOCR's own ``build_model``."""
 
 from __future__ import annotations
 
 import copy
-import os
 import sys
-from pathlib import Path
 
 import pytest
 
-SRC = os.environ.get("PADDLEOCR_SRC")
-pytestmark = pytest.mark.skipif(not SRC, reason="set PADDLEOCR_SRC to a PaddleOCR source checkout to run")
-
 
 @pytest.fixture(scope="module")
-def ppocr():
-    if not (Path(SRC) / "ppocr" / "modeling" / "necks" / "__init__.py").is_file():
-        pytest.fail(f"PADDLEOCR_SRC={SRC} is not a PaddleOCR checkout (no ppocr/modeling/necks)")
-    sys.path.insert(0, SRC)
+def ppocr(paddleocr_src):
+    sys.path.insert(0, str(paddleocr_src))
     try:
         import ppocr.modeling.architectures as architectures
 
         yield architectures
     finally:
-        sys.path.remove(SRC)
+        sys.path.remove(str(paddleocr_src))
 
 
 def test_swapped_det_mv3_db_builds_with_paddleocrs_own_build_model(ppocr, upstream, tmp_path):
