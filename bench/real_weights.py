@@ -1,0 +1,131 @@
+"""Real trained weights: PaddleOCR's shipped PP-OCRv4 det, fine-tuned under emulated Paddle AMP, six ways.
+
+    PYTHONPATH=. AMPSAFE_SHARED=/path/to/shared python bench/real_weights.py [--seeds 0 1 2] [--modes ...]
+
+Every mode of :mod:`ampsafe.workloads.ppocrv4.finetune` (fp32, native, fix_nan, heal, island, convbn) runs the
+same recipe on the same pages for each seed; hmean is PaddleOCR's own ``DBPostProcess`` + ``DetMetric`` on
+held-out pages (:mod:`ampsafe.workloads.ppocrv4.metric`), before and after. Writes
+``bench/results/real_weights.json|md`` after every run, so an interrupted bench keeps what it measured. Not a
+``bench_*`` topic: at ~25 minutes on 2 cores it stays out of ``python -m bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    from bench.common import write_result
+except ImportError:  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.common import write_result
+
+TOPIC = "real_weights"
+EVAL_PAGES = 16
+
+
+def _final_loss(losses: list) -> float:
+    finite = [x for x in losses if math.isfinite(x)][-5:]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def one_seed(seed: int, modes: list[str], recipe) -> list[dict]:
+    import ampsafe
+    from ampsafe.workloads.ppocrv4.finetune import finetune
+    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+
+    rows, before = [], None
+    for mode in modes:
+        w = ampsafe.workloads.build(
+            "ppocrv4_det", seed=seed, framework="paddle", image_size=recipe.image_size, batch_size=recipe.batch_size
+        )
+        if before is None:  # the same shipped weights and held-out pages for every mode of a seed
+            before = paddleocr_hmean(w, EVAL_PAGES)
+        run = finetune(mode, recipe, seed=seed, workload=w)
+        after = paddleocr_hmean(w, EVAL_PAGES)
+        t = run
+        rows.append({
+            "seed": seed, "mode": mode,
+            "overflowing_steps": sum(t.overflowed),
+            "overflowed_at": [i for i, o in enumerate(t.overflowed) if o],
+            "final_scale": t.scales[-1] if mode != "fp32" else None,
+            "final_loss": _final_loss(t.losses),
+            "hmean_before": before["hmean"], "hmean_after": after["hmean"],
+            "precision_after": after["precision"], "recall_after": after["recall"],
+            "head_amax": run.head_amax, "losses": t.losses, "scales": t.scales,
+            "heals": run.heals, "notes": t.notes, "seconds": round(t.seconds, 1),
+        })  # fmt: skip
+        print(
+            f"seed {seed} {mode}: {rows[-1]['overflowing_steps']} overflowing, hmean {before['hmean']:.3f} -> "
+            f"{after['hmean']:.3f}, loss {rows[-1]['final_loss']:.3f}, {t.seconds:.0f} s; {'; '.join(t.notes)}",
+            flush=True,
+        )
+    return rows
+
+
+def _cell(value, digits=3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}" if isinstance(value, float) and abs(value) >= 1000 else f"{value:.{digits}f}"
+
+
+def markdown(data: dict) -> str:
+    rows, recipe = data["rows"], data["recipe"]
+    fp32 = {r["seed"]: r["hmean_after"] for r in rows if r["mode"] == "fp32"}
+    lines = [
+        f"Recipe: {recipe}. Paddle AMP {recipe['level']} emulated in float16 on CPU "
+        f"(`ampsafe.paddle.emulate_fp16`), loss scale from {recipe['init_scale']:g}, dynamic. hmean: PaddleOCR's "
+        f"`DBPostProcess` (the config's options) + `DetMetric` on {EVAL_PAGES} held-out rendered pages of "
+        f"{recipe['image_size']} px. Took {data['seconds']:.0f} s; 1-min load average {data['load'][0]:.1f} at the "
+        f"start, {data['load'][1]:.1f} at the end (the 2 cores are shared with other sessions).",
+        "",
+        "| mode | seed | overflowing steps | final scale | final loss | hmean before | hmean after | vs FP32 (points) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        delta = 100 * (r["hmean_after"] - fp32[r["seed"]]) if r["seed"] in fp32 else None
+        scale = "-" if r["final_scale"] is None else f"{r['final_scale']:.3g}"
+        lines.append(
+            f"| {r['mode']} | {r['seed']} | {r['overflowing_steps']} | {scale} | {r['final_loss']:.3f} | "
+            f"{r['hmean_before']:.3f} | {r['hmean_after']:.3f} | {'-' if delta is None else f'{delta:+.1f}'} |"
+        )
+    lines += ["", "| mode | mean hmean after | worst seed vs FP32 (points) |", "|---|---|---|"]
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        deltas = [100 * (r["hmean_after"] - fp32[r["seed"]]) for r in mine if r["seed"] in fp32]
+        worst = f"{min(deltas):+.1f}" if deltas else "-"
+        lines.append(f"| {mode} | {statistics.mean(r['hmean_after'] for r in mine):.3f} | {worst} |")
+    lines += ["", "Notes (heals: step and islanded paths; patches):"]
+    lines += [f"- seed {r['seed']} {r['mode']}: {'; '.join(r['notes'])}" for r in rows if r["notes"]]
+    first = next((r for r in rows if r["mode"] == "fp32"), None)
+    if first:
+        amax = ", ".join(f"{a:.3g}" for a in first["head_amax"])
+        lines += ["", f"FP32 `head.binarize.conv1` output amax per step (seed {first['seed']}): {amax}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ampsafe.workloads.ppocrv4.finetune import MODES, FineTuneRecipe
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--epochs", type=int, default=5)
+    args = ap.parse_args(argv)
+    recipe = FineTuneRecipe.documented(epochs=args.epochs)
+    data = {"recipe": vars(recipe) | {"steps": recipe.steps, "warmup_steps": recipe.warmup_steps}, "rows": []}
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    for seed in args.seeds:
+        data["rows"] += one_seed(seed, args.modes, recipe)
+        data["seconds"], data["load"] = time.perf_counter() - t0, [load0, os.getloadavg()[0]]
+        write_result(TOPIC, data, markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
