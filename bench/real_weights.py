@@ -116,14 +116,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--topic", default=TOPIC, help="results/<topic>.json|md (a part of the seeds, run beside)")
+    ap.add_argument("--merge", nargs="*", metavar="TOPIC", help="only merge these topics' rows into real_weights")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge)
     recipe = FineTuneRecipe.documented(epochs=args.epochs)
     data = {"recipe": vars(recipe) | {"steps": recipe.steps, "warmup_steps": recipe.warmup_steps}, "rows": []}
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     for seed in args.seeds:
         data["rows"] += one_seed(seed, args.modes, recipe)
         data["seconds"], data["load"] = time.perf_counter() - t0, [load0, os.getloadavg()[0]]
-        write_result(TOPIC, data, markdown(data))
+        write_result(args.topic, data, markdown(data))
+    return 0
+
+
+def merge(topics: list[str]) -> int:
+    """results/real_weights.json|md from the rows of ``topics`` (seeds run in processes side by side; where two
+    hold the same seed and mode, the later one's row is kept)."""
+    import json
+
+    from bench.common import RESULTS
+
+    parts = [json.loads((RESULTS / f"{topic}.json").read_text()) for topic in topics]
+    rows = {(r["seed"], r["mode"]): r for p in parts for r in p["rows"]}  # a later part's rerun replaces a row
+    data = {
+        "recipe": parts[0]["recipe"], "rows": sorted(rows.values(), key=lambda r: r["seed"]),
+        "seconds": max(p["seconds"] for p in parts), "load": [max(p["load"][i] for p in parts) for i in (0, 1)],
+        "machine": parts[0]["machine"], "parts": topics,
+    }  # fmt: skip
+    write_result(TOPIC, data, markdown(data))
     return 0
 
 

@@ -13,7 +13,8 @@ the optimizer, the schedule's shape (warmup epochs, then cosine to 0 over the ru
 Modes (:data:`MODES`): ``fp32``; ``native`` (Paddle's scaler: no floor); ``fix_nan`` (native, with NaN set to
 0 after the head's ``conv_bn1`` and ``conv_bn2``, the guard PaddleOCR's later det heads carry); ``heal``
 (ampsafe's scaler as ``ampsafe run`` installs it with zero edits: floor 1, heal at the floor); ``island``
-and ``convbn`` (``ampsafe.patch`` up front, ampsafe's floored scaler).
+(the paths ``ampsafe.scan`` finds risky on the first batch, in float32) and ``convbn`` (a fresh BatchNorm after
+each unnormalized conv), both ``ampsafe.patch`` up front with ampsafe's floored scaler.
 
 The documented recipe needs no push to overflow (measured, seed 0, FP32): ``head.binarize.conv1``'s output
 reaches 2.7e5 at step 2, with lr still 3.75e-4 in the warmup: a train-mode batch of two pages whose BatchNorm
@@ -168,9 +169,13 @@ def finetune(
     run = FineTuneRun(mode, workload=w)
     if recipe.freeze_bn:
         _freeze_bn(model)
-    if mode in ("island", "convbn"):
-        report = ampsafe.patch(model, w.example_inputs, policy=mode, level=recipe.level)
-        run.notes.append(f"{mode}: {len(report.patched)} modules patched ({', '.join(report.patched)})")
+    if mode == "island":  # the scan's risky paths in float32 (on these weights: head.binarize.conv1 and its feeders)
+        scanned = ampsafe.scan(model, w.example_inputs, level=recipe.level)
+        report = ampsafe.patch(model, w.example_inputs, policy="island", level=recipe.level, paths=scanned.risky)
+        run.notes.append(f"island: {len(report.patched)} modules patched ({', '.join(report.patched)})")
+    elif mode == "convbn":
+        report = ampsafe.patch(model, w.example_inputs, policy="convbn", level=recipe.level)
+        run.notes.append(f"convbn: {len(report.patched)} modules patched")
     if mode == "fix_nan":
         fix_nan(model)
     head = dict(model.named_sublayers())[HEAD_CONV]
