@@ -84,14 +84,16 @@ def markdown(data: dict) -> str:
         f"{recipe['image_size']} px. Took {data['seconds']:.0f} s; 1-min load average {data['load'][0]:.1f} at the "
         f"start, {data['load'][1]:.1f} at the end (the 2 cores are shared with other sessions).",
         "",
-        "| mode | seed | overflowing steps | final scale | final loss | hmean before | hmean after | vs FP32 (points) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | seed | overflowing steps | heals (step: modules) | final scale | final loss | hmean before | "
+        "hmean after | vs FP32 (points) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         delta = 100 * (r["hmean_after"] - fp32[r["seed"]]) if r["seed"] in fp32 else None
-        scale = "-" if r["final_scale"] is None else f"{r['final_scale']:.3g}"
+        scale = "-" if r["final_scale"] is None else f"{r['final_scale']:g}"
+        heals = ", ".join(f"{h['step']}: {len(h['paths'])}" for h in r["heals"]) or "-"
         lines.append(
-            f"| {r['mode']} | {r['seed']} | {r['overflowing_steps']} | {scale} | {r['final_loss']:.3f} | "
+            f"| {r['mode']} | {r['seed']} | {r['overflowing_steps']} | {heals} | {scale} | {r['final_loss']:.3f} | "
             f"{r['hmean_before']:.3f} | {r['hmean_after']:.3f} | {'-' if delta is None else f'{delta:+.1f}'} |"
         )
     lines += ["", "| mode | mean hmean after | worst seed vs FP32 (points) |", "|---|---|---|"]
@@ -100,6 +102,11 @@ def markdown(data: dict) -> str:
         deltas = [100 * (r["hmean_after"] - fp32[r["seed"]]) for r in mine if r["seed"] in fp32]
         worst = f"{min(deltas):+.1f}" if deltas else "-"
         lines.append(f"| {mode} | {statistics.mean(r['hmean_after'] for r in mine):.3f} | {worst} |")
+    seeds = sorted({r["seed"] for r in rows})
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        ran = sorted(r["seed"] for r in rows if r["mode"] == mode)
+        if ran != seeds:
+            lines.append(f"\n`{mode}` ran on seed(s) {', '.join(map(str, ran))} only.")
     lines += ["", "Notes (heals: step and islanded paths; patches):"]
     lines += [f"- seed {r['seed']} {r['mode']}: {'; '.join(r['notes'])}" for r in rows if r["notes"]]
     first = next((r for r in rows if r["mode"] == "fp32"), None)
