@@ -124,10 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--topic", default=TOPIC, help="results/<topic>.json|md (a part of the seeds, run beside)")
+    ap.add_argument("--torch", action="store_true", help="only the torch trajectory (FP32, native) of one seed")
     ap.add_argument("--merge", nargs="*", metavar="TOPIC", help="only merge these topics' rows into real_weights")
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge)
+    if args.torch:
+        return torch_trajectory(args.seeds[0], FineTuneRecipe.documented(epochs=args.epochs))
     recipe = FineTuneRecipe.documented(epochs=args.epochs)
     data = {"recipe": vars(recipe) | {"steps": recipe.steps, "warmup_steps": recipe.warmup_steps}, "rows": []}
     load0, t0 = os.getloadavg()[0], time.perf_counter()
@@ -135,6 +138,31 @@ def main(argv: list[str] | None = None) -> int:
         data["rows"] += one_seed(seed, args.modes, recipe)
         data["seconds"], data["load"] = time.perf_counter() - t0, [load0, os.getloadavg()[0]]
         write_result(args.topic, data, markdown(data))
+    return 0
+
+
+def torch_trajectory(seed: int, recipe) -> int:
+    """results/real_weights-torch.json|md: the recipe in torch, FP32 against native CPU autocast (CUDA's lists)."""
+    from ampsafe.workloads.ppocrv4.finetune import TORCH_MODES, finetune_torch
+
+    runs = {mode: finetune_torch(mode, recipe, seed=seed) for mode in TORCH_MODES}
+    data = {"seed": seed, "recipe": vars(recipe), "runs": {m: {k: v for k, v in vars(r).items() if k != "workload"}
+            for m, r in runs.items()}}  # fmt: skip
+    lines = [
+        f"torch, seed {seed}, the recipe of real_weights.md; native: `torch.autocast('cuda', float16)` with CUDA's op "
+        "lists on the CPU (`--emulate-fp16`), `torch.amp.GradScaler` from 1024.",
+        "",
+        "| step | lr | FP32 head amax | FP32 loss | native head amax | native loss | native skipped |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    fp32, native = runs["fp32"], runs["native"]
+    for step in range(len(fp32.losses)):
+        lines.append(
+            f"| {step} | {recipe.lr_at(step):.2e} | {fp32.head_amax[step]:.4g} | {fp32.losses[step]:.3f} | "
+            f"{native.head_amax[step]:.4g} | {native.losses[step]:.3f} | {native.overflowed[step]} |"
+        )
+    lines += ["", *(f"- {m}: {'; '.join(r.notes) or 'no notes'}" for m, r in runs.items())]
+    write_result(f"{TOPIC}-torch", data, "\n".join(lines))
     return 0
 
 

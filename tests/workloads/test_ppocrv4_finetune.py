@@ -1,7 +1,7 @@
 """Fine-tuning the shipped PP-OCRv4 det under Paddle AMP with its student config's recipe, as a user runs it.
 
 Measured (seed 0, 320 px pages, batch 2, FP32): ``head.binarize.conv1``'s output is 16k at step 0 and 2.7e5 at
-step 2 (train-mode BatchNorm on that batch's two pages; lr still 3.75e-4 in the warmup), so float16 overflows
+step 2 (train-mode BatchNorm on that batch's two pages; after one update at lr 1.25e-4 in the warmup), so float16 overflows
 there in the forward pass, 4x past 65504: the claims below hold on any float32 kernel order.
 """
 

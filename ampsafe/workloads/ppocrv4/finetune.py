@@ -17,8 +17,8 @@ Modes (:data:`MODES`): ``fp32``; ``native`` (Paddle's scaler: no floor); ``fix_n
 each unnormalized conv), both ``ampsafe.patch`` up front with ampsafe's floored scaler.
 
 The documented recipe needs no push to overflow (measured, seed 0, FP32): ``head.binarize.conv1``'s output
-reaches 2.7e5 at step 2, with lr still 3.75e-4 in the warmup: a train-mode batch of two pages whose BatchNorm
-statistics (the stem's) differ from the trained running ones; again 7.2e5 at step 6 and 1.4e5-3.6e5 from step
+reaches 2.7e5 at step 2, after one update at lr 1.25e-4 in the warmup: that batch's two pages with BatchNorm in
+train mode (on the batch's statistics); again 7.2e5 at step 6 and 1.4e5-3.6e5 from step
 15 on, while the FP32 loss falls from 5.5 to 2.0. Eval-mode BatchNorm (frozen) stays at 16-23k in 15 steps.
 """
 
@@ -29,9 +29,10 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-__all__ = ["FineTuneRecipe", "MODES", "FineTuneRun", "finetune", "fix_nan"]
+__all__ = ["FineTuneRecipe", "MODES", "TORCH_MODES", "finetune_torch", "FineTuneRun", "finetune", "fix_nan"]
 
 MODES = ("fp32", "native", "fix_nan", "heal", "island", "convbn")
+TORCH_MODES = ("fp32", "native")  # torch's trajectory: FP32 against torch's own GradScaler
 
 
 @dataclass(frozen=True)
@@ -213,4 +214,49 @@ def finetune(
         run.notes.append(f"healed at step {heal.step}: {len(heal.paths)} paths ({', '.join(heal.paths)})")
     if not all(bool(paddle.isfinite(p).all()) for p in model.parameters()):
         run.notes.append("parameters non-finite at the end")
+    return run
+
+
+def finetune_torch(mode: str, recipe: FineTuneRecipe, *, seed: int = 0, steps: int | None = None) -> FineTuneRun:
+    """The same recipe in torch (:data:`TORCH_MODES`): ``native`` runs the forward and loss under
+    ``torch.autocast("cuda", float16)`` with CUDA autocast's op lists on this CPU (what ``ampsafe run
+    --emulate-fp16`` gives a CUDA script) and ``torch.amp.GradScaler`` from ``recipe.init_scale``."""
+    import torch
+
+    import ampsafe
+    from ampsafe.workloads.t5 import emulated_cuda_amp
+
+    if mode not in TORCH_MODES:
+        raise ValueError(f"mode must be one of {', '.join(TORCH_MODES)}, got {mode!r}")
+    w = ampsafe.workloads.build(
+        "ppocrv4_det", seed=seed, framework="torch", image_size=recipe.image_size, batch_size=recipe.batch_size
+    )
+    run, model = FineTuneRun(mode, workload=w), w.model
+    amax: list = []
+    model.get_submodule(HEAD_CONV).register_forward_hook(
+        lambda module, inputs, out: amax.append(float(out.float().abs().max()))
+    )
+    opt = w.make_optimizer(recipe.lr)
+    t0 = time.perf_counter()
+    with emulated_cuda_amp():
+        scaler = torch.amp.GradScaler("cuda", init_scale=recipe.init_scale, enabled=mode == "native")
+        for step in range(recipe.steps if steps is None else steps):
+            for group in opt.param_groups:
+                group["lr"] = recipe.lr_at(step)
+            amax.clear()
+            scale = scaler.get_scale() if mode == "native" else 1.0
+            with torch.autocast("cuda", dtype=torch.float16, enabled=mode == "native"):
+                loss = w.loss(w.batch(recipe.page_step(step)))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            run.head_amax.append(max(amax))
+            run.scales.append(float(scale))
+            run.losses.append(loss.item())
+            run.overflowed.append(mode == "native" and scaler.get_scale() < scale)
+    run.seconds = time.perf_counter() - t0
+    stats = [t for name, t in model.state_dict().items() if name.endswith(("running_mean", "running_var"))]
+    if not all(bool(torch.isfinite(t).all()) for t in stats):
+        run.notes.append("BatchNorm running statistics non-finite at the end")
     return run
