@@ -5,7 +5,7 @@
 Every mode of :mod:`ampsafe.workloads.ppocrv4.finetune` (fp32, native, fix_nan, heal, island, convbn) runs the
 same recipe on the same pages for each seed; hmean is PaddleOCR's own ``DBPostProcess`` + ``DetMetric`` on
 held-out pages (:mod:`ampsafe.workloads.ppocrv4.metric`), before and after. Writes
-``bench/results/real_weights.json|md`` after every run, so an interrupted bench keeps what it measured. Not a
+``bench/results/<topic>.json|md`` after every seed, so an interrupted bench keeps the seeds it finished. Not a
 ``bench_*`` topic: at ~25 minutes on 2 cores it stays out of ``python -m bench``.
 """
 
