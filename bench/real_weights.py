@@ -1,0 +1,188 @@
+"""Real trained weights: PaddleOCR's shipped PP-OCRv4 det, fine-tuned under emulated Paddle AMP, six ways.
+
+    PYTHONPATH=. AMPSAFE_SHARED=/path/to/shared python bench/real_weights.py [--seeds 0 1 2] [--modes ...]
+
+Every mode of :mod:`ampsafe.workloads.ppocrv4.finetune` (fp32, native, fix_nan, heal, island, convbn) runs the
+same recipe on the same pages for each seed; hmean is PaddleOCR's own ``DBPostProcess`` + ``DetMetric`` on
+held-out pages (:mod:`ampsafe.workloads.ppocrv4.metric`), before and after. Writes
+``bench/results/<topic>.json|md`` after every seed, so an interrupted bench keeps the seeds it finished. Not a
+``bench_*`` topic: at ~25 minutes on 2 cores it stays out of ``python -m bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    from bench.common import write_result
+except ImportError:  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.common import write_result
+
+TOPIC = "real_weights"
+EVAL_PAGES = 16
+
+
+def _final_loss(losses: list) -> float:
+    finite = [x for x in losses if math.isfinite(x)][-5:]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def one_seed(seed: int, modes: list[str], recipe) -> list[dict]:
+    import ampsafe
+    from ampsafe.workloads.ppocrv4.finetune import finetune
+    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+
+    rows, before = [], None
+    for mode in modes:
+        w = ampsafe.workloads.build(
+            "ppocrv4_det", seed=seed, framework="paddle", image_size=recipe.image_size, batch_size=recipe.batch_size
+        )
+        if before is None:  # the same shipped weights and held-out pages for every mode of a seed
+            before = paddleocr_hmean(w, EVAL_PAGES)
+        run = finetune(mode, recipe, seed=seed, workload=w)
+        after = paddleocr_hmean(w, EVAL_PAGES)
+        t = run
+        rows.append({
+            "seed": seed, "mode": mode,
+            "overflowing_steps": sum(t.overflowed),
+            "overflowed_at": [i for i, o in enumerate(t.overflowed) if o],
+            "final_scale": t.scales[-1] if mode != "fp32" else None,
+            "final_loss": _final_loss(t.losses),
+            "hmean_before": before["hmean"], "hmean_after": after["hmean"],
+            "precision_after": after["precision"], "recall_after": after["recall"],
+            "head_amax": run.head_amax, "losses": t.losses, "scales": t.scales,
+            "heals": run.heals, "notes": t.notes, "seconds": round(t.seconds, 1),
+        })  # fmt: skip
+        print(
+            f"seed {seed} {mode}: {rows[-1]['overflowing_steps']} overflowing, hmean {before['hmean']:.3f} -> "
+            f"{after['hmean']:.3f}, loss {rows[-1]['final_loss']:.3f}, {t.seconds:.0f} s; {'; '.join(t.notes)}",
+            flush=True,
+        )
+    return rows
+
+
+def _cell(value, digits=3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}" if isinstance(value, float) and abs(value) >= 1000 else f"{value:.{digits}f}"
+
+
+def markdown(data: dict) -> str:
+    rows, recipe = data["rows"], data["recipe"]
+    fp32 = {r["seed"]: r["hmean_after"] for r in rows if r["mode"] == "fp32"}
+    lines = [
+        f"Recipe: {recipe}. Paddle AMP {recipe['level']} emulated in float16 on CPU "
+        f"(`ampsafe.paddle.emulate_fp16`), loss scale from {recipe['init_scale']:g}, dynamic. hmean: PaddleOCR's "
+        f"`DBPostProcess` (the config's options) + `DetMetric` on {EVAL_PAGES} held-out rendered pages of "
+        f"{recipe['image_size']} px. Took {data['seconds']:.0f} s; 1-min load average {data['load'][0]:.1f} at the "
+        f"start, {data['load'][1]:.1f} at the end (the 2 cores are shared with other sessions).",
+        "",
+        "| mode | seed | overflowing steps | heals (step: modules) | final scale | final loss | hmean before | "
+        "hmean after | vs FP32 (points) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        delta = 100 * (r["hmean_after"] - fp32[r["seed"]]) if r["seed"] in fp32 else None
+        scale = "-" if r["final_scale"] is None else f"{r['final_scale']:g}"
+        heals = ", ".join(f"{h['step']}: {len(h['paths'])}" for h in r["heals"]) or "-"
+        lines.append(
+            f"| {r['mode']} | {r['seed']} | {r['overflowing_steps']} | {heals} | {scale} | {r['final_loss']:.3f} | "
+            f"{r['hmean_before']:.3f} | {r['hmean_after']:.3f} | {'-' if delta is None else f'{delta:+.1f}'} |"
+        )
+    lines += ["", "| mode | mean hmean after | worst seed vs FP32 (points) |", "|---|---|---|"]
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        deltas = [100 * (r["hmean_after"] - fp32[r["seed"]]) for r in mine if r["seed"] in fp32]
+        worst = f"{min(deltas):+.1f}" if deltas else "-"
+        lines.append(f"| {mode} | {statistics.mean(r['hmean_after'] for r in mine):.3f} | {worst} |")
+    seeds = sorted({r["seed"] for r in rows})
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        ran = sorted(r["seed"] for r in rows if r["mode"] == mode)
+        if ran != seeds:
+            lines.append(f"\n`{mode}` ran on seed(s) {', '.join(map(str, ran))} only.")
+    lines += ["", "Notes (heals: step and islanded paths; patches):"]
+    lines += [f"- seed {r['seed']} {r['mode']}: {'; '.join(r['notes'])}" for r in rows if r["notes"]]
+    first = next((r for r in rows if r["mode"] == "fp32"), None)
+    if first:
+        amax = ", ".join(f"{a:.3g}" for a in first["head_amax"])
+        lines += ["", f"FP32 `head.binarize.conv1` output amax per step (seed {first['seed']}): {amax}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ampsafe.workloads.ppocrv4.finetune import MODES, FineTuneRecipe
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--topic", default=TOPIC, help="results/<topic>.json|md (a part of the seeds, run beside)")
+    ap.add_argument("--torch", action="store_true", help="only the torch trajectory (FP32, native) of one seed")
+    ap.add_argument("--merge", nargs="*", metavar="TOPIC", help="only merge these topics' rows into real_weights")
+    args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge)
+    if args.torch:
+        return torch_trajectory(args.seeds[0], FineTuneRecipe.documented(epochs=args.epochs))
+    recipe = FineTuneRecipe.documented(epochs=args.epochs)
+    data = {"recipe": vars(recipe) | {"steps": recipe.steps, "warmup_steps": recipe.warmup_steps}, "rows": []}
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    for seed in args.seeds:
+        data["rows"] += one_seed(seed, args.modes, recipe)
+        data["seconds"], data["load"] = time.perf_counter() - t0, [load0, os.getloadavg()[0]]
+        write_result(args.topic, data, markdown(data))
+    return 0
+
+
+def torch_trajectory(seed: int, recipe) -> int:
+    """results/real_weights-torch.json|md: the recipe in torch, FP32 against native CPU autocast (CUDA's lists)."""
+    from ampsafe.workloads.ppocrv4.finetune import TORCH_MODES, finetune_torch
+
+    runs = {mode: finetune_torch(mode, recipe, seed=seed) for mode in TORCH_MODES}
+    data = {"seed": seed, "recipe": vars(recipe), "runs": {m: {k: v for k, v in vars(r).items() if k != "workload"}
+            for m, r in runs.items()}}  # fmt: skip
+    lines = [
+        f"torch, seed {seed}, the recipe of real_weights.md; native: `torch.autocast('cuda', float16)` with CUDA's op "
+        "lists on the CPU (`--emulate-fp16`), `torch.amp.GradScaler` from 1024.",
+        "",
+        "| step | lr | FP32 head amax | FP32 loss | native head amax | native loss | native skipped |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    fp32, native = runs["fp32"], runs["native"]
+    for step in range(len(fp32.losses)):
+        lines.append(
+            f"| {step} | {recipe.lr_at(step):.2e} | {fp32.head_amax[step]:.4g} | {fp32.losses[step]:.3f} | "
+            f"{native.head_amax[step]:.4g} | {native.losses[step]:.3f} | {native.overflowed[step]} |"
+        )
+    lines += ["", *(f"- {m}: {'; '.join(r.notes) or 'no notes'}" for m, r in runs.items())]
+    write_result(f"{TOPIC}-torch", data, "\n".join(lines))
+    return 0
+
+
+def merge(topics: list[str]) -> int:
+    """results/real_weights.json|md from the rows of ``topics`` (seeds run in processes side by side; where two
+    hold the same seed and mode, the later one's row is kept)."""
+    import json
+
+    from bench.common import RESULTS
+
+    parts = [json.loads((RESULTS / f"{topic}.json").read_text()) for topic in topics]
+    rows = {(r["seed"], r["mode"]): r for p in parts for r in p["rows"]}  # a later part's rerun replaces a row
+    data = {
+        "recipe": parts[0]["recipe"], "rows": sorted(rows.values(), key=lambda r: r["seed"]),
+        "seconds": max(p["seconds"] for p in parts), "load": [max(p["load"][i] for p in parts) for i in (0, 1)],
+        "machine": parts[0]["machine"], "parts": topics,
+    }  # fmt: skip
+    write_result(TOPIC, data, markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
