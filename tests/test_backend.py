@@ -242,9 +242,9 @@ def test_backend_implements_every_member_the_protocol_lists(framework):
 # The members each framework's adapter classes define, part by part (the rest is written once in core: BackendBase,
 # TensorsBase, AmpBase, SwapsBase, TraceHooksBase, WatchBase, the scaler bases). A new framework writes at least what
 # both frameworks write (REQUIRED_AT_MOST bounds it); each framework's own total may not grow past its line here.
-# The goal was 50 per framework; today (torch / Paddle): Backend 10 / 9, Tensors 11 / 8, Amp 7 / 9, Swaps 9 / 10,
-# TraceHooks 6 / 8, Watch 4 / 4, GradScaler 2 / 2.
-WRITTEN_AT_MOST = {"torch": 49, "paddle": 50}
+# The goal was 50 per framework; today (torch / Paddle): Backend 11 / 9, Tensors 11 / 8, Amp 7 / 9, Swaps 9 / 10,
+# TraceHooks 6 / 8, Watch 4 / 4, GradScaler 2 / 2, and torch's `sharding` (FSDP2).
+WRITTEN_AT_MOST = {"torch": 50, "paddle": 50}
 REQUIRED_AT_MOST = 44
 
 

@@ -343,17 +343,9 @@ class Backend(Protocol):
     def all_gather(self, obj) -> list:
         """``obj`` of every rank in rank order; ``[obj]`` outside a process group."""
 
-    def forward_is_collective(self, model) -> bool:
-        """Whether every forward of ``model`` runs collectives that all ranks must join (FSDP2's all-gathers): a
-        replay that one rank runs alone, at its exit, would hang."""
-
-    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
-        """The report's fix of the engine sharding ``model`` that keeps the modules at ``paths`` in float32 for good,
-        in its own terms: key -> (line, advice) (FSDP2: its ``fully_shard(..., mp_policy=...)`` lines), or {}."""
-
-    def float32_params(self, model) -> ContextManager:
-        """Inside it, ``model``'s parameters take part in its forward as float32 where an engine would cast them to
-        float16 for compute (FSDP2's ``param_dtype``): with :meth:`Amp.float32`, what a float32 replay runs in."""
+    sharding: Sharding
+    """The engine that shards ``model``'s parameters across ranks (FSDP2), as a heal and the report need it:
+    :class:`Sharding` (no engine) where the framework has none."""
 
     def rng_state(self) -> Callable[[], None]:
         """Save every random state a forward may draw from (the framework's generators on each device it has
@@ -388,6 +380,27 @@ class Backend(Protocol):
         ``ledger`` (an :class:`~ampsafe.core.attr_patches.AttrPatches`: ``set``, ``wrap``, ``on_restore``), which
         ``ampsafe.auto.uninstall`` undoes; ``site`` (a :class:`Site`) also prints and records the banner
         lines (``say``, ``note``, ``tell``) and runs code after a later import (``when_imported``)."""
+
+
+class Sharding:
+    """What a heal and the report must know of an engine that shards a model's parameters across ranks and casts
+    them for compute (FSDP2's ``param_dtype``). This base is "no such engine": every model computes in the dtypes
+    its parameters have, a rank may replay alone, and there is no engine-side fix line."""
+
+    def float32_params(self, model) -> ContextManager:
+        """Inside it, ``model``'s parameters take part in its forward as float32 where the engine would cast them
+        to float16 for compute: with :meth:`Amp.float32`, what a float32 replay runs in."""
+        return nullcontext()
+
+    def forward_is_collective(self, model) -> bool:
+        """Whether every forward of ``model`` runs collectives that all ranks must join (FSDP2's all-gathers): a
+        replay that one rank runs alone, at its exit, would hang."""
+        return False
+
+    def fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
+        """The engine's own fix that keeps the modules at ``paths`` in float32 for good: key -> (line, advice)
+        (FSDP2: its ``fully_shard(..., mp_policy=...)`` lines), or {}."""
+        return {}
 
 
 class Site(Protocol):
@@ -463,14 +476,7 @@ class BackendBase:
     def parameters(self, module) -> list:
         return list(module.parameters())
 
-    def float32_params(self, model) -> ContextManager:
-        return nullcontext()
-
-    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
-        return {}
-
-    def forward_is_collective(self, model) -> bool:
-        return False
+    sharding: Sharding = Sharding()  # stateless: one instance serves every backend without an engine
 
     def live_modules(self) -> list:
         return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups

@@ -164,7 +164,7 @@ def float32_replay(
     probe = ScanProbe(backend, model, module)
     restore = backend.snapshot(model)
     try:
-        with backend.amp.float32(), backend.float32_params(model):
+        with backend.amp.float32(), backend.sharding.float32_params(model):
             call(model, inputs)
             return probe.nonfinite(loss_fn), probe.magnitude
     finally:

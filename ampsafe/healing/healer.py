@@ -164,7 +164,7 @@ class Healer:
         probe = ScanProbe(self.backend, self.model, module)
         loss = {"loss_fn": probe.wrap(self.loss_fn), "loss_scale": loss_scale} if loss_scale else {}
         try:
-            with self.backend.float32_params(self.model):
+            with self.backend.sharding.float32_params(self.model):
                 report = self.scan(
                     self.model, inputs, level=self.level, target=self.target, margin_bits=self.margin_bits, **loss
                 )

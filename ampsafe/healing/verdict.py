@@ -64,7 +64,7 @@ def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
     handle = backend.forward_hook(module, keep)
     restore = backend.snapshot(model)
     try:
-        with backend.amp.float32(), backend.float32_params(model):
+        with backend.amp.float32(), backend.sharding.float32_params(model):
             _run(model, latest)
     except Exception:  # noqa: BLE001 - the magnitude is extra evidence, the verdict stands without it
         return None

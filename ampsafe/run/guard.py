@@ -415,7 +415,7 @@ class StepGuard:
             model, b = tracked.model, self.backend
             if tracked.latest is None or model is None:
                 continue
-            if b.forward_is_collective(model):  # a forward that other ranks, maybe gone, must join would hang
+            if b.sharding.forward_is_collective(model):  # a forward that other ranks, maybe gone, must join would hang
                 tracked.latest = None
                 self._say(
                     "the last forward was not replayed at exit: every forward of this model is collective "

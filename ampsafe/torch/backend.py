@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..core import backend as core
+from .fsdp import Fsdp2
 from .ops import runs_in_fp16
 from .tensors import LOW_DTYPES, TENSORS
 
@@ -75,6 +76,7 @@ class TorchBackend(core.BackendBase):
     """``torch.nn.Module`` models. Normalization statistics are buffers (``running_mean``/``running_var``)."""
 
     module_type = nn.Module
+    sharding = Fsdp2()
 
     # -- structure
     def modules(self, model) -> dict:
@@ -122,25 +124,6 @@ class TorchBackend(core.BackendBase):
             random.setstate(py)
 
         return restore
-
-    def float32_params(self, model):
-        """FSDP2's float16 ``param_dtype`` set aside (:func:`ampsafe.torch.fsdp.float32_params`)."""
-        from .fsdp import float32_params
-
-        return float32_params(model)
-
-    def forward_is_collective(self, model) -> bool:
-        """FSDP2: each forward all-gathers the parameters (:func:`ampsafe.torch.fsdp.fsdp_modules`)."""
-        from .fsdp import fsdp_modules
-
-        return bool(fsdp_modules(model))
-
-    def engine_fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
-        """FSDP2 with a float16 ``param_dtype``: ``{"torch_fsdp2": (its fully_shard lines, advice)}``
-        (:func:`ampsafe.torch.fsdp.engine_fix`)."""
-        from .fsdp import engine_fix
-
-        return engine_fix(model, paths)
 
     # -- processes
     def all_gather(self, obj) -> list:

@@ -27,7 +27,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["fsdp_modules", "float16_sharded", "float32_params", "fix_lines", "module_expr", "engine_fix", "ADVICE"]
+from ..core.backend import Sharding
+
+__all__ = [
+    "Fsdp2",
+    "fsdp_modules",
+    "float16_sharded",
+    "float32_params",
+    "fix_lines",
+    "module_expr",
+    "engine_fix",
+    "ADVICE",
+]
 
 
 def _fsdp_module_type():
@@ -150,3 +161,17 @@ def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
     modules = dict(model.named_modules())
     lines = fix_lines([p for p in paths if p in modules and any(True for _ in modules[p].parameters())])
     return {"torch_fsdp2": ("\n".join(lines), ADVICE)} if lines else {}
+
+
+class Fsdp2(Sharding):
+    """FSDP2 as :class:`~ampsafe.core.backend.Sharding` (``TorchBackend.sharding``); a model without
+    ``fully_shard`` modules gets the base's answers."""
+
+    def float32_params(self, model):
+        return float32_params(model)
+
+    def forward_is_collective(self, model) -> bool:
+        return bool(fsdp_modules(model))
+
+    def fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
+        return engine_fix(model, paths)

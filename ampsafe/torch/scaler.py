@@ -452,9 +452,9 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
 
     def fix_lines(self, paths) -> dict[str, tuple[str, str]]:
         """The report's lines of the engine that shards :attr:`model` for the healed ``paths``: key -> (line,
-        advice); FSDP2 with a float16 ``param_dtype`` gives its ``fully_shard`` lines (``Backend.engine_fix``)."""
+        advice); FSDP2 with a float16 ``param_dtype`` gives its ``fully_shard`` lines (``Backend.sharding.fix``)."""
         model = self.model
-        return self._backend().engine_fix(model, list(paths)) if model is not None else {}
+        return self._backend().sharding.fix(model, list(paths)) if model is not None else {}
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
     _wrappers = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"})

@@ -1,7 +1,7 @@
 """``ampsafe run`` with zero edits on a user's FSDP2 pure-float16 script (torchrun, 2 gloo ranks): the run heals at
 the floor on both ranks and the report prints FSDP2's own fix, one ``fully_shard`` line per healed Linear.
 
-Before ``Backend.float32_params``, the same run reached the floor at step 8 and refused to heal: its "float32"
+Without ``Backend.sharding.float32_params``, the same run reached the floor at step 8 and refused to heal: its "float32"
 replay ran under FSDP2's float16 policy and overflowed like the step (measured on this tree's parent)."""
 
 from __future__ import annotations
