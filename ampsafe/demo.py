@@ -27,6 +27,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .workloads.paddle_amp import amp_step
+
 __all__ = ["RunTrace", "run_paddle", "run_torch", "run_t5", "run_ppocrv4", "main"]
 
 PADDLE_MODES = ("native", "convbn", "island", "heal")
@@ -149,16 +151,7 @@ def run_paddle(
             batch = w.batch(step)
             scale = scaler.get_loss_scaling()
             skipped_before = scaler.stats.skipped_steps
-            if forward_only:
-                with emulator:
-                    preds = model(batch[0])
-                loss = w.loss_fn(preds, batch)["loss"]
-            else:
-                loss = w.loss(batch)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.clear_grad()
+            loss = amp_step(w, batch, scaler, opt, emulator, forward_only)
             if sched is not None:
                 sched.step()
             trace.scales.append(float(scale))

@@ -29,6 +29,8 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+from ..paddle_amp import amp_step
+
 __all__ = ["FineTuneRecipe", "MODES", "TORCH_MODES", "finetune_torch", "FineTuneRun", "finetune", "fix_nan"]
 
 MODES = ("fp32", "native", "fix_nan", "heal", "island", "convbn")
@@ -194,16 +196,7 @@ def finetune(
             scale = scaler.get_loss_scaling()
             skipped_before = scaler.stats.skipped_steps
             amax.clear()
-            if forward_only:
-                with emulator:
-                    preds = model(batch[0])
-                loss = w.loss_fn(preds, batch)["loss"]
-            else:
-                loss = w.loss(batch)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.clear_grad()
+            loss = amp_step(w, batch, scaler, opt, emulator, forward_only)
             run.head_amax.append(max(amax) if amax else float("nan"))
             run.scales.append(float(scale))
             run.losses.append(float(loss))
