@@ -350,11 +350,30 @@ class LossScaleState:
                             new = _f32(p.max_scale)
                         grew = new != self.scale
                         self.scale = new
+        self.stats.overflow_steps += found_inf
+        self.stats.floor_hits += floor_hit
+        return self._counted(before, found_inf, grew=grew, backed_off=backed_off, floor_hit=floor_hit)
+
+    def skip_input(self, bad_input: BadInput) -> StepDecision:
+        """Record a step skipped for its data (``bad_input``: the non-finite model input): the scale, the trackers
+        and the last clean scale stay as they were (see the module docstring)."""
+        self.stats.input_steps += 1
+        return self._counted(float(self.scale), True, bad_input=bad_input)
+
+    def _counted(
+        self,
+        before: float,
+        found_inf: bool,
+        *,
+        grew: bool = False,
+        backed_off: bool = False,
+        floor_hit: bool = False,
+        bad_input: Optional[BadInput] = None,
+    ) -> StepDecision:
+        """Count one decided step (scale ``before`` it; a non-finite step is skipped) and say what was decided."""
         s = self.stats
         s.total_steps += 1
         s.skipped_steps += found_inf
-        s.overflow_steps += found_inf
-        s.floor_hits += floor_hit
         s.scale_history.append(before)
         return StepDecision(
             step=s.total_steps - 1,
@@ -365,26 +384,6 @@ class LossScaleState:
             grew=grew,
             backed_off=backed_off,
             floor_hit=floor_hit,
-            on_floor=p.on_floor,
-        )
-
-    def skip_input(self, bad_input: BadInput) -> StepDecision:
-        """Record a step skipped for its data (``bad_input``: the non-finite model input): the scale, the trackers
-        and the last clean scale stay as they were (see the module docstring)."""
-        s, scale = self.stats, float(self.scale)
-        s.total_steps += 1
-        s.skipped_steps += 1
-        s.input_steps += 1
-        s.scale_history.append(scale)
-        return StepDecision(
-            step=s.total_steps - 1,
-            found_inf=True,
-            skipped=True,
-            scale=scale,
-            next_scale=scale,
-            grew=False,
-            backed_off=False,
-            floor_hit=False,
             on_floor=self.policy.on_floor,
             bad_input=bad_input,
         )
