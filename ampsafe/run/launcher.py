@@ -1,5 +1,5 @@
 """``ampsafe run [--on-floor heal|raise|clamp] [--min-scale S] [--watch] [--max-skips K] [--on-bad-target raise|drop]
-[--report DIR] [--emulate-fp16] -- python train.py ...``
+[--report DIR] [--emulate-fp16] [--tensorboard DIR | --no-metrics] -- python train.py ...``
 
 Runs an unmodified training command with ampsafe in place: the frameworks' GradScalers resolve to ampsafe's
 (healing at the floor by default: the user ran ampsafe to keep the run alive), every optimizer step that no
@@ -167,6 +167,21 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="on a CPU, torch autocast('cuda') / torch.cuda.amp and Paddle auto_cast / decorate / GradScaler "
         "behave as float16 AMP on a GPU",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        default=None,
+        help="every scaler of the run writes amp/loss_scale, amp/skipped_steps, ... at each optimizer step into a "
+        "TensorBoard event file in DIR (a plain loop's logger; needs the tensorboard package)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        default=None,
+        help="do not add the amp/* metrics to the loggers of the trainers the script builds (HF Trainer, "
+        "Lightning, mmengine, ultralytics, PaddleOCR, PaddleDetection); they are added by default",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-patch lines from the child")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. python train.py ...")

@@ -45,7 +45,10 @@ class RunOptions:
     FP32 guard stops after more than this many skipped steps in a row (a handful is a bad batch, ten in a row a
     diverged run); ``on_bad_target``: raise | drop a bad detection box; ``report``: the folder of report.md /
     report.json / scale.png (None: no report); ``emulate_fp16``: float16 AMP emulated on a CPU; ``quiet``: no
-    per-patch lines from the child.
+    per-patch lines from the child; ``metrics``: the ``amp/*`` metrics go to the loggers of the trainers the
+    script builds (HF ``Trainer``, Lightning, mmengine, ultralytics, PaddleOCR / PaddleDetection:
+    :mod:`ampsafe.run.loggers`); ``tensorboard``: a folder where every scaler of the run writes its ``amp/*``
+    metrics at each optimizer step (a TensorBoard event file; None: none).
     """
 
     on_floor: str = "heal"
@@ -56,6 +59,8 @@ class RunOptions:
     report: str | None = DEFAULT_REPORT_DIR
     emulate_fp16: bool = False
     quiet: bool = False
+    metrics: bool = True
+    tensorboard: str | None = None
 
     def __post_init__(self) -> None:
         if self.on_floor not in ON_FLOOR:
@@ -72,12 +77,21 @@ class RunOptions:
             raise ConfigError(f"max_skips must be an int >= 0, got {self.max_skips!r}")
         if self.on_bad_target not in ON_BAD_TARGET:
             raise ConfigError(f"on_bad_target must be one of {', '.join(ON_BAD_TARGET)}, got {self.on_bad_target!r}")
-        for name in ("watch", "emulate_fp16", "quiet"):
+        for name in ("watch", "emulate_fp16", "quiet", "metrics"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         report = None if self.report in (None, "") else self.report
         if report is not None and not isinstance(report, (str, os.PathLike)):
             raise ConfigError(f"report must be a folder path or None, got {report!r}")
+        tensorboard = None if self.tensorboard in (None, "") else self.tensorboard
+        if tensorboard is not None and not isinstance(tensorboard, (str, os.PathLike)):
+            raise ConfigError(f"tensorboard must be a folder path or None, got {tensorboard!r}")
+        if tensorboard is not None and not self.metrics:
+            raise ConfigError(
+                f"tensorboard={os.fspath(tensorboard)!r} asks for amp/* metrics and metrics=False (--no-metrics) "
+                "turns them off: give one of the two"
+            )
+        object.__setattr__(self, "tensorboard", None if tensorboard is None else os.fspath(tensorboard))
         object.__setattr__(self, "min_scale", min_scale)
         object.__setattr__(self, "report", None if report is None else os.fspath(report))
 

@@ -104,6 +104,10 @@ class RunSession:
             for name, target in targets():
                 self.finder.when_imported(target, lambda module, _name=name: libraries.integrate(self, _name, module))
         self.finder.when_imported("ppocr.modeling.necks", lambda _module: libraries.register_ocr(self))
+        if self.options.metrics:  # amp/* in the loggers of the trainers the script builds
+            from . import loggers
+
+            loggers.install(self)
 
     def _install_framework(self, name: str) -> None:
         """The registered framework ``name`` has just been imported: its backend puts the run's hooks in place."""
@@ -146,6 +150,10 @@ class RunSession:
         if self.open and self.options.watch:
             tracked.watch = ScalerWatch(self, scaler)
             tracked.watch.arm()
+        if self.open and self.options.tensorboard:
+            from . import loggers
+
+            loggers.tensorboard(self, tracked)
         return tracked
 
     def reloaded(self, scaler, before: float | None) -> None:

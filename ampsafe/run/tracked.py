@@ -66,7 +66,8 @@ class TrackedScaler:
     ``steps``: ``(step, scale, overflow, floor hit)`` per step (the plot); ``reloads``: checkpoint reloads;
     ``holder`` / ``holder_path``: the object the user holds around the scaler's model and the model's path in it
     (:mod:`ampsafe.run.holder`, found at the first step while the model is alive); ``scan``: the backoff scan,
-    once; ``watch``: the ``--watch`` sentinel (:class:`~ampsafe.run.watch.ScalerWatch`), or None.
+    once; ``watch``: the ``--watch`` sentinel (:class:`~ampsafe.run.watch.ScalerWatch`), or None; ``board``: the
+    ``--tensorboard`` folder its ``amp/*`` metrics go to, or None.
     """
 
     def __init__(self, scaler, framework: str, kwargs: dict) -> None:
@@ -84,6 +85,7 @@ class TrackedScaler:
         self.scan: BackoffScan | None = None
         self.watch: Any = None
         self.bad_inputs: list[BadInputStep] = []  # steps skipped for a non-finite model input (data)
+        self.board: str | None = None  # --tensorboard: the folder of its event file (ampsafe.run.loggers)
         self._hf_follow: Callable = follow(scaler)
 
     def on_step(self, decision) -> None:
