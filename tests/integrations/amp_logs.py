@@ -59,3 +59,30 @@ NAMES = {
     "heals": "heals",
     "floor_hits": "floor_hits",
 }
+
+
+def report_scaler(report_dir: Path) -> dict:
+    """The report.json record (``ampsafe run --report DIR``) of the one scaler of the run that stepped."""
+    report = json.loads((Path(report_dir) / "report.json").read_text())
+    (record,) = [s for s in report["scalers"] if s["total_steps"]]
+    return record
+
+
+def figures_after(record: dict, n: int) -> dict[str, float]:
+    """The scaler's figures after its first ``n`` optimizer steps, from a report.json scaler record's own per-step
+    records ``(step, scale the step ran with, overflowed, floor hit)`` and heals."""
+    steps = record["steps"][:n]
+    scale = record["steps"][n][1] if n < len(record["steps"]) else record["scale"]
+    return {
+        "amp/loss_scale": float(scale),
+        "amp/overflow_steps": float(sum(bool(s[2]) for s in steps)),
+        "amp/skipped_steps": float(sum(bool(s[2]) for s in steps)),
+        "amp/heals": float(sum(h["step"] < n for h in record["heal_records"])),
+        "amp/floor_hits": float(sum(bool(s[3]) for s in steps)),
+    }
+
+
+def final_figures(record: dict) -> dict[str, float]:
+    """The scaler's own counters at the end of the run (a report.json scaler record)."""
+    names = ("overflow_steps", "skipped_steps", "floor_hits", "heals")
+    return {"amp/loss_scale": record["scale"], **{f"amp/{name}": float(record[name]) for name in names}}

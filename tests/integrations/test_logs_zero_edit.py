@@ -10,12 +10,11 @@ The scripts (``scripts/zero_edit_*.py``, ``scripts/plain_loop.py``) import nothi
 from __future__ import annotations
 
 import csv
-import json
 import subprocess
 import sys
 
 import pytest
-from amp_logs import SCRIPTS, scalars
+from amp_logs import SCRIPTS, figures_after, final_figures, report_scaler, scalars
 
 pytestmark = pytest.mark.slow  # each test runs a trainer under ampsafe run in a subprocess
 
@@ -30,28 +29,7 @@ def _run(tmp_path, script: str, *script_args: str, run_args=("--emulate-fp16",))
     command += ["--", sys.executable, str(SCRIPTS / script), *script_args]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "rep" / "report.json").read_text())
-    (record,) = [s for s in report["scalers"] if s["total_steps"]]
-    return proc.stdout + proc.stderr, record
-
-
-def after(record: dict, n: int) -> dict[str, float]:
-    """The scaler's figures after its first ``n`` optimizer steps, from report.json's own per-step records."""
-    steps = record["steps"][:n]
-    scale = record["steps"][n][1] if n < len(record["steps"]) else record["scale"]
-    return {
-        "amp/loss_scale": float(scale),
-        "amp/overflow_steps": float(sum(bool(s[2]) for s in steps)),
-        "amp/skipped_steps": float(sum(bool(s[2]) for s in steps)),
-        "amp/floor_hits": float(sum(bool(s[3]) for s in steps)),
-        "amp/heals": float(sum(h["step"] < n for h in record["heal_records"])),
-    }
-
-
-def final(record: dict) -> dict[str, float]:
-    """The scaler's own counters at the end of the run (report.json)."""
-    names = ("overflow_steps", "skipped_steps", "floor_hits", "heals")
-    return {"amp/loss_scale": record["scale"], **{f"amp/{name}": float(record[name]) for name in names}}
+    return proc.stdout + proc.stderr, report_scaler(tmp_path / "rep")
 
 
 def by_step(series: dict, prefix: str = "") -> dict[int, dict[str, float]]:
@@ -70,8 +48,8 @@ def test_plain_loop_tensorboard_dir_holds_the_scaler_s_figures_after_every_step(
     out, record = _run(tmp_path, "plain_loop.py", "--steps", str(steps), run_args=("--tensorboard", "tb"))
     logged = by_step(scalars(tmp_path / "tb"))
     assert sorted(logged) == list(range(1, steps + 1))  # one write per optimizer step, at the steps taken so far
-    assert logged == {n: after(record, n) for n in range(1, steps + 1)}
-    assert logged[steps] == final(record) and record["skipped_steps"] >= 1  # backed off from 2**24, then clean
+    assert logged == {n: figures_after(record, n) for n in range(1, steps + 1)}
+    assert logged[steps] == final_figures(record) and record["skipped_steps"] >= 1  # backed off from 2**24, then clean
 
 
 def test_no_metrics_refuses_a_tensorboard_dir(tmp_path):
@@ -89,8 +67,8 @@ def test_hf_trainer_tensorboard_gets_the_scaler_s_figures_at_every_log(tmp_path)
     assert "amp/* metrics added to HF Trainer's loggers (AmpCallback, ahead of the report_to callbacks)" in out
     logged = by_step(scalars(tmp_path / "out"), prefix="train/")  # HF's loggers prefix training keys train/
     assert sorted(logged)[:steps] == list(range(1, steps + 1))
-    assert {n: logged[n] for n in range(1, steps + 1)} == {n: after(record, n) for n in range(1, steps + 1)}
-    assert logged[steps] == final(record) and record["heals"] >= 1 and record["skipped_steps"] >= 2
+    assert {n: logged[n] for n in range(1, steps + 1)} == {n: figures_after(record, n) for n in range(1, steps + 1)}
+    assert logged[steps] == final_figures(record) and record["heals"] >= 1 and record["skipped_steps"] >= 2
 
 
 def test_no_metrics_leaves_the_hf_trainer_s_logs_as_they_were(tmp_path):
@@ -113,8 +91,8 @@ def test_lightning_tensorboard_logger_gets_the_scaler_s_figures_at_every_step(tm
     series = scalars(tmp_path / "out" / "tb")
     # Lightning writes a training step's logs at its own step counter: global_step - 1 after the step
     logged = {step + 1: values for step, values in by_step(series).items()}
-    assert logged == {n: after(record, n) for n in range(1, steps + 1)}
-    assert logged[steps] == final(record) and record["heals"] == 1 and record["skipped_steps"] >= 2
+    assert logged == {n: figures_after(record, n) for n in range(1, steps + 1)}
+    assert logged[steps] == final_figures(record) and record["heals"] == 1 and record["skipped_steps"] >= 2
 
 
 def test_mmengine_vis_backend_gets_the_scaler_s_figures_at_every_iteration(tmp_path):
@@ -125,7 +103,7 @@ def test_mmengine_vis_backend_gets_the_scaler_s_figures_at_every_iteration(tmp_p
     out, record = _run(tmp_path, "zero_edit_mmengine.py", "--work-dir", str(work), "--steps", str(steps))
     assert "amp/* metrics added to mmengine Runner's loggers (AmpSafeHook)" in out
     logged = by_step(scalars(work))
-    assert logged == {n: after(record, n) for n in range(1, steps + 1)}
+    assert logged == {n: figures_after(record, n) for n in range(1, steps + 1)}
     assert 1 <= record["skipped_steps"] < steps
 
 
@@ -136,11 +114,13 @@ def test_ultralytics_results_csv_gets_the_scaler_s_figures_at_each_epoch(tmp_pat
     path = out.split("RESULTS ", 1)[1].splitlines()[0]
     with open(path, newline="") as f:
         rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
-    names = list(final(record))
+    names = list(final_figures(record))
     logged = [{name: float(row[name]) for name in names} for row in rows]
     assert len(logged) == 2 and record["skipped_steps"] >= 1
     # results.csv keeps 6 significant digits; each epoch's row is the state after that epoch's last step
-    close = {name: pytest.approx(value, rel=1e-5) for name, value in final(record).items()}
+    close = {name: pytest.approx(value, rel=1e-5) for name, value in final_figures(record).items()}
     assert logged[-1] == close
-    first = [n for n in range(1, record["total_steps"]) if logged[0] == pytest.approx(after(record, n), rel=1e-5)]
+    first = [
+        n for n in range(1, record["total_steps"]) if logged[0] == pytest.approx(figures_after(record, n), rel=1e-5)
+    ]
     assert first, (logged, record["steps"])

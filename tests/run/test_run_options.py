@@ -30,6 +30,18 @@ def test_each_framework_gets_the_floor_in_its_own_words():
     assert options.scaler_text() == "min_scale=2.0, on_floor='raise'"  # the options' own names
 
 
+def test_metrics_flags_reach_the_options():
+    from ampsafe.run.launcher import _parser
+
+    assert (RunOptions().metrics, RunOptions().tensorboard) == (True, None)  # on for trainers, no event file
+    args = _parser().parse_args(["--no-metrics", "--", "python", "train.py"])
+    assert RunOptions.from_cli(args).metrics is False
+    args = _parser().parse_args(["--tensorboard", "runs/amp", "--", "python", "train.py"])
+    options = RunOptions.from_cli(args, {"metrics": True})
+    assert (options.metrics, options.tensorboard) == (True, "runs/amp")
+    assert RunOptions.from_env({ENV_OPTIONS: options.to_env()}) == options
+
+
 def test_command_line_over_config_over_defaults():
     args = argparse.Namespace(on_floor=None, min_scale=2.0, watch=None, max_skips=None, report=None, quiet=False)
     options = RunOptions.from_cli(args, {"on_floor": "clamp", "min-scale": 8, "max_skips": 4})
@@ -45,6 +57,9 @@ def test_command_line_over_config_over_defaults():
         ({"on_bad_target": "fix"}, "on_bad_target must be one of raise, drop"),
         ({"watch": "yes"}, "watch must be true or false"),
         ({"speed": 11}, r"unknown option\(s\) \['speed'\]"),
+        ({"metrics": "off"}, "metrics must be true or false"),
+        ({"tensorboard": 3}, "tensorboard must be a folder path or None"),
+        ({"metrics": False, "tensorboard": "tb"}, "metrics=False .--no-metrics. turns them off"),
     ],
 )
 def test_bad_values_are_refused_naming_the_option(values, message):

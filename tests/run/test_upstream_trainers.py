@@ -175,12 +175,25 @@ def test_ppdet_trainer_ppyolo_tiny_amp_gets_ampsafes_scaler_under_emulation(upst
     assert int(summary.group(1)) == 2  # 4 images, batch 2, one epoch: the Trainer's two steps went through it
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert "ampsafe.paddle.scaler.GradScaler" in json.dumps(report)
+    # ppdet's LogPrinter line (its TrainingStats, which its VisualDL / W&B callbacks read too) carries amp/*: after
+    # step k, the scale the next step runs with and the skips so far, as the scaler's own records say
+    (record,) = [s for s in report["scalers"] if s["total_steps"]]
+    assert "amp/* metrics added to ppdet's training stats" in out
+    logged = {
+        int(step) + 1: dict(re.findall(r"(amp/\w+): (\S+)", rest))
+        for step, rest in re.findall(r"Epoch: \[0\] \[\s*(\d+)/\d+\] (.*)", out + err)
+    }
+    records = record["steps"]
+    assert {n: (float(v["amp/loss_scale"]), float(v["amp/skipped_steps"])) for n, v in logged.items()} == {
+        n: (records[n][1] if n < len(records) else record["scale"], sum(r[2] for r in records[:n])) for n in (1, 2)
+    }
 
     # the same command without --emulate-fp16: ppdet's enable=False reaches ampsafe's scaler, which says so
     plain = ampsafe_run("--report", "", *_trainer(config, "--amp"))
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert "built with enable=False; enabled False" in plain.stdout
     assert "ampsafe.paddle.scaler.GradScaler: disabled by the script (enable=False)" in plain.stdout
+    assert "amp/loss_scale" not in plain.stdout + plain.stderr  # a disabled scaler: no amp/* in the log line
 
 
 @pytest.fixture(scope="module")
