@@ -20,6 +20,7 @@ than 10 skipped steps in a row, raise on a bad target, report into ``./ampsafe-r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -244,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         raise ConfigError("ampsafe run needs a command after --, e.g. ampsafe run -- python train.py -c config.yml")
     options, source = _resolve(args, command)
+    if options.tensorboard and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
+        raise ConfigError(
+            "ampsafe run --tensorboard writes event files with the tensorboard package: pip install 'ampsafe[tensorboard]'"
+        )
     print(
         f"ampsafe run: torch's and Paddle's GradScalers (every spelling) -> ampsafe's scalers with "
         f"the script's arguments plus {options.scaler_text()}"

@@ -174,12 +174,17 @@ def tensorboard(session, tracked) -> None:
 
     def log(decision) -> None:
         scaler = ref()
-        if scaler is None:
+        if scaler is None or board == [None]:
             return
         if not board:
             from ..integrations.tensorboard import AmpTensorBoard
 
-            board.append(AmpTensorBoard(folder, None))
+            try:
+                board.append(AmpTensorBoard(folder, None))
+            except Exception as exc:  # noqa: BLE001 - the metrics are extra: training goes on without them
+                board.append(None)
+                session.say(f"--tensorboard: no event file in {folder}: {type(exc).__name__}: {exc}")
+                return
             atexit.register(board[0].close)
         board[0].write(scaler.stats.total_steps, amp_metrics(scaler))
         board[0].flush()

@@ -85,3 +85,15 @@ def test_install_after_import_applies_the_new_options():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_tensorboard_without_its_package_is_refused_before_the_command_runs(tmp_path):
+    code = (
+        "import sys\n"
+        "sys.modules['tensorboard'] = sys.modules['tensorboardX'] = None  # neither installed\n"
+        "from ampsafe.cli import main\n"
+        "sys.exit(main(['run', '--tensorboard', 'tb', '--', sys.executable, '-c', 'open(\"ran\", \"w\")']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "pip install 'ampsafe[tensorboard]'" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "ran").exists()
