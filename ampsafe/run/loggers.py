@@ -3,15 +3,15 @@
 Each trainer gets the integration object a user would add by hand (:mod:`ampsafe.integrations`), once the
 trainer is built (its ``__init__`` wrapped, recorded in the run's ledger), unless the script added one itself:
 
-==========================  ===================================================================================
-HF ``Trainer``              ``integrations.hf.add_callback(trainer)``: ahead of the ``report_to`` callbacks
-Lightning ``Trainer``       ``AmpMetricsCallback`` appended to ``trainer.callbacks`` (when it has a logger)
-mmengine ``Runner``         ``AmpSafeHook`` registered on the runner (its ``MessageHub``, so every vis backend)
-ultralytics ``BaseTrainer``  the ``on_train_epoch_end`` callback, first, so its loggers and results.csv get it
+===========================  ==================================================================================
+HF ``Trainer``               ``integrations.hf.add_callback(trainer)``: ahead of the ``report_to`` callbacks
+Lightning ``Trainer``        ``AmpMetricsCallback`` appended to ``trainer.callbacks`` (when it has a logger)
+mmengine ``Runner``          ``AmpSafeHook`` registered on the runner (its ``MessageHub``: every vis backend)
+ultralytics ``BaseTrainer``  the ``on_train_epoch_end`` callback, first: its loggers and results.csv get it
 PaddleOCR / PaddleDetection  ``TrainingStats.get`` gains the keys: the train log line and the logger list
-                            (``log_metrics`` of PaddleOCR's ``Loggers``; ppdet's VisualDL / W&B callbacks)
-a plain loop                ``--tensorboard DIR``: every scaler of the run writes an event file at each step
-==========================  ===================================================================================
+                             (``log_metrics`` of PaddleOCR's ``Loggers``; ppdet's VisualDL / W&B callbacks)
+a plain loop                 ``--tensorboard DIR``: every scaler of the run writes an event file at each step
+===========================  ==================================================================================
 
 Why at construction: each integration reads the trainer's own scaler when it logs (accelerate's, the precision
 plugin's, the optimizer wrapper's ``loss_scaler``, ``trainer.scaler``), so nothing here holds a scaler or a model:

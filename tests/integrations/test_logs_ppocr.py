@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from amp_logs import figures_after
+from amp_logs import NAMES, figures_after
 
 from bench.ppocr_optin import BATCH
 
@@ -26,12 +26,14 @@ _PAIR = re.compile(r"(amp/\w+): ([-+0-9.eEnaif]+)")
 
 
 def _logged(log: str) -> dict[int, dict[str, float]]:
-    """global step -> the amp/* values of PaddleOCR's train log line at that step."""
+    """global step -> the values of PaddleOCR's train log line at that step, of the amp/* figures the scaler
+    itself counts (``amp_logs.NAMES``: report.json has their per-step records)."""
     out = {}
     for line in log.splitlines():
         found = _LINE.search(line)
         if found:
-            out[int(found.group(1))] = {k: float(v) for k, v in _PAIR.findall(found.group(2))}
+            pairs = _PAIR.findall(found.group(2))
+            out[int(found.group(1))] = {k: float(v) for k, v in pairs if k[len("amp/") :] in NAMES}
     return out
 
 

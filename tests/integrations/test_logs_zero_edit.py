@@ -14,11 +14,12 @@ import subprocess
 import sys
 
 import pytest
-from amp_logs import SCRIPTS, figures_after, final_figures, report_scaler, scalars
+from amp_logs import NAMES, SCRIPTS, figures_after, final_figures, report_scaler, scalars
 
 pytestmark = pytest.mark.slow  # each test runs a trainer under ampsafe run in a subprocess
 
 
+COUNTED = {f"amp/{name}" for name in NAMES}  # the scaler's own figures (amp_logs.NAMES)
 HEALING = ("--emulate-fp16", "--min-scale", "2048")  # a floor the overflow reaches within a few steps: a heal
 
 
@@ -33,10 +34,11 @@ def _run(tmp_path, script: str, *script_args: str, run_args=("--emulate-fp16",))
 
 
 def by_step(series: dict, prefix: str = "") -> dict[int, dict[str, float]]:
-    """step -> {amp/name: value} of the ``prefix + amp/*`` tags (the last value written at a step)."""
+    """step -> {amp/name: value} of the ``prefix + amp/*`` tags of the figures the scaler itself counts (the last
+    value written at a step); other ``amp/*`` keys have no per-step record in report.json to compare with."""
     out: dict[int, dict[str, float]] = {}
     for tag, values in series.items():
-        if tag.startswith(prefix + "amp/"):
+        if tag[len(prefix) :] in COUNTED and tag.startswith(prefix):
             for step, value in values:
                 out.setdefault(step, {})[tag[len(prefix) :]] = value
     return out
