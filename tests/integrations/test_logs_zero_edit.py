@@ -44,10 +44,15 @@ def by_step(series: dict, prefix: str = "") -> dict[int, dict[str, float]]:
     return out
 
 
-def test_plain_loop_tensorboard_dir_holds_the_scaler_s_figures_after_every_step(tmp_path):
+@pytest.mark.parametrize(
+    ("script", "framework"), [("plain_loop.py", "torch"), ("plain_loop_paddle.py", "paddle")], ids=["torch", "paddle"]
+)
+def test_plain_loop_tensorboard_dir_holds_the_scaler_s_figures_after_every_step(tmp_path, script, framework):
     pytest.importorskip("tensorboard")
+    pytest.importorskip(framework)
     steps = 8
-    out, record = _run(tmp_path, "plain_loop.py", "--steps", str(steps), run_args=("--tensorboard", "tb"))
+    run_args = ("--emulate-fp16", "--tensorboard", "tb")
+    out, record = _run(tmp_path, script, "--steps", str(steps), run_args=run_args)
     logged = by_step(scalars(tmp_path / "tb"))
     assert sorted(logged) == list(range(1, steps + 1))  # one write per optimizer step, at the steps taken so far
     assert logged == {n: figures_after(record, n) for n in range(1, steps + 1)}
