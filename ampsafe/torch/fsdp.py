@@ -37,6 +37,7 @@ __all__ = [
     "fix_lines",
     "module_expr",
     "engine_fix",
+    "low_input_modules",
     "ADVICE",
 ]
 
@@ -64,6 +65,19 @@ def _low(dtype) -> bool:
 def float16_sharded(model) -> bool:
     """Whether an FSDP2 policy of ``model`` computes some parameters in float16/bfloat16 (``param_dtype``)."""
     return any(_low(m._get_fsdp_state()._mp_policy.param_dtype) for m in fsdp_modules(model))
+
+
+def low_input_modules(model) -> list[str]:
+    """The ``fully_shard`` submodules of ``model`` (the root left out) whose forward inputs FSDP2 casts to a low
+    ``param_dtype`` (``cast_forward_inputs``, its default): in a decoder sharded per layer, the residual stream
+    enters each layer in float16, so an island inside the previous layer cannot keep it float32."""
+    shards, out = set(fsdp_modules(model)), []
+    for name, module in model.named_modules() if shards else ():
+        if name and module in shards:
+            policy = module._get_fsdp_state()._mp_policy
+            if _low(policy.param_dtype) and policy.cast_forward_inputs:
+                out.append(name)
+    return out
 
 
 _PARAM_SLOTS = ("param_dtype", "reduce_dtype", "all_gather_outputs", "_unsharded_param")
@@ -175,3 +189,6 @@ class Fsdp2(Sharding):
 
     def fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
         return engine_fix(model, paths)
+
+    def low_inputs(self, model) -> list[str]:
+        return low_input_modules(model)
