@@ -38,6 +38,7 @@ __all__ = [
     "module_expr",
     "engine_fix",
     "low_input_modules",
+    "zero3_partitioned",
     "ADVICE",
 ]
 
@@ -177,15 +178,21 @@ def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
     return {"torch_fsdp2": ("\n".join(lines), ADVICE)} if lines else {}
 
 
+def zero3_partitioned(model) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions ``model``'s parameters (its ``ds_status`` on them): each forward then
+    all-gathers them module by module, a collective every rank must join, as under FSDP2."""
+    return isinstance(model, torch.nn.Module) and any(hasattr(p, "ds_status") for p in model.parameters())
+
+
 class Fsdp2(Sharding):
     """FSDP2 as :class:`~ampsafe.core.backend.Sharding` (``TorchBackend.sharding``); a model without
-    ``fully_shard`` modules gets the base's answers."""
+    ``fully_shard`` modules gets the base's answers, except that a ZeRO-3 model's forward is collective too."""
 
     def float32_params(self, model):
         return float32_params(model)
 
     def forward_is_collective(self, model) -> bool:
-        return bool(fsdp_modules(model))
+        return bool(fsdp_modules(model)) or zero3_partitioned(model)
 
     def fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
         return engine_fix(model, paths)
