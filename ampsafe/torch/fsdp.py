@@ -151,12 +151,24 @@ def module_expr(path: str, root: str = "model") -> str:
     return out
 
 
-def fix_lines(paths, root: str = "model") -> list[str]:
+def fix_lines(paths, root: str = "model", back: dict | None = None) -> list[str]:
     """The FSDP2 lines that keep ``paths`` in float32 for good: one ``fully_shard`` each, to run before the
-    ``fully_shard`` calls of the modules that enclose them (the model's own included)."""
-    return [
-        f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" for p in paths
-    ]
+    ``fully_shard`` calls of the modules that enclose them (the model's own included). ``back``: path -> the dtype
+    (``"torch.float16"``) its output goes back to (``output_dtype``), for the float16 layers after it."""
+    back = back or {}
+    lines = []
+    for p in paths:
+        out = f", output_dtype={back[p]}" if p in back else ""
+        lines.append(
+            f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32{out}))"
+        )
+    return lines
+
+
+def _normalizes(module) -> bool:
+    """A normalization (LayerNorm, RMSNorm, HF's LlamaRMSNorm, BatchNorm, GroupNorm): its output is bounded, so
+    float16 holds it."""
+    return "Norm" in type(module).__name__
 
 
 ADVICE = (
@@ -174,7 +186,11 @@ def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
     if not float16_sharded(model):
         return {}
     modules = dict(model.named_modules())
-    lines = fix_lines([p for p in paths if p in modules and any(True for _ in modules[p].parameters())])
+    kept = [p for p in paths if p in modules and any(True for _ in modules[p].parameters())]
+    # a float32 norm output meets float16 layers after it ("expected m1 and m2 to have the same dtype"); FSDP2 casts
+    # a module's inputs, not its output, so a normalization's goes back to the model's dtype, which holds it
+    low = str(fsdp_modules(model)[0]._get_fsdp_state()._mp_policy.param_dtype)
+    lines = fix_lines(kept, back={p: low for p in kept if _normalizes(modules[p])})
     return {"torch_fsdp2": ("\n".join(lines), ADVICE)} if lines else {}
 
 

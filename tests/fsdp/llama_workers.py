@@ -23,7 +23,8 @@ def brink_worker(rank: int, world: int, port: int, out: str, modes: tuple) -> No
     """For each of ``modes``, from the brink, ``STEPS`` steps under ampsafe's scaler with ``on_floor="heal"``: what
     the scaler did each step, its heals, and the error that ended the run (if one did), saved as
     ``<out>/<mode><rank>.pt``. "pure": FSDP2 ``param_dtype`` float16, each decoder layer and the model sharded;
-    "root": the same, the model alone sharded; "autocast": ``param_dtype`` float32 per layer, the forward under
+    "root": the same, the model alone sharded; "fix": as "root", after the ``fully_shard`` lines the previous mode's
+    heal printed; "autocast": ``param_dtype`` float32 per layer, the forward under
     ``torch.autocast("cpu", torch.float16)`` (measured: its heal's scan raised "aten.mm.default got mixed
     torch.Tensor and DTensor"; not tested)."""
     import torch
@@ -35,21 +36,29 @@ def brink_worker(rank: int, world: int, port: int, out: str, modes: tuple) -> No
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
+    fix = ""
     for mode in modes:
-        torch.save(_run(mode, mesh, rank, world), os.path.join(out, f"{mode}{rank}.pt"))
+        record = _run(mode, mesh, rank, world, fix)
+        fix = record["fix"].get("torch_fsdp2", ("", ""))[0] or fix
+        torch.save(record, os.path.join(out, f"{mode}{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _run(mode: str, mesh, rank: int, world: int) -> dict:
+def _run(mode: str, mesh, rank: int, world: int, fix: str) -> dict:
     import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from ampsafe.torch import GradScaler
     from ampsafe.workloads import llama_brink
 
     workload, _, first = llama_brink.brink_start(0)
     model = workload.model
-    _shard(model, mesh, torch.float32 if mode == "autocast" else torch.float16, per_layer=mode != "root")
+    names = {"fully_shard": lambda m, **kw: fully_shard(m, mesh=mesh, **kw), "torch": torch}
+    for line in fix.splitlines() if mode == "fix" else ():
+        exec(line, {**names, "MixedPrecisionPolicy": MixedPrecisionPolicy, "model": model})  # the printed line
+    per_layer = mode not in ("root", "fix")
+    _shard(model, mesh, torch.float32 if mode == "autocast" else torch.float16, per_layer=per_layer)
     amp = torch.autocast("cpu", dtype=torch.float16, enabled=mode == "autocast")
     opt = torch.optim.Adam(model.parameters(), lr=llama_brink.RECIPE["lr"])
     scaler = GradScaler("cpu", init_scale=INIT_SCALE, min_scale=1.0, on_floor="heal")
@@ -70,6 +79,7 @@ def _run(mode: str, mesh, rank: int, world: int) -> dict:
     except Exception as exc:  # noqa: BLE001 - the test reads what ended the run
         record["error"] = f"{type(exc).__name__}: {exc}"
     record["heals"] = [(h.step, h.paths) for h in scaler.stats.heals]
+    record["fix"] = scaler.fix_lines([p for h in scaler.stats.heals for p in h.paths])  # the report's lines
     record["params"] = {n: _full(p) for n, p in model.named_parameters()}
     return record
 
