@@ -7,8 +7,8 @@ train without an overflow.
 Why not the t5 brink (``ampsafe.workloads.t5_brink``), measured with transformers 5.24: in pure float16 its
 ``DenseReluDense.wo`` output is inf, but HF's T5Block clamps float16 hidden states ("clamp inf values to enable
 fp16 training") to 64512, so the loss (4.04) and every gradient stay finite; under FSDP2 on 2 ranks from the brink
-the scale never dropped in 5 steps: nothing reaches a scaler to heal. A decoder LLM does overflow: the llama brink (``ampsafe.workloads.llama_brink``) in
-``test_fsdp_llama.py``."""
+the scale never dropped in 5 steps: nothing reaches a scaler to heal. A decoder LLM does overflow: the llama
+brink (``ampsafe.workloads.llama_brink``) in ``test_fsdp_llama.py``."""
 
 from __future__ import annotations
 
