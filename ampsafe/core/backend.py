@@ -402,6 +402,12 @@ class Sharding:
         (FSDP2: its ``fully_shard(..., mp_policy=...)`` lines), or {}."""
         return {}
 
+    def low_inputs(self, model) -> list[str]:
+        """The module paths (not the root) whose floating inputs the engine casts to float16/bfloat16 at each
+        forward (FSDP2: ``fully_shard`` modules with a low ``param_dtype``): a value past 65504 that enters one from
+        outside is stored in float16 there, past any FP32 island of a module."""
+        return []
+
 
 class Site(Protocol):
     """The run's framework-neutral pieces, as ``Backend.install_run(options, ledger, site)`` gets them: they live

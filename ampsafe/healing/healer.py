@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from ..core.capture import InputCapture
+from ..core.graph import FP16_MAX
 from ..core.model import unwrap
 from ..core.modpath import under
 from ..core.report import RiskOp, RiskPath
@@ -29,7 +30,7 @@ from ..core.verdict import HealVerdict
 from ..errors import ConfigError, LossScaleFloorError
 from .evidence import ScanProbe, float32_replay, nonfinite_sample, repair_running_stats, restore_scale
 from .fronts import fronts
-from .verdict import not_replayed
+from .verdict import anywhere, not_replayed
 
 __all__ = ["Healer"]
 
@@ -142,18 +143,21 @@ class Healer:
         """
         backward = self.loss_fn is not None and bool(loss_scale)
         measured = verdict.where not in ("scanned", "not replayed")
-        both = backward and measured and verdict.where != "forward"
+        # (a scan's backward runs the engine's collectives too: where the forward is collective, all ranks or none)
+        both = self._anywhere(backward and measured and verdict.where != "forward")
         module = verdict.module if verdict.where == "forward" and verdict.amax_fp32 is None else None
         report, probe = self._scanned(inputs, loss_scale if both else None, module)
         open_or_new = [p for p in report.paths if p.risky and (not p.protected or self._open_layers(p))]
         ops = [o for o in report.risky_ops if not o.protected_by]
         bad, magnitude = probe.nonfinite(self.loss_fn), probe.magnitude
-        if bad is not None or (magnitude is not None and not math.isfinite(magnitude)):
+        if self._anywhere(bad is not None or (magnitude is not None and not math.isfinite(magnitude))):
             # non-finite in the scan: float32 decides (a scan inside the framework's own AMP is not float32)
             bad, magnitude = float32_replay(self.backend, self.model, inputs, self.loss_fn, module)
-        if not open_or_new and not ops and not bad and backward and not measured and not off_floor:
+        again = not open_or_new and not ops and not bad and backward and not measured and not off_floor
+        if self._anywhere(again):
             report, _ = self._scanned(inputs, loss_scale, None)
-            open_or_new = [p for p in report.paths if p.overflows_in and not p.protected]
+            if again:
+                open_or_new = [p for p in report.paths if p.overflows_in and not p.protected]
         found = replace(verdict, paths=tuple(open_or_new), ops=tuple(ops), float32_nonfinite=bad)
         if module is not None and magnitude is not None:
             found = replace(found, amax_fp32=magnitude)
@@ -196,17 +200,22 @@ class Healer:
     def _local_verdict(self, measured: Optional[HealVerdict], loss_scale: Optional[float], off_floor: bool):
         """This rank's :class:`HealVerdict` of its last batch: the measured one (its data already checked) or a
         data check, completed by the scan."""
-        inputs = self.last_inputs
+        inputs, done = self.last_inputs, None
         if inputs is None:
-            return not_replayed("the model has not run a forward since the healer was attached")
-        if measured is None or not measured.replayed:
+            done = not_replayed("the model has not run a forward since the healer was attached")
+        elif measured is None or not measured.replayed:
             bad = nonfinite_sample(inputs, self.backend)
             if bad is not None:
-                return HealVerdict("data", input=bad[0], sample=bad[1])
+                done = HealVerdict("data", input=bad[0], sample=bad[1])
             measured = HealVerdict("scanned")
         elif measured.where == "data":
-            return measured
+            done = measured
+        if self._anywhere(done is not None):  # a rank that does not scan: none scans (a collective forward)
+            return done if done is not None else measured
         return self._search(inputs, measured, loss_scale, off_floor)
+
+    def _anywhere(self, flag: bool) -> bool:
+        return anywhere(self.backend, self.model, flag)
 
     def __call__(self, scaler=None, info=None, *, off_floor: bool = False) -> Optional[HealPlan]:
         """Heal on the last batch (the scaler's hook). ``off_floor=True`` (a streak of overflows above the floor):
@@ -258,6 +267,17 @@ class Healer:
                     "ampsafe.watch(model) to name the op."
                 )
         found = _merged(local, verdicts)
+        stored = _stored_low(found.paths, self.backend.sharding.low_inputs(self.model))
+        if stored is not None:
+            path, entered = stored
+            raise fail(
+                f"not healed: the path from {path.start} reaches |x| = {path.amax:.4g} in float32 on the replayed "
+                f"batch and enters {entered}, whose inputs the engine casts to float16 (FSDP2's param_dtype): the "
+                "value is stored in float16 between modules (a residual stream), where no FP32 island of a module "
+                "can hold it. Keep that stream out of float16 (under torch.autocast with float32 parameters the "
+                "stream between layers is float32; bfloat16 holds it), or keep it smaller (a lower learning rate, "
+                "weight decay)."
+            )
         names = sorted(p.start for p in found.paths)
         by_op = {f"{o.module}:{o.op}": o for o in found.ops}
         op_keys = sorted(by_op)
@@ -339,6 +359,19 @@ def _merged(local: HealVerdict, verdicts: list) -> HealVerdict:
             if old is None or _amax(op) > _amax(old):
                 by_op[key] = op
     return replace(local, paths=tuple(by_start.values()), ops=tuple(by_op.values()))
+
+
+def _stored_low(paths, low_inputs: list[str]) -> Optional[tuple[RiskPath, str]]:
+    """(a path whose float32 value passes float16's max in the forward, the module it enters from outside whose
+    inputs the engine casts to float16), or None: that value is float16 between the modules, past any island."""
+    for path in paths:
+        if path.overflows_in != "forward" or not FP16_MAX < _amax(path) < math.inf:
+            continue
+        for layer in path.layers:
+            entered = next((m for m in low_inputs if under(layer, m) and not under(path.start, m)), None)
+            if entered is not None:
+                return path, entered
+    return None
 
 
 def _amax(found: RiskPath | RiskOp) -> float:

@@ -125,9 +125,17 @@ class HealingScaler(ScalerBase):
         self._capture = InputCapture(backend, model, state=backend.amp.state)
 
     def _bad_input(self) -> Optional[BadInput]:
-        """The non-finite input of the step's captured forward (checked only on a step that found inf/NaN)."""
+        """The non-finite input of the step's captured forward (checked only on a step that found inf/NaN; under a
+        collective forward, FSDP2's, that of any rank: gradients are reduced there, so all ranks found inf)."""
         latest = self._capture.latest if self._capture is not None else None
-        return nonfinite_input(latest, self._backend().tensors) if latest is not None else None
+        bad = nonfinite_input(latest, self._backend().tensors) if latest is not None else None
+        model = self._resolved
+        if model is None or not self._backend().sharding.forward_is_collective(model):
+            return bad
+        # every rank decides the step alike (a data step on one rank and a back-off on another would part their
+        # scales, and then their floors and heals, whose forwards are collective): another rank's bad input counts
+        gathered = self._backend().all_gather(bad)
+        return bad if bad is not None else next((b for b in gathered if b is not None), None)
 
     def _skipped_input(self, decision: StepDecision) -> None:
         """A data step: the running statistics its forward made non-finite restart (the heal's repair), and

@@ -22,7 +22,17 @@ import numpy as np
 from ..core.verdict import MAX_NAMED, HealVerdict
 from .evidence import nonfinite_sample
 
-__all__ = ["HealVerdict", "measure", "not_replayed", "MAX_NAMED"]
+__all__ = ["HealVerdict", "measure", "not_replayed", "anywhere", "MAX_NAMED"]
+
+
+def anywhere(backend, model, flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank, where every forward of ``model`` is collective (FSDP2's all-gathers):
+    there a rank may run a forward only when all ranks run it, so a branch that leads to one is taken by all ranks
+    or by none (else the ranks wait on different collectives: a hang, or gloo's "collective mismatch"). Elsewhere
+    this rank's own ``flag``. Every rank must call it at the same point, as any collective."""
+    if not backend.sharding.forward_is_collective(model):
+        return flag
+    return any(backend.all_gather(bool(flag)))
 
 
 def not_replayed(reason: str) -> HealVerdict:
@@ -51,8 +61,8 @@ def _run(model, latest) -> Any:
 def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
     """max |output| of the module at ``path`` when the captured forward runs in float32 (state put back)."""
     module = backend.modules(model).get(path)
-    if module is None:
-        return None
+    if module is None and not backend.sharding.forward_is_collective(model):
+        return None  # (a collective forward runs all the same: the other ranks run theirs)
     seen: list[float] = []
 
     def keep(output) -> None:
@@ -61,7 +71,7 @@ def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
             if a is not None and a.size:
                 seen.append(float(np.nanmax(np.abs(a))))
 
-    handle = backend.forward_hook(module, keep)
+    handle = backend.forward_hook(module, keep) if module is not None else None
     restore = backend.snapshot(model)
     try:
         with backend.amp.float32(), backend.sharding.float32_params(model):
@@ -69,7 +79,8 @@ def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
     except Exception:  # noqa: BLE001 - the magnitude is extra evidence, the verdict stands without it
         return None
     finally:
-        handle.remove()
+        if handle is not None:
+            handle.remove()
         restore()
     return max(seen) if seen else None
 
@@ -114,15 +125,18 @@ def measure(
             "pass model= to the scaler to name the module the loop runs)"
         )
     bad = nonfinite_sample(latest, backend)
-    if bad is not None:
-        return HealVerdict("data", input=bad[0], sample=bad[1])
+    if anywhere(backend, model, bad is not None):  # another rank's bad batch: no rank replays (a collective forward)
+        return HealVerdict("data", input=bad[0], sample=bad[1]) if bad is not None else HealVerdict("none")
     event, dropped = _forward_event(backend, model, latest, replay_context or nullcontext)
     if event is None and offenders and loss_finite is not False:
         # the forward made non-finite values and dropped them (DBHead's reciprocal(1 + exp(x)) is 0 where exp
         # overflowed), and the step's gradients are non-finite: the backward runs through those lanes
         event = dropped
+    amax = None
+    if anywhere(backend, model, event is not None and magnitude):
+        # a rank without an event joins the forward (its module: none, so nothing hooked)
+        amax = _float32_amax(backend, model, event.module if event is not None else "\0", latest)
     if event is not None:
-        amax = _float32_amax(backend, model, event.module, latest) if magnitude else None
         return HealVerdict(
             "forward", module=event.module, op=event.op, kind=event.kind, amax_fp32=amax, sample=event.sample
         )

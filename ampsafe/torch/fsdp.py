@@ -37,6 +37,8 @@ __all__ = [
     "fix_lines",
     "module_expr",
     "engine_fix",
+    "low_input_modules",
+    "zero3_partitioned",
     "ADVICE",
 ]
 
@@ -64,6 +66,19 @@ def _low(dtype) -> bool:
 def float16_sharded(model) -> bool:
     """Whether an FSDP2 policy of ``model`` computes some parameters in float16/bfloat16 (``param_dtype``)."""
     return any(_low(m._get_fsdp_state()._mp_policy.param_dtype) for m in fsdp_modules(model))
+
+
+def low_input_modules(model) -> list[str]:
+    """The ``fully_shard`` submodules of ``model`` (the root left out) whose forward inputs FSDP2 casts to a low
+    ``param_dtype`` (``cast_forward_inputs``, its default): in a decoder sharded per layer, the residual stream
+    enters each layer in float16, so an island inside the previous layer cannot keep it float32."""
+    shards, out = set(fsdp_modules(model)), []
+    for name, module in model.named_modules() if shards else ():
+        if name and module in shards:
+            policy = module._get_fsdp_state()._mp_policy
+            if _low(policy.param_dtype) and policy.cast_forward_inputs:
+                out.append(name)
+    return out
 
 
 _PARAM_SLOTS = ("param_dtype", "reduce_dtype", "all_gather_outputs", "_unsharded_param")
@@ -136,12 +151,24 @@ def module_expr(path: str, root: str = "model") -> str:
     return out
 
 
-def fix_lines(paths, root: str = "model") -> list[str]:
+def fix_lines(paths, root: str = "model", back: dict | None = None) -> list[str]:
     """The FSDP2 lines that keep ``paths`` in float32 for good: one ``fully_shard`` each, to run before the
-    ``fully_shard`` calls of the modules that enclose them (the model's own included)."""
-    return [
-        f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))" for p in paths
-    ]
+    ``fully_shard`` calls of the modules that enclose them (the model's own included). ``back``: path -> the dtype
+    (``"torch.float16"``) its output goes back to (``output_dtype``), for the float16 layers after it."""
+    back = back or {}
+    lines = []
+    for p in paths:
+        out = f", output_dtype={back[p]}" if p in back else ""
+        lines.append(
+            f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32{out}))"
+        )
+    return lines
+
+
+def _normalizes(module) -> bool:
+    """A normalization (LayerNorm, RMSNorm, HF's LlamaRMSNorm, BatchNorm, GroupNorm): its output is bounded, so
+    float16 holds it."""
+    return "Norm" in type(module).__name__
 
 
 ADVICE = (
@@ -159,19 +186,32 @@ def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
     if not float16_sharded(model):
         return {}
     modules = dict(model.named_modules())
-    lines = fix_lines([p for p in paths if p in modules and any(True for _ in modules[p].parameters())])
+    kept = [p for p in paths if p in modules and any(True for _ in modules[p].parameters())]
+    # a float32 norm output meets float16 layers after it ("expected m1 and m2 to have the same dtype"); FSDP2 casts
+    # a module's inputs, not its output, so a normalization's goes back to the model's dtype, which holds it
+    low = str(fsdp_modules(model)[0]._get_fsdp_state()._mp_policy.param_dtype)
+    lines = fix_lines(kept, back={p: low for p in kept if _normalizes(modules[p])})
     return {"torch_fsdp2": ("\n".join(lines), ADVICE)} if lines else {}
+
+
+def zero3_partitioned(model) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions ``model``'s parameters (its ``ds_status`` on them): each forward then
+    all-gathers them module by module, a collective every rank must join, as under FSDP2."""
+    return isinstance(model, torch.nn.Module) and any(hasattr(p, "ds_status") for p in model.parameters())
 
 
 class Fsdp2(Sharding):
     """FSDP2 as :class:`~ampsafe.core.backend.Sharding` (``TorchBackend.sharding``); a model without
-    ``fully_shard`` modules gets the base's answers."""
+    ``fully_shard`` modules gets the base's answers, except that a ZeRO-3 model's forward is collective too."""
 
     def float32_params(self, model):
         return float32_params(model)
 
     def forward_is_collective(self, model) -> bool:
-        return bool(fsdp_modules(model))
+        return bool(fsdp_modules(model)) or zero3_partitioned(model)
 
     def fix(self, model, paths: list[str]) -> dict[str, tuple[str, str]]:
         return engine_fix(model, paths)
+
+    def low_inputs(self, model) -> list[str]:
+        return low_input_modules(model)

@@ -7,13 +7,17 @@ torch modules, and the mixins only torch can write.
 - :class:`RescaledNorm`: a normalization compensating an input rescaled by 2^-k (``policies.rescale``).
 - :meth:`TorchSwaps.new_batch_norm`: the ``nn.BatchNorm{1,2,3}d`` that ``policies.convbn`` puts after a conv.
 
-Islands are for autocast (O1). In a model cast with ``.half()`` (DeepSpeed's ``"fp16"``) an island reads its
-float16 weights as float32 copies at each call and returns float32.
+Islands are for autocast (O1). In a model cast with ``.half()`` (DeepSpeed's ``"fp16"``) or computing in float16
+under FSDP2's ``param_dtype=torch.float16``, an island reads its float16 weights as float32 copies at each call;
+there no autocast casts its float32 output for the next layer, whose float16 weights then meet a float32 input
+("expected m1 and m2 to have the same dtype"), so an output float16 can hold goes back to float16, and one it
+cannot hold stays float32 (a float32 loss or another island can still read it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch import nn
@@ -65,16 +69,45 @@ def _float32_parameters(module):
             m._parameters[name] = p
 
 
+def _low_dtype(module, args, kwargs):
+    """The float16/bfloat16 dtype a model computing in low precision without autocast hands this module (its first
+    such input, else its first such parameter), or None."""
+    for x in list(args) + list(kwargs.values()):
+        for t in x if isinstance(x, (list, tuple)) else (x,):
+            if isinstance(t, torch.Tensor) and t.dtype in LOW_DTYPES:
+                return t.dtype
+    return next((p.dtype for p in module.parameters() if p.dtype in LOW_DTYPES), None)
+
+
+def _back_if_it_fits(x, dtype):
+    """``x``'s float32 tensors in ``dtype`` unless a finite value of theirs is past its range (one host sync per
+    tensor; a non-finite output is non-finite either way), else as they are."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype != torch.float32 or not x.numel():
+            return x
+        amax = float(x.detach().abs().max())
+        return x if math.isfinite(amax) and amax > torch.finfo(dtype).max else x.to(dtype)
+    if isinstance(x, (list, tuple)):
+        out = [_back_if_it_fits(v, dtype) for v in x]
+        return type(x)(out) if not hasattr(x, "_fields") else type(x)(*out)
+    if isinstance(x, dict):
+        return type(x)({k: _back_if_it_fits(v, dtype) for k, v in x.items()}) if type(x) is dict else x
+    return x
+
+
 class FP32Island(SwapMixin):
     """The module computes in float32 whatever autocast says; its parameters are untouched (float16 ones, of a
-    model cast to float16, are read as float32 copies during the forward)."""
+    model cast to float16, are read as float32 copies during the forward). Without autocast, in a model computing
+    in float16, an output float16 holds is returned in float16 (the next layer's weights are float16)."""
 
     _ampsafe_protection = "island"
 
     def forward(self, *args, **kwargs):
         device = _device_type(args, kwargs)
+        low = None if torch.is_autocast_enabled(device) else _low_dtype(self, args, kwargs)
         with torch.autocast(device_type=device, enabled=False), _float32_parameters(self):
-            return self._ampsafe_base.forward(self, *_to_float32(args), **_to_float32(kwargs))
+            out = self._ampsafe_base.forward(self, *_to_float32(args), **_to_float32(kwargs))
+        return out if low is None else _back_if_it_fits(out, low)
 
 
 class RescaledNorm(SwapMixin):

@@ -5,7 +5,8 @@
 
 ``dbnet`` (Paddle, PaddleOCR's DBNet rebuilt here), ``ppyolo`` (Paddle, built by PaddleDetection's own
 registry from the upstream configs), ``frcnn`` (torchvision Faster R-CNN) and ``t5`` (HF transformers'
-``T5ForConditionalGeneration``, the ``wo`` overflow of HF issue #5651) and ``ppocrv4_det`` (PaddleOCR's shipped,
+``T5ForConditionalGeneration``, the ``wo`` overflow of HF issue #5651), ``llama`` (HF's ``LlamaForCausalLM``
+at a CPU size, for pure float16 under FSDP2) and ``ppocrv4_det`` (PaddleOCR's shipped,
 trained PP-OCRv4 detector, Paddle or torch, on rendered pages). The upstream configs they build
 from by default ship in ``data/upstream`` (see :mod:`.upstream`); ``heal_runs`` holds the self-healing runs
 (GrowNet, the frcnn brink) that the heal tests and bench share.
@@ -25,6 +26,7 @@ _BUILDERS = {
     "ppyolo": "ampsafe.workloads.ppyolo",
     "frcnn": "ampsafe.workloads.frcnn",
     "t5": "ampsafe.workloads.t5",
+    "llama": "ampsafe.workloads.llama",
     "ppocrv4_det": "ampsafe.workloads.ppocrv4",
 }
 

@@ -43,8 +43,10 @@ CONFIGS = {
     "zero0": {"fp16": FP16, "zero_optimization": {"stage": 0}},
     "zero1": {"fp16": FP16, "zero_optimization": {"stage": 1}},
     "zero2": {"fp16": FP16, "zero_optimization": {"stage": 2}},
+    "zero3": {"fp16": FP16, "zero_optimization": {"stage": 3}},
     "autocast0": {"torch_autocast": AUTOCAST, "zero_optimization": {"stage": 0}},
     "autocast2": {"torch_autocast": AUTOCAST, "zero_optimization": {"stage": 2}},
+    "autocast3": {"torch_autocast": AUTOCAST, "zero_optimization": {"stage": 3}},
 }
 
 
@@ -162,6 +164,8 @@ def main() -> int:
     for mode, n in zip(modes, steps):
         save_at = None if args.save_at is None else n - args.save_at
         run_mode(mode, island, n, save_at, Path(args.out) / mode.replace("/", "-"), rank)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # ZeRO-3 left to the interpreter's exit aborts ("terminate called")
     return 0
 
 

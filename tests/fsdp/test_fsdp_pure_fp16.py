@@ -7,14 +7,8 @@ train without an overflow.
 Why not the t5 brink (``ampsafe.workloads.t5_brink``), measured with transformers 5.24: in pure float16 its
 ``DenseReluDense.wo`` output is inf, but HF's T5Block clamps float16 hidden states ("clamp inf values to enable
 fp16 training") to 64512, so the loss (4.04) and every gradient stay finite; under FSDP2 on 2 ranks from the brink
-the scale never dropped in 5 steps: nothing reaches a scaler to heal. A decoder LLM does overflow: HF's
-LlamaForCausalLM (hidden 64, intermediate 256, 2 layers, 4 heads, vocab 128, random init, seed 0) trained in
-float32 with Adam lr 0.1 on uniform random tokens (batch 8 x 32) grows ``layers.0.mlp.down_proj`` and with it the
-residual stream: the stream after layer 1 passes 65504 first, at step 31 (66885; ``down_proj`` 59538), and 1.3 x
-65504 at step 51. Under FSDP2 pure float16 (each layer and the root sharded) the heal islands ``down_proj`` and the
-norms after it, and the next ``q_proj`` then fails: "expected m1 and m2 to have the same dtype, but got: float !=
-c10::Half" (an island's float32 output meets float16 weights; FSDP2 also casts each layer's inputs, the residual
-stream, back to float16). A residual stream past 65504 is not something islands of modules hold in pure float16."""
+the scale never dropped in 5 steps: nothing reaches a scaler to heal. A decoder LLM does overflow: the llama
+brink (``ampsafe.workloads.llama_brink``) in ``test_fsdp_llama.py``."""
 
 from __future__ import annotations
 
@@ -22,12 +16,13 @@ import pytest
 
 
 @pytest.mark.dist
-def test_fsdp2_pure_float16_heals_and_its_fully_shard_fix_trains_without_overflow(tmp_path, free_port, worker_module):
+def test_fsdp2_pure_float16_heals_and_its_fully_shard_fix_trains_without_overflow(
+    tmp_path, free_port, worker_module, ranks
+):
     import torch
-    import torch.multiprocessing as mp
 
     workers = worker_module("fsdp_workers")
-    mp.spawn(workers.regress_worker, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
+    ranks(workers.regress_worker, free_port, str(tmp_path), timeout=240)
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in (0, 1))
     native, heal, fix = r0["native"], r0["heal"], r0["fix"]
     crossed = native["outputs"].index(float("inf"))

@@ -31,3 +31,27 @@ def test_an_island_in_a_half_model_computes_in_float32_and_trains_its_float16_we
     (out / 1e6).sum().backward()
     assert model[2].weight.grad is not None and model[2].weight.grad.dtype == torch.float16
     assert isinstance(model[2].weight, nn.Parameter)  # put back after the forward
+
+
+def test_an_island_in_a_half_model_returns_float16_where_float16_holds_its_output():
+    """Without autocast nothing casts an island's float32 output for the next float16 layer: an output float16
+    holds goes back to float16 (before, ``model[2]`` raised "mat1 and mat2 must have the same dtype, but got Float
+    and Half")."""
+    x = torch.ones(2, 4, dtype=torch.float16)
+    model = _model()
+    ampsafe.patch(model, policy="island", paths=["0"])  # its output is 4: float16 holds it
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    out = model(x)
+    assert seen == [torch.float16] and out.dtype == torch.float16
+    assert not torch.isfinite(out).all()  # the float16 head still overflows: it is not an island
+
+
+def test_under_autocast_an_island_returns_float32():
+    model = _model().float()
+    ampsafe.patch(model, policy="island", paths=["0"])
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.autocast("cpu", dtype=torch.float16):
+        model(torch.ones(2, 4))
+    assert seen == [torch.float32]  # autocast casts it for the next op
