@@ -52,6 +52,7 @@ from bench.ppocr_optin import (
 CONFIG = "configs/det/ch_PP-OCRv4/ch_PP-OCRv4_det_student.yml"
 RUNS = ("fp32", "native", "ampsafe", "fixed", "swapped")
 PAGES, SIZE, BATCH, EPOCHS = 8, 320, 2, 5  # FineTuneRecipe.documented(): 4 steps an epoch, 20 steps
+HELD_OUT = 16  # held-out pages for hmean, as bench/real_weights.py scores the workload's fine-tunes
 RUN_LABELS = {
     "fp32": "FP32 (`Global.use_amp=False`)",
     "native": "native (Paddle's GradScaler, float16 emulated)",
@@ -228,6 +229,49 @@ def swap_config(src: Path, out: Path) -> Path:
     return out
 
 
+def held_out_hmean(src: Path, params: Path | None = None, *, config: Path | None = None, seed: int = 0) -> dict:
+    """PaddleOCR's ``DBPostProcess`` + ``DetMetric`` (:func:`ampsafe.workloads.ppocrv4.metric.paddleocr_hmean`) on
+    the first :data:`HELD_OUT` held-out pages at :data:`SIZE` px: of the model a run saved (``params``: its
+    ``latest.pdparams``; PaddleOCR's ``build_model`` of the run's ``config``, loaded by PaddleOCR's
+    ``load_pretrained_params``), or of the shipped detector (``params`` None)."""
+    import yaml
+
+    import ampsafe
+    from ampsafe.paddle.nets.ppocrv4 import build_with_paddleocr
+    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+
+    w = ampsafe.workloads.build(
+        "ppocrv4_det", seed=seed, framework="paddle", image_size=SIZE, batch_size=BATCH, build_with="paddleocr"
+    )
+    if params is not None:
+        config = Path(config or Path(src) / CONFIG)
+        if config.name != Path(CONFIG).name:  # a swapped config: its necks are ampsafe's, registered in ppocr
+            from ampsafe.patches import register_paddleocr
+
+            register_paddleocr()
+        arch = yaml.safe_load(config.read_text(encoding="utf-8"))["Architecture"]
+        model = build_with_paddleocr(arch, src, reparameterize=False)
+        sys.path.insert(0, str(src))
+        try:
+            from ppocr.utils.save_load import load_pretrained_params
+        finally:
+            sys.path.remove(str(src))
+        load_pretrained_params(model, str(params))
+        w.model = model
+    return paddleocr_hmean(w, HELD_OUT)
+
+
+def with_hmean(src: Path, work: Path, result: dict) -> dict:
+    """``result`` with ``hmean`` (precision, recall, hmean) of the model its run saved, computed once and kept in
+    its ``result.json``."""
+    if "hmean" not in result:
+        out = work / run_folder(result["run"], result["level"])
+        config = work / "student_ampsafe.yml" if result["run"] == "swapped" else None
+        result["hmean"] = held_out_hmean(src, out / "model" / "latest.pdparams", config=config)
+        (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
 def report_fix(result: dict) -> str | None:
     """The patch line of an ``ampsafe run``'s report for its level (report.json's ``fix.patch``; at O2 the
     report's O2 line, ``fix.paddle_o2``, when it gives one)."""
@@ -247,6 +291,11 @@ come from bench/ppocr_optin.py's test `sitecustomize`, which wraps the scaler `t
 """
 
 
+def _hmean(r: dict) -> str:
+    after, before = (r.get("hmean") or {}).get("hmean"), (r.get("hmean_before") or {}).get("hmean")
+    return "-" if after is None else f"{after:.3f}" + (f" ({before:.3f})" if before is not None else "")
+
+
 def to_markdown(results: list[dict], machine: dict | None = None) -> str:
     lines = [
         "# PaddleOCR's tools/train.py on the shipped PP-OCRv4 det weights, float16 emulated",
@@ -256,8 +305,8 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
         "bench.ppocrv4_train` (`PADDLEOCR_SRC` set).",
         "",
         "| level | run | steps | overflowing steps | first overflow | final scale | first loss | final loss | heals "
-        "| notes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| hmean after (before) | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         notes = f"exit {r['returncode']}" if r.get("returncode") else ""
@@ -265,7 +314,7 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
         lines.append(
             f"| {level} | {RUN_LABELS[r['run']]} | {r['steps']} | {r['overflowing_steps']} | "
             f"{_fmt(r['first_overflow'])} | {_fmt(r['final_scale'])} | {_fmt(r['first_loss'])} | "
-            f"{_fmt(r['final_loss'])} | {r['heals']} | {notes} |"
+            f"{_fmt(r['final_loss'])} | {r['heals']} | {_hmean(r)} | {notes} |"
         )
     lines += ["", "Per run:"]
     for r in results:
@@ -313,8 +362,12 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_one(Path(args.src), work, run, level, fix_line=fix if run == "fixed" else None)
             if run == "ampsafe":
                 r["fix"] = fix = report_fix(r)
+            r = with_hmean(Path(args.src), work, r)
             print_result(r, f"{level} {run}")
             results.append(r)
+    before = held_out_hmean(Path(args.src))
+    for r in results:
+        r["hmean_before"] = before
     write_results(Path(args.out), results, to_markdown)
     return 0
 
