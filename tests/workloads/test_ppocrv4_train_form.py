@@ -115,9 +115,17 @@ def test_fused_away_branches_add_exactly_zero_in_train_mode(paddleocr_src, writt
     assert all(not out.any() for out in seen)
 
 
-def test_unknown_tree_is_a_clear_error(tmp_path):
+def test_a_folder_without_paddleocr_is_a_clear_error(tmp_path):
     from ampsafe.errors import ConfigError
     from ampsafe.workloads.ppocrv4.train_form import write_training_params
 
     with pytest.raises(ConfigError, match="not a PaddleOCR source tree"):
         write_training_params(tmp_path / "x", src=tmp_path)
+
+
+def test_calibration_images_of_the_wrong_shape_are_a_clear_error(paddleocr_src, tmp_path):
+    from ampsafe.errors import ConfigError
+    from ampsafe.workloads.ppocrv4.train_form import write_training_params
+
+    with pytest.raises(ConfigError, match="calibration_images must be normalized pages"):
+        write_training_params(tmp_path / "x", calibration_images=np.zeros((2, 320, 320, 3)), src=paddleocr_src)

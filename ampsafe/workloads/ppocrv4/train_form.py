@@ -67,7 +67,8 @@ def _calibrate(model, names: list[str], images: np.ndarray) -> dict[str, tuple[n
         for handle in handles:
             handle.remove()
         model.set_state_dict({k: paddle.to_tensor(v) for k, v in saved.items()})
-        model.train() if was_training else model.eval()
+        if not was_training:
+            model.eval()
     return stats
 
 
@@ -88,6 +89,12 @@ def training_form_state(seed: int = 0, *, calibration_images: np.ndarray | None 
             f"the training form is PaddleOCR's build_model: {src or 'no tree found'} is not a PaddleOCR source "
             "tree (set PADDLEOCR_SRC or pass src)"
         )
+    if calibration_images is not None:
+        shape = np.shape(calibration_images)
+        if len(shape) != 4 or shape[1] != 3 or shape[2] % 32 or shape[3] % 32:
+            raise ConfigError(
+                f"calibration_images must be normalized pages (N, 3, H, W), H and W multiples of 32; got {shape}"
+            )
     arch = load_config()["Architecture"]
     paddle.seed(seed)  # the threshold branch as the workload seeds it
     shipped = nets.build_with_paddleocr(arch, src)
