@@ -309,12 +309,14 @@ What the table says (measured on this run, O1 and O2 alike unless stated):
 - The report's other line, `ampsafe swap-neck`, also trains without an overflow, but its new BatchNorms are not
   in the pretrained file (they start at their initialization): step 0's loss is 5.47 against FP32's 4.70.
 - hmean cannot rank the modes on this recipe: FP32 itself falls from 0.932 to 0.060 in these 20 steps (batch 2,
-  augmented crops, Adam up to lr 0.001, the config's lr for 8 cards of 8; the cause is not measured further),
-  and the fixed runs land exactly where FP32 does. The healed runs score higher only because their first 11 or
-  12 steps were skipped (fewer updates).
+  augmented crops, Adam up to lr 0.001, the config's lr for 8 cards of 8), and the fixed runs land exactly where
+  FP32 does. The weights moved, not the statistics: FP32's saved model with every BatchNorm on the batch's
+  statistics scores 0.167. The healed runs score higher only because their first 11 or 12 steps were skipped.
 - The training form (`train_form.write_training_params`, BatchNorms calibrated on the 8 training pages) computes
-  the shipped maps in eval mode (max difference 1.8e-5 at 320 px, `tests/workloads/test_ppocrv4_train_form.py`);
-  in train mode every rep layer's BatchNorm normalizes with the batch's statistics, as the un-fused network does.
+  the shipped maps in eval mode (max difference 1.8e-5 at 320 px) and keeps the detector on the batch's
+  statistics, as train mode runs it (hmean 0.930 on the 16 pages); with identity statistics (mean 0, variance
+  1 - eps) it is as exact in eval mode but detects nothing on the batch's statistics (0.000), so the trainer would
+  start from a broken model (`tests/workloads/test_ppocrv4_train_form.py`).
 """
 
 
