@@ -140,11 +140,12 @@ def paddleocr_name(shipped: str) -> str:
     return shipped
 
 
-def build_with_paddleocr(arch: dict, src: str | Path) -> nn.Layer:
+def build_with_paddleocr(arch: dict, src: str | Path, *, reparameterize: bool = True) -> nn.Layer:
     """The network built by PaddleOCR's own ``build_model`` from the tree at ``src``, re-parameterized as the
     shipped export is: every learnable rep layer fused (``rep()``), the fused-away branches and the unused
     stride-2 activations dropped, so that its ``state_dict`` holds the shipped tensors and nothing else
-    (under :func:`paddleocr_name`)."""
+    (under :func:`paddleocr_name`). ``reparameterize=False``: as ``build_model`` returns it, the form
+    ``tools/train.py`` trains (:mod:`ampsafe.workloads.ppocrv4.train_form` fills it)."""
     src = str(Path(src).resolve())
     added = src not in sys.path
     if added:  # on the path for this import only: the caller's sys.path is left as it was
@@ -157,6 +158,8 @@ def build_with_paddleocr(arch: dict, src: str | Path) -> nn.Layer:
             sys.path.remove(src)
 
     model = build_model(dict(arch))
+    if not reparameterize:
+        return model
     for layer in model.sublayers():
         if isinstance(layer, LearnableRepLayer):
             layer.rep()
