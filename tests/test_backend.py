@@ -110,6 +110,9 @@ def test_tensors_part_walks_nests_and_measures_on_the_device(framework):
     assert float(ts.lane_abs_max(masked)) == 2.0 and float(ts.abs_max(masked)) == float("inf")
     assert ts.to_floats([ts.abs_max(signed), ts.abs_max(tensor([5.0]))]) == [3.0, 5.0]
     assert ts.finite(signed) and not ts.finite(masked) and ts.finite(tensor([]))
+    # finite() sums in float32: a sum past float32's range of finite values is still finite, +inf and -inf are not
+    assert ts.finite(tensor([3e38] * 4)) and ts.finite(tensor([6e4] * 4, dtype=fw.float16))
+    assert not ts.finite(tensor([float("inf"), float("-inf")])) and not ts.finite(tensor([1.0, float("nan")]))
     assert ts.to_numpy(tensor([1, 2])) is None and ts.to_numpy(signed).dtype == np.float32
     ids = ts.id_map()
     ids[signed] = 7

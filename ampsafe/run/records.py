@@ -96,12 +96,19 @@ class Heal(_Record):
 @dataclass(frozen=True)
 class BackoffScan(_Record):
     """``ampsafe.scan`` on the batch of the ``BACKOFF_SCAN_AT``-th backoff above the floor: the risky paths, the
-    modules an island of them patches, or why the scan could not run."""
+    modules an island of them patches, or why the scan could not run. For an HF model the lines were tried on it
+    (:mod:`ampsafe.run.hf_lines`): ``island_trial`` / ``island_works``, and ``hf_keep`` (HF's
+    ``_keep_in_fp32_modules`` line, only when its trial removed the overflow) with ``hf_keep_note`` (the trial's
+    evidence, or why there is no line)."""
 
     step: int | None = None
     paths: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     error: str | None = None
+    island_trial: str = ""
+    island_works: bool | None = None
+    hf_keep: str | None = None
+    hf_keep_note: str = ""
 
 
 @dataclass(frozen=True)

@@ -330,14 +330,21 @@ def _backoff_advice(s: ScalerRecord) -> str:
         f"{_cut(s.skipped_at, 10)}){fell} without reaching the floor: each was a lost step. "
     )
     scan = s.backoff_scan or BackoffScan()
+    found = (
+        f"`ampsafe.scan` on the batch of step {scan.step} finds {len(scan.paths)} risky path(s) "
+        f"starting at {_cut(scan.paths, 6)}"
+    )
+    if scan.modules and scan.island_works is False:
+        return text + f"{found}; `{_island_line(scan.modules)}` was {scan.island_trial}." + _keep_advice(scan)
     if scan.modules:
+        tried = f" ({scan.island_trial})" if scan.island_trial else ""
         return text + (
-            f"`ampsafe.scan` on the batch of step {scan.step} finds {len(scan.paths)} risky path(s) "
-            f"starting at {_cut(scan.paths, 6)}; island them up front: `{_island_line(scan.modules)}`"
+            f"{found}; island them up front: `{_island_line(scan.modules)}`{tried}"
             + "".join(
                 f" ({where}: `{_island_line(scan.modules, level)}`)" for level, (where, _) in s.island_levels.items()
             )
             + "."
+            + _keep_advice(scan)
         )
     if scan.error:
         return text + f"The scan of that step's batch could not run ({scan.error})."
@@ -345,6 +352,16 @@ def _backoff_advice(s: ScalerRecord) -> str:
         "`ampsafe.scan` on that step's batch found no path near float16's edge in the forward: the "
         "overflow is in the backward, where a smaller starting scale (init_scale) loses fewer steps."
     )
+
+
+def _keep_advice(scan: BackoffScan) -> str:
+    """HF's ``_keep_in_fp32_modules`` line of an HF model's backoff scan, or the measured reason for none."""
+    if scan.hf_keep:
+        return (
+            f" In HF's own words, for a model `from_pretrained(..., dtype=torch.float16)` loads (set on the model "
+            f"class before it loads; under autocast the island line is the fix): `{scan.hf_keep}` ({scan.hf_keep_note})."
+        )
+    return f" {scan.hf_keep_note[0].upper()}{scan.hf_keep_note[1:]}." if scan.hf_keep_note else ""
 
 
 def _input_advice(s: ScalerRecord) -> str:

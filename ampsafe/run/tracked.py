@@ -9,10 +9,14 @@ turns it into the summary's :class:`~ampsafe.run.records.ScalerRecord`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
+from ..core.model import unwrap
 from ..core.modpath import outermost
 from ..policies.island import island_modules
+from .hf import is_hf_model
+from .hf_lines import hf_lines, scan_inputs
 from .records import BackoffScan, BadInputStep, Heal, Reload, ScalerRecord
 from .scaler_class import SHIM_MODULE
 
@@ -38,19 +42,32 @@ def backoff_scan(scaler, step: int) -> BackoffScan:
     latest = capture.latest if capture is not None else None
     if model is None or latest is None:
         return BackoffScan(step=step, error="no captured batch to scan")
-    if latest[1]:
-        return BackoffScan(step=step, error="keyword inputs")
     try:
         import ampsafe
 
+        inputs = scan_inputs(model, latest)  # HF models are called with keywords: model(**batch)
         with capture.paused():
-            report = ampsafe.scan(model, latest[0])
+            report = ampsafe.scan(model, inputs)
     except Exception as exc:  # the scan is advice for the report
         return BackoffScan(step=step, error=f"{type(exc).__name__}: {exc}"[:300])
     risky = [p for p in report.paths if p.risky and not p.protected]
     backend = scaler._backend() if hasattr(scaler, "_backend") else None
-    modules = [m for p in risky for m in island_modules(p, report.level, backend) if m]
-    return BackoffScan(step=step, paths=tuple(p.start for p in risky), modules=tuple(outermost(modules)))
+    modules = tuple(outermost([m for p in risky for m in island_modules(p, report.level, backend) if m]))
+    scan = BackoffScan(step=step, paths=tuple(p.start for p in risky), modules=modules)
+    if not modules or backend is None or not is_hf_model(unwrap(model)):
+        return scan
+    try:
+        with capture.paused():
+            lines = hf_lines(backend, model, inputs, capture.state, modules, scan.paths, step)
+    except Exception as exc:  # noqa: BLE001 - the trials are advice for the report; training goes on
+        return dataclasses.replace(scan, island_trial=f"the trial could not run ({type(exc).__name__}: {exc})"[:300])
+    return dataclasses.replace(
+        scan,
+        island_trial=lines.island,
+        island_works=lines.island_works,
+        hf_keep=lines.keep,
+        hf_keep_note=lines.keep_note,
+    )
 
 
 def _island_levels(framework: str) -> dict:
@@ -142,11 +159,10 @@ class TrackedScaler:
 
         if self.scan is None or not self.holder_path:
             return self.scan
-        return BackoffScan(
-            step=self.scan.step,
+        return dataclasses.replace(
+            self.scan,
             paths=tuple(prefixed(self.holder_path, self.scan.paths)),
             modules=tuple(prefixed(self.holder_path, self.scan.modules)),
-            error=self.scan.error,
         )
 
     def record(self) -> ScalerRecord:

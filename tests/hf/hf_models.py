@@ -94,3 +94,15 @@ def batch(name: str, *, seed: int = 1) -> dict:
     mask[1, SEQ - 4 :] = 0
     labels = ids[:, : SEQ - 4].clone() if name == "t5" else ids.clone()
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def scale_past_float16(model, path: str, inputs: dict, factor: float = 2.0) -> None:
+    """Scale ``path``'s weight so that its float32 output on ``inputs`` reaches ``factor`` x 65504: a real float16
+    overflow of that layer (as T5's ``wo`` had in HF issue #5651), not values edited after the fact."""
+    module = model.get_submodule(path)
+    seen = {}
+    handle = module.register_forward_hook(lambda m, a, out: seen.__setitem__("amax", float(out.abs().max())))
+    with torch.no_grad():
+        model(**inputs)
+        handle.remove()
+        module.weight.mul_(factor * 65504.0 / seen["amax"])

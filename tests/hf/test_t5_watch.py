@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_models import batch, build  # noqa: E402
+from hf_models import batch, build, scale_past_float16  # noqa: E402
 
 import ampsafe  # noqa: E402
 
@@ -64,19 +64,9 @@ def test_healthy_float16_t5_step_under_the_guard_passes():
     assert w.events == []
 
 
-def _scale_wo_past_float16(model, inputs, factor: float = 2.0) -> None:
-    wo = dict(model.named_modules())[WO]
-    seen = {}
-    handle = wo.register_forward_hook(lambda m, a, out: seen.__setitem__("amax", float(out.abs().max())))
-    with torch.no_grad():
-        model(**inputs)
-        handle.remove()
-        wo.weight.mul_(factor * 65504.0 / seen["amax"])
-
-
 def test_real_wo_overflow_is_caught_and_named():
     model, inputs = _t5(), batch("t5")
-    _scale_wo_past_float16(model, inputs)
+    scale_past_float16(model, WO, inputs)
     with pytest.raises(ampsafe.NonFiniteError) as info:
         with ampsafe.watch(model):
             _float16_step(model, inputs)
@@ -88,7 +78,7 @@ def test_real_wo_overflow_is_caught_and_named():
 
 def test_scan_names_the_overflowing_wo_not_the_masks():
     model, inputs = _t5(), batch("t5")
-    _scale_wo_past_float16(model, inputs)
+    scale_past_float16(model, WO, inputs)
     report = ampsafe.scan(model, inputs)
     wo = report.path(WO)
     assert wo.risky and wo.overflows_in == "forward"

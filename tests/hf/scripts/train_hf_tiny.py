@@ -1,6 +1,8 @@
 """An ordinary HF ``Trainer`` script (knows nothing about ampsafe): one tiny random-init model of tests/hf, 5 steps.
 
 ``--model bert,gpt2,t5,vit,llama`` (one Trainer after the other), ``--attn sdpa|eager``, ``--fp16`` for ``TrainingArguments(fp16=True)``.
+``--overflow MODULE``: that module's weight scaled so that its float32 output on the first batch reaches twice 65504
+(a real float16 overflow of that layer, as T5's ``wo`` had in HF issue #5651).
 Prints whether every parameter is finite and the optimizer steps the trainer counted.
 """
 
@@ -17,13 +19,14 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hf_models import batch, build  # noqa: E402
+from hf_models import batch, build, scale_past_float16  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="t5")
 parser.add_argument("--attn", default="sdpa")
 parser.add_argument("--steps", type=int, default=5)
 parser.add_argument("--fp16", action="store_true")
+parser.add_argument("--overflow", default="", help="module path whose weight is scaled past float16's range")
 args = parser.parse_args()
 warnings.filterwarnings("ignore")
 os.environ.setdefault("WANDB_DISABLED", "true")
@@ -44,6 +47,8 @@ class Batches(torch.utils.data.Dataset):
 
 for name in args.model.split(","):
     model = build(name, args.attn)
+    if args.overflow:
+        scale_past_float16(model, args.overflow, batch(name, seed=0))
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(
             output_dir=out,
