@@ -234,10 +234,14 @@ class HealingScaler(ScalerBase):
             trigger.healed()
         elif decision.found_inf and trigger.records_due(self._core.policy):
             self._heal_from_records(decision, offenders, losses)
-        elif decision.found_inf and self._swallowed(decision, losses):
-            self._heal_swallowed(decision)
         else:
-            self._heal_after_streak(decision)
+            swallowed = decision.found_inf and self._swallowed(decision, losses)
+            heals = len(self._core.stats.heals)
+            self._heal_after_streak(decision)  # patience first, when both are due
+            if len(self._core.stats.heals) > heals:
+                trigger.healed()
+            elif swallowed:
+                self._heal_swallowed(decision)
 
     def _heal_from_records(self, decision: StepDecision, offenders: list, losses: list) -> None:
         """As many overflows in a row as a decay to the floor takes, and the script put the scale back up in

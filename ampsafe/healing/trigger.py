@@ -11,9 +11,11 @@
 
 Why these and no more: without a reload, "records" is due at the very step the floor is hit (the count starts
 from the highest scale the run used), so a run that decays monotonically heals exactly where it did before;
-"swallowed" needs a finite loss *and* a finite model output with a module output non-finite, which a forward
-overflow that reaches the output (DBNet's masked maps, train-mode BatchNorm spreading NaN) or an inf dropped
-inside one module's forward (DBHead's step function) never gives, so those keep healing at the floor.
+"swallowed" needs a finite loss *and* a finite model output with a module output non-finite, swallowed by
+something other than a train-mode normalization (:func:`swallowed_module`), which a forward overflow that
+reaches the output, an inf dropped inside one module's forward (DBHead's step function) or one taken by a
+train-mode BatchNorm (PaddleOCR's DBFPN and head) never gives, so those keep healing at the floor, and ``patience``
+acts first when both are due.
 
 The records survive a checkpoint reload: they live on the scaler, never in its ``state_dict``. The "swallowed"
 evidence is one extra forward, replayed in the step's precision with no grad (model state and random state put
@@ -82,18 +84,30 @@ class HealTrigger:
 
 def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[str]:
     """Replay ``latest`` (``InputCapture.latest``) once in the step's precision: the first module whose output is
-    non-finite, when the model's output is finite (None otherwise). Model state and random state are put back."""
+    non-finite, when the model's output is finite (None otherwise). Model state and random state are put back.
+
+    Not when the first module to finish after it with a finite output (what swallowed it) is a normalization in
+    train mode: its batch statistics took the ``inf`` (Paddle's train-mode BatchNorm returns finite values from
+    them) and its running statistics are poisoned on each such step; there the floor heals, with its statistics
+    repair, as measured on PaddleOCR's trainer (the README's PaddleOCR rows)."""
     tensors = backend.tensors
+    modules = backend.modules(model)
     first: list[str] = []
+    swallower: list[str] = []
 
     def hook(path: str):
         def check(output) -> None:
-            if not first and not all(tensors.finite(t) for t in tensors.checkable_leaves(output)):
+            if swallower:
+                return
+            finite = all(tensors.finite(t) for t in tensors.checkable_leaves(output))
+            if not first and not finite:
                 first.append(path)
+            elif first and finite and not first[0].startswith(f"{path}.") and path:
+                swallower.append(path)  # a container of the first finishes after it: not what swallowed it
 
         return check
 
-    handles = [backend.forward_hook(m, hook(p)) for p, m in backend.modules(model).items() if p]
+    handles = [backend.forward_hook(m, hook(p)) for p, m in modules.items() if p]
     restore, rng = backend.snapshot(model), backend.rng_state()
     try:
         args, kwargs = latest
@@ -105,4 +119,9 @@ def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) 
             handle.remove()
         restore()
         rng()
-    return first[0] if first and output_finite else None
+    if not first or not output_finite:
+        return None
+    taker = modules.get(swallower[0]) if swallower else None
+    if taker is not None and getattr(taker, "training", False) and backend.norm_stats(taker) is not None:
+        return None
+    return first[0]
