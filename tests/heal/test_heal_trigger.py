@@ -103,6 +103,23 @@ def test_watch_names_the_conv_whose_overflow_the_frozen_bn_and_relu_swallow():
     assert (err.phase, err.module, err.op, err.kind) == ("forward", "stem.conv", "conv2d", "overflow"), err
 
 
+def test_the_fp32_guards_replay_names_the_swallowed_conv_too():
+    net = _net()
+    x, y = _batch()
+
+    def loss():
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = net(x)
+        return nn.functional.mse_loss(out.float(), y)
+
+    with ampsafe.watch(net, guard=True, on_nonfinite="record") as guard:
+        step_loss = loss()
+        step_loss.backward()
+        assert guard.check(step_loss, replay=loss) is False  # the step is skipped
+    (err,) = guard.events
+    assert (err.phase, err.module, err.op, err.kind) == ("forward", "stem.conv", "conv2d", "overflow"), err
+
+
 def test_a_swallowed_forward_overflow_heals_within_3_steps_islanding_only_the_convs_path():
     net = _net()
     scaler = ampsafe.torch.GradScaler("cpu", on_floor="heal")
