@@ -720,6 +720,11 @@ class ScalerBase:
         """The non-finite input of this step's forward (None: finite, or no forward was seen)."""
         return None
 
+    def _names_offenders(self) -> bool:
+        """Whether an overflow of the step now ending is dispatched as a floor (the adapters then name the
+        parameters whose gradients are non-finite, while those still exist): at the floor."""
+        return self._core.at_floor
+
     def _skipped_input(self, decision: StepDecision) -> None:
         """A step skipped for its data (here: nothing more to do)."""
 

@@ -30,9 +30,10 @@ from ..core.model import unwrap
 from ..core.scale import FloorInfo, ScalePolicy, ScalerBase, StepDecision
 from ..core.sentinel import BadInput, nonfinite_input
 from ..core.verdict import HealVerdict
-from ..errors import ConfigError
+from ..errors import ConfigError, LossScaleFloorError
 from .evidence import repair_running_stats
 from .healer import Healer
+from .trigger import HealTrigger, swallowed_module
 from .verdict import measure, not_replayed
 
 __all__ = ["HealingScaler", "check_patience"]
@@ -73,6 +74,8 @@ class HealingScaler(ScalerBase):
     _healer: Optional[Healer] = None
     _streak: int = 0
     _in_range: bool = False
+    _trigger: Optional[HealTrigger] = None  # the run's records the heal rule reads (ampsafe.healing.trigger)
+    _ranks: Optional[int] = None  # processes in the group, asked at the first overflow (the swallowed rule is local)
 
     def _init_core(self, policy: ScalePolicy, callback: Optional[Callable] = None, model=None, patience=None) -> None:
         super()._init_core(policy, callback, model)
@@ -81,6 +84,7 @@ class HealingScaler(ScalerBase):
         self._resolved_ref, self._resolve_done, self._unresolved_why = None, False, ""
         self._capture = self._healer = None
         self._streak, self._in_range = 0, False
+        self._trigger = HealTrigger()
 
     # -- the model and its inputs --------------------------------------------------------------------------------
     @property
@@ -215,13 +219,105 @@ class HealingScaler(ScalerBase):
         scaler was built with its own ``patience`` (that one counts). Not pickled, like the heal hook."""
         self._attached_patience = check_patience(patience)
 
+    def _names_offenders(self) -> bool:
+        """At the floor, and when the run's records make this step's overflow a floor (:mod:`.trigger`)."""
+        if self._core.at_floor:
+            return True
+        on_heal = self._core.policy.on_floor is OnFloor.HEAL
+        return on_heal and self._heal_trigger().records_due(self._core.policy, ahead=1)
+
+    def _heal_trigger(self) -> HealTrigger:
+        if self._trigger is None:  # a scaler unpickled from a version without one
+            self._trigger = HealTrigger()
+        return self._trigger
+
     def _heal(self, decision: StepDecision, offenders: list, losses: list) -> None:
-        """``on_floor="heal"``'s handler: heal at the floor, and above it after ``patience`` overflows in a row."""
+        """``on_floor="heal"``'s handler: the rule of :mod:`ampsafe.healing.trigger` (floor, the run's records,
+        a swallowed forward overflow, ``patience``), in that order."""
+        trigger = self._heal_trigger()
+        trigger.observe(decision)
         if decision.floor_hit:
             self._heal_at_floor(decision, offenders, losses)
             self._streak, self._in_range = 0, False  # healed at the floor just now
+            trigger.healed()
+        elif decision.found_inf and trigger.records_due(self._core.policy):
+            self._heal_from_records(decision, offenders, losses)
         else:
-            self._heal_after_streak(decision)
+            swallowed = decision.found_inf and self._swallowed(decision, losses)
+            heals = len(self._core.stats.heals)
+            self._heal_after_streak(decision)  # patience first, when both are due
+            if len(self._core.stats.heals) > heals:
+                trigger.healed()
+            elif swallowed:
+                self._heal_swallowed(decision)
+
+    def _heal_from_records(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        """As many overflows in a row as a decay to the floor takes, and the script put the scale back up in
+        between: healed as at the floor. A heal that cannot heal is logged, not raised (the scale is not at
+        its floor, and the script's own recovery goes on); the count starts again."""
+        trigger, policy = self._heal_trigger(), self._core.policy
+        top = max(policy.init_scale, trigger.peak)
+        log.warning(
+            "ampsafe: step %s is the %d%s overflowing step in a row, as many as a decay from %g to the floor %g "
+            "takes, and the scale is %g (the script restored it in between, e.g. from a checkpoint): healing as "
+            "at the floor",
+            decision.step,
+            trigger.in_row,
+            _nth(trigger.in_row),
+            top,
+            policy.min_scale,
+            decision.scale,
+        )
+        trigger.healed()
+        self._streak, self._in_range = 0, False
+        try:
+            self._heal_at_floor(decision, offenders, losses)
+        except LossScaleFloorError as exc:
+            log.warning("ampsafe: not healed at step %s: %s", decision.step, exc)
+
+    def _swallowed(self, decision: StepDecision, losses: list) -> bool:
+        """Whether this overflowing step, with finite losses, is the second in a row whose forward made the same
+        module's output non-finite while the model's output stayed finite (one replay, :mod:`.trigger`)."""
+        trigger, backend = self._heal_trigger(), self._backend()
+        if self._ranks is None:  # asked once, at the first overflow, which every rank dispatches alike
+            self._ranks = len(backend.all_gather(None))
+        model = self._resolved
+        latest = self._capture.latest if self._capture is not None else None
+        if self._ranks > 1 or model is None or latest is None or not losses or not trigger.wants_replay():
+            return trigger.saw(None, looked=False)
+        if not all(backend.tensors.finite(loss) for loss in losses):
+            return trigger.saw(None)
+        healer = self.heal_hook if isinstance(self.heal_hook, Healer) else self._healer
+        if healer is not None and len(healer.heals) >= healer.max_heals:
+            return trigger.saw(None)
+        try:
+            with self._capture.paused():
+                module = swallowed_module(backend, model, latest, lambda: backend.amp.replay(self._capture.state))
+        except Exception as exc:  # noqa: BLE001 - evidence only: the floor stays the last resort
+            log.debug("ampsafe: the replay for a swallowed overflow raised %s: %s", type(exc).__name__, exc)
+            module = None
+        if module is not None:
+            log.info(
+                "ampsafe: step %s: the float16 output of %s is non-finite and the loss stayed finite (the next ops "
+                "swallowed it)",
+                decision.step,
+                module or "<root>",
+            )
+        return trigger.saw(module)
+
+    def _heal_swallowed(self, decision: StepDecision) -> None:
+        """A forward overflow no scale fixes, seen twice in a row: heal now (the healer islands what its scan
+        finds overflowing in the forward, or returns None and the scaler backs off)."""
+        module = self._heal_trigger().swallowed
+        self._heal_trigger().healed()
+        self._streak, self._in_range = 0, False
+        log.warning(
+            "ampsafe: step %s: a forward overflow in %s swallowed by the next ops on 2 overflowing steps in a row "
+            "(finite loss, non-finite gradients): no loss scale fixes it, healing now",
+            decision.step,
+            module,
+        )
+        self._off_floor_heal(decision)
 
     def _heal_after_streak(self, decision: StepDecision) -> None:
         """Count overflows in a row and heal after ``patience`` of them (when the replayed forward overflows)."""
@@ -235,23 +331,32 @@ class HealingScaler(ScalerBase):
         if self._streak < patience or self._in_range:
             return
         self._streak = 0
+        if not self._off_floor_heal(decision):
+            self._in_range = True
+
+    def _off_floor_heal(self, decision: StepDecision) -> bool:
+        """Heal above the floor when the scanned forward overflows (the Healer's ``off_floor``); False when not
+        healed (no batch to replay, or the forward is in range)."""
         healer = self.heal_hook if isinstance(self.heal_hook, Healer) else None
         if healer is None and self.heal_hook is None:
             healer = self._builtin_heal_hook()
         if healer is None or healer.last_inputs is None:
             log.info("ampsafe heal at step %s: no batch to replay; the scaler backs off", decision.step)
-            self._in_range = True
-            return
+            return False
         info = self.floor_info(decision.step)
         plan = healer(self, info, off_floor=True)
         if plan is None:
-            self._in_range = True
-        else:
-            self.apply_heal(decision.step, plan, info)
+            return False
+        self.apply_heal(decision.step, plan, info)
+        return True
 
     # -- pickling ------------------------------------------------------------------------------------------------------
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state.update(_resolved_ref=None, _resolve_done=False, _capture=None, _healer=None, _streak=0, _in_range=False)
-        state.update(_attached_patience=None)
+        state.update(_attached_patience=None, _ranks=None)
         return state
+
+
+def _nth(n: int) -> str:
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")

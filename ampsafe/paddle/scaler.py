@@ -333,7 +333,7 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
                 result = run()
         found = bool(found)
         self._cache_found_inf = found if self._cache_found_inf is None else (self._cache_found_inf or found)
-        if found and self._core.at_floor:
+        if found and self._names_offenders():
             self._offenders += nonfinite_params(optimizer)
         return result
 

@@ -96,6 +96,14 @@ class _Pass(WatchPass):
         # tensor ids read by an op that ran in float16 (real, or rounded by an emulator): their gradients come
         # back through that op's float16 backward, so an inf there is a float16 overflow, not a float32 error
         self.low_reads: set[int] = set()
+        self.handles: list = []  # the gradient hooks on this pass's tensors (removed when the watch exits)
+
+    def remove_hooks(self) -> None:
+        """Paddle holds a tensor's gradient hooks from C++, where the collector cannot see them: a hook left on a
+        tensor that a raised error's traceback keeps alive would keep the watch (and its model) alive."""
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            handle.remove()
 
 
 class _Mode(intercept.OpMode):
@@ -167,6 +175,8 @@ class Watch(WatchBase):
         return self.model.training and paddle.is_grad_enabled()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._pass is not None:
+            self._pass.remove_hooks()
         super().__exit__(exc_type, exc, tb)
         if exc_type is None:
             self._raise_pending()
@@ -296,7 +306,7 @@ class Watch(WatchBase):
             if t.stop_gradient or id(t) in p.hooked:
                 continue
             p.hooked[id(t)] = t
-            t.register_hook(self._grad_hook(p, id(t), module, op, t))
+            p.handles.append(t.register_hook(self._grad_hook(p, id(t), module, op, t)))
 
     def _param_hook(self, name: str, tid: int):
         def hook(grad):

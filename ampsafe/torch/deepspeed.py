@@ -119,7 +119,9 @@ class DeepSpeedScale(HealingScaler):
         held = self._held()
         if held != self._written:  # load_checkpoint (or the script) set DeepSpeed's scale: continue from it
             self._core.set_scale(held)
-        self._end_update(lambda: (bool(overflow), self._offenders() if overflow and self._core.at_floor else [], []))
+        self._end_update(
+            lambda: (bool(overflow), self._offenders() if overflow and self._names_offenders() else [], [])
+        )
 
     def _offenders(self) -> list:
         """(parameter, name) of the non-finite gradients, named by the engine (``engine.param_names``); under

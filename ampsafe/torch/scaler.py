@@ -311,7 +311,7 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         info["found_inf_host"] = found_inf
         if not found_inf:
             return optimizer.step(*args, **kwargs)
-        if self._core.at_floor:  # rare path: name the offenders while their gradients still exist
+        if self._names_offenders():  # rare path: name the offenders while their gradients still exist
             info["offenders"] = nonfinite_params(optimizer)
         return None
 
@@ -404,7 +404,7 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
                 return None
             if bool(self._reconcile(total)):
                 found_inf = True
-                if self._core.at_floor:
+                if self._names_offenders():
                     for _, i in checked:
                         if i["found_inf_host"] is None and "optimizer" in i:
                             i["offenders"] = nonfinite_params(i["optimizer"])

@@ -182,6 +182,7 @@ class Watch(WatchBase):
             input_ok[0] = pre[0]
         inputs_finite = all(input_ok)
         if not inputs_finite and self.carry(inputs, outputs):
+            self._hook_carried(outputs)
             self._reached(outputs, written=pre is not None)
             return
         if not inputs_finite and name in MOVEMENT_OPS and p.bad_inputs:
@@ -192,6 +193,7 @@ class Watch(WatchBase):
         rerun = self._rerun(func, args, kwargs, pre) if inputs_finite and low else (None, "")
         dtype = _tensors.describe(outputs[0])[1]
         self._report_origin(module, name, inputs, input_ok, outputs, low=low, rerun=rerun, dtype=dtype)
+        self._hook_carried(outputs)
         self._reached(outputs, written=pre is not None)
 
     def _reached(self, outputs: list, *, written: bool) -> None:
@@ -223,6 +225,37 @@ class Watch(WatchBase):
         return all(_finite(t) for t in floats), ""
 
     # ------------------------------------------------------------------------------------------ backward
+    def _hook_carried(self, outputs: list) -> None:
+        """The autograd nodes of non-finite outputs whose origin is deferred (not reported yet): a gradient they
+        make non-finite makes that origin count. A frozen BatchNorm and a ReLU drop a conv's float16 ``inf``
+        from the forward, but the BatchNorm's weight gradient is 0 x inf: the conv is what the backward names."""
+        p = self._pass
+        if p is None or p.done or not self.backward or not torch.is_grad_enabled():
+            return
+        for t in outputs:
+            err = p.carried.get(_storage(t))
+            node = t.grad_fn
+            if err is None or node is None or id(node) in p.nodes:
+                continue
+            p.nodes[id(node)] = node
+            node.register_hook(self._carried_hook(p, err))
+
+    def _carried_hook(self, p: _Pass, err):
+        def hook(grad_inputs, _grad_outputs):
+            if not self._active or p.done or self._suspended:
+                return None
+            self._suspended += 1
+            try:
+                bad = any(isinstance(g, torch.Tensor) and g.is_floating_point() and not _finite(g) for g in grad_inputs)
+            finally:
+                self._suspended -= 1
+            if bad:
+                p.forward_event = err
+                self.report(err)
+            return None
+
+        return hook
+
     def _hook_nodes(self, name: str, floats: list) -> None:
         p = self._pass
         module = current_module() if self._depth > 0 else "<loss>"

@@ -2,7 +2,7 @@
 the trainer calls (not its inner ``nn.Sequential``), the checkpoints (``deepcopy`` of the EMA, ``torch.save``)
 are written, and a NaN batch is skipped with parameters and buffers finite, then named by the watch;
 ``--emulate-fp16`` with ``amp=True`` trains in float16 with ampsafe's scaler, and a forward overflow is healed
-instead of raising.
+instead of raising, also when the trainer's NaN recovery reloads the scale from ``last.pt`` every epoch.
 
 The overflow here is put in by the script (``--overflow`` multiplies the first conv's weight), not grown by
 training as in the other frameworks' tests (``growth.py``): every conv of an ultralytics model is followed by a
@@ -49,6 +49,24 @@ def test_amp_under_emulate_fp16_heals_a_forward_overflow_instead_of_raising(tmp_
     paths = re.findall(r'"([^"]*)"', line.split("paths=", 1)[1])
     assert "" not in paths, line  # the loss DetectionModel computes itself reads model.*: those are islanded
     _apply_to_a_fresh_yolo_model(line, paths)
+
+
+def test_a_checkpoint_reload_each_epoch_still_heals_from_the_runs_records(tmp_path):
+    # 8 images, 4 steps an epoch: the scale falls 65536 -> 256 by the end of epoch 1, and ultralytics' NaN recovery
+    # reloads last.pt (scale 4096) after every NaN epoch, so the floor (1.0) never comes; 17 overflowing steps in a
+    # row (the 16 halvings to the floor, and the floor hit) heal as the floor would have
+    args = ["--amp", "--overflow", "--epochs", "6", "--train-images", "8"]
+    proc = ampsafe_run("--emulate-fp16", "--report", str(tmp_path / "rep"), script="train_yolo.py", script_args=args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "scale 256.0 -> 4096.0" in proc.stderr, proc.stderr[-3000:]  # the reload the floor never survives
+    assert "step 16 is the 17th overflowing step in a row" in proc.stderr, proc.stderr[-3000:]
+    healed = re.search(r"ampsafe heal at step (\d+): islanded \d+ module\(s\) \(([^)]*)\)", proc.stderr)
+    assert healed and healed.group(1) == "16", proc.stderr[-3000:]
+    assert "model.0.conv" in healed.group(2).split(", "), healed.group(0)
+    out = proc.stdout
+    assert "0 floor hits, 1 heals" in out, out
+    assert "NaN persisted" not in out + proc.stderr
+    assert "parameters finite: True, buffers finite: True, amp: True" in out, out
 
 
 def _apply_to_a_fresh_yolo_model(line: str, paths: list[str]) -> None:

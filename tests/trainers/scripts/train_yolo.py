@@ -3,7 +3,7 @@ synthetic 64x64 images, on a CPU, saving its checkpoints.
 
 ``--amp`` asks for ``amp=True``; ``--nan-step K`` makes the images of step K NaN (a ``preprocess_batch`` wrapper
 set from a callback, as user code would); ``--overflow`` multiplies the first conv's weight so that its output
-passes float16's 65504. Prints whether the trained model's parameters and buffers are finite, the trainer's AMP
+passes float16's 65504; ``--train-images N``: N training images (N / 2 steps an epoch). Prints whether the trained model's parameters and buffers are finite, the trainer's AMP
 flag, its scaler class and scale, and the checkpoints written, also after a training that raised.
 """
 
@@ -25,9 +25,10 @@ parser.add_argument("--amp", action="store_true")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--nan-step", type=int, default=-1)
 parser.add_argument("--overflow", action="store_true")
+parser.add_argument("--train-images", type=int, default=4)
 args = parser.parse_args()
 
-root = write_yolo_data()
+root = write_yolo_data(args.train_images)
 
 steps = [0]
 

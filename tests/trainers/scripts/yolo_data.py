@@ -1,4 +1,4 @@
-"""A tiny YOLO dataset (4 random 64x64 images a split, one box each) and the CPU training settings the ultralytics
+"""A tiny YOLO dataset (4 random 64x64 images a split unless told, one box each) and the CPU training settings the ultralytics
 scripts of the tests share."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import numpy as np
 from PIL import Image
 
 
-def write_yolo_data() -> Path:
-    """The dataset's folder, holding its ``data.yaml``."""
+def write_yolo_data(train_images: int = 4) -> Path:
+    """The dataset's folder, holding its ``data.yaml``; ``train_images``: how many the train split holds."""
     root = Path(tempfile.mkdtemp(prefix="yolo-"))
     for split in ("train", "val"):
         (root / "images" / split).mkdir(parents=True)
         (root / "labels" / split).mkdir(parents=True)
-        for i in range(4):
+        for i in range(train_images if split == "train" else 4):
             pixels = (np.random.default_rng(i).random((64, 64, 3)) * 255).astype(np.uint8)
             Image.fromarray(pixels).save(root / "images" / split / f"{i}.jpg")
             (root / "labels" / split / f"{i}.txt").write_text("0 0.5 0.5 0.3 0.3\n")

@@ -1,0 +1,127 @@
+"""When a healing scaler (``on_floor="heal"``) heals: one rule, read from the run's own records.
+
+    floor      the step overflowed with the scale at ``min_scale`` (a floor hit): always the last resort
+    records    the run's overflowing steps in a row reach what a monotone decay from the highest scale it used needs
+               to hit the floor (halvings to ``min_scale`` x ``hysteresis`` + 1): the script restored the scale in
+               between (ultralytics reloads ``last.pt`` after a NaN epoch, a resume loop), so the floor never comes
+    swallowed  on two overflowing steps in a row the forward made the same module's output non-finite while the
+               model's output and the loss stayed finite (a frozen BatchNorm and a ReLU turn a conv's float16 inf
+               into zeros; only a gradient shows it): no loss scale fixes a forward overflow
+    patience   ``patience`` overflowing steps in a row (the scaler's, or the one ``ampsafe.heal`` attaches)
+
+Why these and no more: without a reload, "records" is due at the very step the floor is hit (the count starts
+from the highest scale the run used), so a run that decays monotonically heals exactly where it did before;
+"swallowed" needs a finite loss *and* a finite model output with a module output non-finite, swallowed by
+something other than a train-mode normalization (:func:`swallowed_module`), which a forward overflow that
+reaches the output, an inf dropped inside one module's forward (DBHead's step function) or one taken by a
+train-mode BatchNorm (PaddleOCR's DBFPN and head) never gives, so those keep healing at the floor, and ``patience``
+acts first when both are due.
+
+The records survive a checkpoint reload: they live on the scaler, never in its ``state_dict``. The "swallowed"
+evidence is one extra forward, replayed in the step's precision with no grad (model state and random state put
+back), at the first overflowing step of a streak that has a batch to replay, and then only while it keeps finding one;
+single-process runs only (under a process group each rank's batch differs and the replay is not collective).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+__all__ = ["HealTrigger", "floor_distance", "swallowed_module"]
+
+
+def floor_distance(policy, peak: float) -> Optional[int]:
+    """Overflowing steps in a row at which a monotone decay from ``max(policy.init_scale, peak)`` hits the floor
+    (the halvings times ``hysteresis``, plus the floor hit itself); None when the scale has no floor."""
+    if not policy.dynamic or not policy.min_scale > 0:
+        return None
+    top = max(float(policy.init_scale), float(peak))
+    ratio = top / float(policy.min_scale)
+    halvings = 0 if ratio <= 1 else math.ceil(math.log(ratio) / -math.log(policy.backoff_factor) - 1e-9)
+    return halvings * int(policy.hysteresis) + 1
+
+
+@dataclass
+class HealTrigger:
+    """The records the rule reads: ``in_row`` overflowing steps in a row, ``peak`` the highest scale a step ran
+    with, ``swallowed`` the module of the previous overflowing step's swallowed overflow (None: none seen)."""
+
+    in_row: int = 0
+    peak: float = 0.0
+    swallowed: Optional[str] = None
+    looked: bool = False  # a step of this streak was replayed for a swallowed overflow
+
+    def observe(self, decision) -> None:
+        """One dispatched step (an overflow or a clean one; a data step never comes here)."""
+        self.peak = max(self.peak, float(decision.scale))
+        if decision.found_inf:
+            self.in_row += 1
+        else:
+            self.healed()
+
+    def records_due(self, policy, ahead: int = 0) -> bool:
+        """Whether the run's overflows in a row (plus ``ahead`` more) reach the floor's distance."""
+        need = floor_distance(policy, self.peak)
+        return need is not None and self.in_row + ahead >= need
+
+    def wants_replay(self) -> bool:
+        """Whether this overflowing step is looked at for a swallowed overflow: the first of a streak that has a
+        batch to replay, or one after a step that showed one."""
+        return not self.looked or self.swallowed is not None
+
+    def saw(self, module: Optional[str], looked: bool = True) -> bool:
+        """Record this overflowing step's swallowed module (None: none; ``looked``: whether it was replayed);
+        True when the previous one was the same."""
+        again = module is not None and module == self.swallowed
+        self.swallowed, self.looked = module, self.looked or looked
+        return again
+
+    def healed(self) -> None:
+        self.in_row, self.swallowed, self.looked = 0, None, False
+
+
+def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[str]:
+    """Replay ``latest`` (``InputCapture.latest``) once in the step's precision: the first module whose output is
+    non-finite, when the model's output is finite (None otherwise). Model state and random state are put back.
+
+    Not when the first module to finish after it with a finite output (what swallowed it) is a normalization in
+    train mode: its batch statistics took the ``inf`` (Paddle's train-mode BatchNorm returns finite values from
+    them) and its running statistics are poisoned on each such step; there the floor heals, with its statistics
+    repair, as measured on PaddleOCR's trainer (the README's PaddleOCR rows)."""
+    tensors = backend.tensors
+    modules = backend.modules(model)
+    first: list[str] = []
+    swallower: list[str] = []
+
+    def hook(path: str):
+        def check(output) -> None:
+            if swallower:
+                return
+            finite = all(tensors.finite(t) for t in tensors.checkable_leaves(output))
+            if not first and not finite:
+                first.append(path)
+            elif first and finite and not first[0].startswith(f"{path}.") and path:
+                swallower.append(path)  # a container of the first finishes after it: not what swallowed it
+
+        return check
+
+    handles = [backend.forward_hook(m, hook(p)) for p, m in modules.items() if p]
+    restore, rng = backend.snapshot(model), backend.rng_state()
+    try:
+        args, kwargs = latest
+        with replay_context():
+            out = model(*args, **kwargs)
+        output_finite = all(tensors.finite(t) for t in tensors.checkable_leaves(out))
+    finally:
+        for handle in handles:
+            handle.remove()
+        restore()
+        rng()
+    if not first or not output_finite:
+        return None
+    taker = modules.get(swallower[0]) if swallower else None
+    if taker is not None and getattr(taker, "training", False) and backend.norm_stats(taker) is not None:
+        return None
+    return first[0]
