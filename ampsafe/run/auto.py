@@ -36,6 +36,7 @@ def install(
     on_bad_target: str = "raise",
     report: str | None = None,
     emulate_fp16: bool = False,
+    headroom_every: int = 10,
 ) -> RunOptions:
     """Put ampsafe in place and return the options in force (a :class:`~ampsafe.run.options.RunOptions`).
 
@@ -44,7 +45,7 @@ def install(
     options in force are always the last ones asked for. Scalers built before keep the floor they were built with.
 
     The options of ``ampsafe run`` (``on_floor`` heal|raise|clamp, ``min_scale``, ``watch``, ``max_skips``,
-    ``on_bad_target`` raise|drop, ``emulate_fp16``); ``report`` is written by ``ampsafe run``'s parent
+    ``on_bad_target`` raise|drop, ``emulate_fp16``, ``headroom_every``); ``report`` is written by ``ampsafe run``'s parent
     process (in a notebook: ``ampsafe.run.report.write_reports([summary()], dir)``). A bad value raises
     :class:`ampsafe.ConfigError` naming it, and the options in force stay as they were.
     """
@@ -57,6 +58,7 @@ def install(
         on_bad_target=on_bad_target,
         report=report,
         emulate_fp16=emulate_fp16,
+        headroom_every=headroom_every,
     )
     return install_options(options)
 

@@ -45,7 +45,8 @@ class RunOptions:
     FP32 guard stops after more than this many skipped steps in a row (a handful is a bad batch, ten in a row a
     diverged run); ``on_bad_target``: raise | drop a bad detection box; ``report``: the folder of report.md /
     report.json / scale.png (None: no report); ``emulate_fp16``: float16 AMP emulated on a CPU; ``quiet``: no
-    per-patch lines from the child.
+    per-patch lines from the child; ``headroom_every``: the float16 headroom of the scanned paths is sampled in
+    every N-th step's own forward (:mod:`ampsafe.run.headroom`; 0: off).
     """
 
     on_floor: str = "heal"
@@ -56,6 +57,7 @@ class RunOptions:
     report: str | None = DEFAULT_REPORT_DIR
     emulate_fp16: bool = False
     quiet: bool = False
+    headroom_every: int = 10
 
     def __post_init__(self) -> None:
         if self.on_floor not in ON_FLOOR:
@@ -72,6 +74,9 @@ class RunOptions:
             raise ConfigError(f"max_skips must be an int >= 0, got {self.max_skips!r}")
         if self.on_bad_target not in ON_BAD_TARGET:
             raise ConfigError(f"on_bad_target must be one of {', '.join(ON_BAD_TARGET)}, got {self.on_bad_target!r}")
+        every = self.headroom_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ConfigError(f"headroom_every must be an int >= 0 (0: off), got {every!r}")
         for name in ("watch", "emulate_fp16", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
