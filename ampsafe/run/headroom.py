@@ -63,7 +63,8 @@ def trend(points: list[tuple[int, float]]) -> Optional[tuple[float, float, float
     """``(bits lost per step, headroom now, projected crossing step)`` of one module's ``(step, amax)`` samples
     (the last :data:`WINDOW` finite ones), or None when they do not rise: fewer than :data:`MIN_SAMPLES`, a slope
     of 0 or less, a fitted rise under :data:`MIN_RISE_BITS`, or a last sample below the window's mean."""
-    finite = [(s, math.log2(a)) for s, a in points if a is not None and math.isfinite(a) and a > 0][-WINDOW:]
+    recent = points[-4 * WINDOW :]  # a long run's series is never walked whole
+    finite = [(s, math.log2(a)) for s, a in recent if a is not None and math.isfinite(a) and a > 0][-WINDOW:]
     if len(finite) < MIN_SAMPLES:
         return None
     n = len(finite)
