@@ -254,11 +254,8 @@ class HeadroomSampler:
         prefix = self.prefix()
         for name, value in amax.items():
             value = float(value) if value is not None and math.isfinite(value) else None
-            points = self.series.setdefault(_join(prefix, name), [])
-            if len(points) < KEPT_SAMPLES:
-                points.append((step, value))
-        if len(self.grad_norm) < KEPT_SAMPLES:
-            self.grad_norm.append((step, grad_norm))
+            _append(self.series.setdefault(_join(prefix, name), []), (step, value))
+        _append(self.grad_norm, (step, grad_norm))
         self._judge(step)
 
     def _judge(self, step: int) -> None:
@@ -283,9 +280,7 @@ class HeadroomSampler:
             f"`{name}` loses {slope * 100:.3g} bits of float16 headroom per 100 steps ({headroom:.2f} bits left at "
             f"step {step}); at this rate it passes 65504 near step {crossing_step:,}"
             + (f" (also near: {', '.join(f'`{n}`' for n in also)})" if also else "")
-            + ". Before it does: "
-            '`ampsafe scan` names the path, and an FP32 island for it (`ampsafe.patch(model, policy="island")`) '
-            "keeps it in range"
+            + ". An FP32 island for its path keeps it in range; `ampsafe scan` on a batch names the path"
         )
         self.alert = HeadroomAlert(
             module=name,
@@ -347,6 +342,15 @@ class HeadroomSampler:
     def close(self) -> None:
         self._detach()
         self._armed_for = None
+
+
+def _append(points: list, point: tuple) -> None:
+    """Append; a full list (:data:`KEPT_SAMPLES`) first keeps every other point of its older half, so a long run
+    keeps its whole span, densest where it is recent."""
+    if len(points) >= KEPT_SAMPLES:
+        half = KEPT_SAMPLES // 2
+        points[:] = points[:half:2] + points[half:]
+    points.append(point)
 
 
 def _join(prefix: str, name: str) -> str:

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from run_helpers import SCRIPTS, ampsafe_run
 
-from ampsafe.run.headroom import HORIZON, LOG2_MAX, trend
+from ampsafe.run.headroom import HORIZON, KEPT_SAMPLES, LOG2_MAX, _append, trend
 from ampsafe.run.options import RunOptions
 from ampsafe.run.records import RunSummary
 
@@ -28,6 +28,17 @@ def test_a_steady_rise_projects_its_crossing_and_noise_or_a_fall_does_not():
     assert trend([(s, 2.0 ** (10 - 0.5 * s)) for s in range(6)]) is None  # falling
     assert trend([(s, 2.0 ** (10 + 0.05 * (-1) ** s)) for s in range(6)]) is None  # noise on a flat series
     assert trend([(0, 1.0), (1, None), (2, 2.0)]) is None  # a non-finite sample is not a point
+
+
+def test_a_long_run_keeps_its_whole_span_within_the_cap():
+    points: list = []
+    for step in range(3 * KEPT_SAMPLES):
+        _append(points, (step, 1.0))
+    steps = [p[0] for p in points]
+    assert len(points) <= KEPT_SAMPLES and steps[0] == 0 and steps[-1] == 3 * KEPT_SAMPLES - 1
+    assert steps == sorted(steps) and steps[-KEPT_SAMPLES // 4 :] == list(
+        range(3 * KEPT_SAMPLES - KEPT_SAMPLES // 4, 3 * KEPT_SAMPLES)
+    )
 
 
 def test_headroom_every_is_an_option_checked_where_it_is_written():
