@@ -6,14 +6,17 @@ the step's OWN forward: forward hooks on the tracked modules, attached for the s
 abs-max of each output on the device and read them all with one host sync at the scaler's update, with the
 unscaled gradient norm. No extra forward and no collective is ever run for a sample.
 
-* Tracked modules: the layers of the paths ``ampsafe.scan`` finds (each path's start, and every layer of an
-  unnormalized path), from one scan of step 0's captured batch (its magnitudes are step 0's sample). Where that
-  scan would be a forward other ranks must join or that an engine owns (FSDP2's all-gathers, a DeepSpeed engine,
-  any process group of more than one rank), the conv and linear layers are tracked instead.
+* Tracked modules: the conv and linear layers at step 0 (the model the FP32 guard found when the optimizer was
+  built), then the layers of the paths ``ampsafe.scan`` finds (each path's start, and every layer of an
+  unnormalized path), from one scan of step 1's captured batch (the scaler hooks its model at its first step,
+  after step 0's forward), model state restored. Where that scan would be a forward other ranks must join or
+  that an engine owns (FSDP2's all-gathers, a DeepSpeed engine, any process group of more than one rank), the conv
+  and linear layers stay, and no gradient norm is taken where an engine holds or shards the gradients.
 * Sampled steps: every ``every``-th, every step of the first ``every`` (Adam's first steps move fastest), and every
-  step while a projected crossing is near (the warning's horizon).
+  step while a projected crossing is within twice the horizon (or the interval).
 * The warning (:func:`trend`): a least-squares fit of log2 amax against steps over the last :data:`WINDOW`
-  samples of each module; once, when its projected crossing of 65504 is within :data:`HORIZON` steps.
+  samples of each module; once, when its projected crossing of 65504 is within :data:`HORIZON` steps with fewer
+  than :data:`WARN_BITS` left, naming the nearest module and the next ones within the horizon.
 
 The model is held weakly, and the hooks go with it. :func:`sampler_of` hands ``amp_metrics`` a scaler's sampler.
 """
@@ -27,7 +30,7 @@ from typing import Any, Optional
 
 from .records import Headroom, HeadroomAlert
 
-__all__ = ["HeadroomSampler", "sampler_of", "trend", "bits", "DEFAULT_EVERY", "WINDOW", "HORIZON", "TOP"]
+__all__ = ["HeadroomSampler", "sampler_of", "trend", "bits", "DEFAULT_EVERY", "WINDOW", "HORIZON", "WARN_BITS", "TOP"]
 
 FP16_MAX = 65504.0
 LOG2_MAX = math.log2(FP16_MAX)
