@@ -65,7 +65,8 @@ def bits(amax: Optional[float]) -> Optional[float]:
 def trend(points: list[tuple[int, float]]) -> Optional[tuple[float, float, float]]:
     """``(bits lost per step, headroom now, projected crossing step)`` of one module's ``(step, amax)`` samples
     (the last :data:`WINDOW` finite ones), or None when they do not rise: fewer than :data:`MIN_SAMPLES`, a slope
-    of 0 or less, a fitted rise under :data:`MIN_RISE_BITS`, or a last sample below the window's mean."""
+    of 0 or less, a fitted rise under :data:`MIN_RISE_BITS` (or under half the headroom left, when that is less),
+    or a last sample below the window's mean."""
     recent = points[-4 * WINDOW :]  # a long run's series is never walked whole
     finite = [(s, math.log2(a)) for s, a in recent if a is not None and math.isfinite(a) and a > 0][-WINDOW:]
     if len(finite) < MIN_SAMPLES:
@@ -78,9 +79,10 @@ def trend(points: list[tuple[int, float]]) -> Optional[tuple[float, float, float
         return None
     slope = sum((s - ms) * (y - my) for s, y in finite) / var
     last_step, last = finite[-1]
-    if slope <= 0 or slope * (last_step - finite[0][0]) < MIN_RISE_BITS or last < my:
-        return None
     headroom = LOG2_MAX - last
+    # the fitted rise must pass noise's: MIN_RISE_BITS, or half of what is left when less than a bit is left
+    if slope <= 0 or slope * (last_step - finite[0][0]) < min(MIN_RISE_BITS, headroom / 2) or last < my:
+        return None
     return slope, headroom, last_step + max(headroom, 0.0) / slope
 
 

@@ -28,6 +28,9 @@ def test_a_steady_rise_projects_its_crossing_and_noise_or_a_fall_does_not():
     assert trend([(s, 2.0 ** (10 - 0.5 * s)) for s in range(6)]) is None  # falling
     assert trend([(s, 2.0 ** (10 + 0.05 * (-1) ** s)) for s in range(6)]) is None  # noise on a flat series
     assert trend([(0, 1.0), (1, None), (2, 2.0)]) is None  # a non-finite sample is not a point
+    # 0.24 bits a step with half a bit left (t5 seed 2's wo): a smaller rise than noise's, but most of what is left
+    near = [(s, 65504 / 2.0 ** (1.02 - 0.24 * s)) for s in range(3)]
+    assert trend(near)[2] == pytest.approx(2 + (1.02 - 0.48) / 0.24)
 
 
 def test_a_long_run_keeps_its_whole_span_within_the_cap():
@@ -165,7 +168,7 @@ def test_t5_brink_warns_at_least_two_steps_before_wo_overflows(tmp_path, brink_s
 @pytest.mark.trajectory
 def test_dbnet_demo_recipe_warns_at_least_two_steps_before_the_head_overflows(tmp_path, brink_seed):
     pytest.importorskip("paddle")
-    summary, stderr, data = _run(tmp_path, "headroom_dbnet.py", str(brink_seed), "12")
+    summary, stderr, data = _run(tmp_path, "headroom_dbnet.py", str(brink_seed), "24")  # seed 2 overflows at 16
     alert, first = _warned_before_overflow(summary)
     # the head conv that overflows first (the demo's) is named, with the other head conv on the same DBFPN path
     overflowed = [m for m, points in summary.scalers[0].headroom.series.items() if dict(points).get(first, 1) is None]
