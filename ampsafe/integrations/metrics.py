@@ -13,7 +13,14 @@ meaning, so a dashboard built for one trainer reads another's run. Only what the
 
 A framework's own scaler (``torch.amp.GradScaler``, ``paddle.amp.GradScaler``) counts none of these, so for it
 only ``amp/loss_scale`` is logged: no figure is made up. The gradient norm and the per-path float16 headroom
-are not held by any scaler; they need samples taken in the step's own forward and are not logged here.
+are held by no scaler: they come from the samples ``ampsafe run`` takes in the step's own forward
+(:mod:`ampsafe.run.headroom`), once a sample was taken, for a scaler the run built:
+
+=================================  ===============================================================================
+``amp/grad_norm_unscaled``         the gradients' 2-norm after unscaling, at the latest sampled step
+``amp/min_headroom_bits``          log2(65504 / amax) of the tracked module with the least float16 headroom
+``amp/headroom_bits/<module>``     the same for each of the few modules with the least headroom
+=================================  ===============================================================================
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any, Optional
 
 from ..core.scale import ScalerStats
 
-__all__ = ["PREFIX", "COUNTS", "LOSS_SCALE", "NAMES", "amp_metrics", "loss_scale"]
+__all__ = ["PREFIX", "COUNTS", "LOSS_SCALE", "NAMES", "SAMPLED", "amp_metrics", "loss_scale"]
 
 PREFIX = "amp/"
 LOSS_SCALE = PREFIX + "loss_scale"
@@ -34,6 +41,8 @@ COUNTS = {
     PREFIX + "floor_hits": lambda stats: stats.floor_hits,
 }
 NAMES = (LOSS_SCALE, *COUNTS)
+# from the run's headroom samples; ``amp/headroom_bits/<module>`` per module beside them
+SAMPLED = (PREFIX + "grad_norm_unscaled", PREFIX + "min_headroom_bits")
 
 
 def loss_scale(scaler: Any) -> Optional[float]:
@@ -54,7 +63,8 @@ def loss_scale(scaler: Any) -> Optional[float]:
 def amp_metrics(scaler: Any) -> dict[str, float]:
     """``{"amp/loss_scale": ..., "amp/overflow_steps": ..., ...}`` for ``scaler``: all five names for ampsafe's
     scalers (torch and Paddle), ``amp/loss_scale`` alone for a framework's own scaler, ``{}`` for None (a run
-    without loss scaling). Cheap enough for every logging step: host-side counters and one scale read."""
+    without loss scaling); and the sampled names for a scaler ``ampsafe run`` samples. Cheap enough for every
+    logging step: host-side counters, one scale read and the latest sample."""
     if scaler is None:
         return {}
     out: dict[str, float] = {}
@@ -64,4 +74,9 @@ def amp_metrics(scaler: Any) -> dict[str, float]:
     stats = getattr(scaler, "stats", None)
     if isinstance(stats, ScalerStats):
         out.update({name: float(read(stats)) for name, read in COUNTS.items()})
+    from ..run.headroom import sampler_of
+
+    sampler = sampler_of(scaler)
+    if sampler is not None:
+        out.update(sampler.metrics())
     return out

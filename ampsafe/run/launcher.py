@@ -149,6 +149,14 @@ def _parser() -> argparse.ArgumentParser:
         "raise it to ride out a bad stretch of data)",
     )
     parser.add_argument(
+        "--headroom-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sample each scanned path's float16 headroom in every N-th optimizer step's own forward (and every "
+        "step of the first N), warn once when a path's trend reaches 65504, plot it in the report (default 10; 0: off)",
+    )
+    parser.add_argument(
         "--on-bad-target",
         choices=ON_BAD_TARGET,
         default=None,

@@ -48,7 +48,8 @@ class RunOptions:
     per-patch lines from the child; ``metrics``: the ``amp/*`` metrics go to the loggers of the trainers the
     script builds (HF ``Trainer``, Lightning, mmengine, ultralytics, PaddleOCR / PaddleDetection:
     :mod:`ampsafe.run.loggers`); ``tensorboard``: a folder where every scaler of the run writes its ``amp/*``
-    metrics at each optimizer step (a TensorBoard event file; None: none).
+    metrics at each optimizer step (a TensorBoard event file; None: none); ``headroom_every``: the float16
+    headroom of the scanned paths is sampled in every N-th step's own forward (:mod:`ampsafe.run.headroom`; 0: off).
     """
 
     on_floor: str = "heal"
@@ -61,6 +62,7 @@ class RunOptions:
     quiet: bool = False
     metrics: bool = True
     tensorboard: str | None = None
+    headroom_every: int = 10
 
     def __post_init__(self) -> None:
         if self.on_floor not in ON_FLOOR:
@@ -77,6 +79,9 @@ class RunOptions:
             raise ConfigError(f"max_skips must be an int >= 0, got {self.max_skips!r}")
         if self.on_bad_target not in ON_BAD_TARGET:
             raise ConfigError(f"on_bad_target must be one of {', '.join(ON_BAD_TARGET)}, got {self.on_bad_target!r}")
+        every = self.headroom_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ConfigError(f"headroom_every must be an int >= 0 (0: off), got {every!r}")
         for name in ("watch", "emulate_fp16", "quiet", "metrics"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -27,6 +27,8 @@ __all__ = [
     "WatchBackoff",
     "BadInputStep",
     "Reload",
+    "HeadroomAlert",
+    "Headroom",
     "ScalerRecord",
     "Origin",
     "GuardRecord",
@@ -140,13 +142,55 @@ class Reload(_Record):
 
 
 @dataclass(frozen=True)
+class HeadroomAlert(_Record):
+    """The early warning (:mod:`ampsafe.run.headroom`): ``module``'s float16 headroom falls by ``bits_per_100``
+    bits per 100 steps; at step ``step`` it had ``headroom_bits`` left, and at that rate it passes 65504 near step
+    ``crossing_step``; ``also``: the next modules projected to cross soon. ``message``: the line printed."""
+
+    module: str = ""
+    step: int | None = None
+    headroom_bits: float | None = None
+    bits_per_100: float | None = None
+    crossing_step: int | None = None
+    also: tuple[str, ...] = ()  # other modules projected to cross within the horizon, nearest first
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Headroom(_Record):
+    """What the headroom sampler saw: every ``every``-th step (and every step of the first ones, and while a
+    crossing is near) the float32 abs-max of each tracked module's output in the step's own forward, and the
+    unscaled gradient norm. ``series``: module -> ``(step, amax)`` pairs for the modules with the least headroom
+    (amax None: non-finite); ``grad_norm``: ``(step, norm)`` pairs; ``paths``: how the tracked modules were found
+    (``"scan"``, or the conv/linear layers where a scan would be an extra forward); ``note``: why nothing was
+    sampled, if so; ``alert``: the early warning, if it fired."""
+
+    _ONE: ClassVar[Mapping[str, type]] = {"alert": HeadroomAlert}
+
+    every: int = 0
+    paths: str = ""
+    tracked: int = 0
+    samples: int = 0
+    series: Mapping[str, tuple] = field(default_factory=dict)
+    grad_norm: tuple[tuple, ...] = ()
+    alert: HeadroomAlert | None = None
+    note: str | None = None
+
+    @classmethod
+    def from_dict(cls, data):
+        record = super().from_dict(data)
+        series = {k: tuple(tuple(p) for p in v) for k, v in (record.series or {}).items()}
+        return dataclasses.replace(record, series=series)
+
+
+@dataclass(frozen=True)
 class ScalerRecord(_Record):
     """One scaler the run built: the summary's row. ``steps``: ``(step, scale, overflow, floor hit)`` per step
     (the plot); ``island_levels``: level -> (where, advice) of the framework's levels whose island line differs;
     the counters are the scaler's ``stats``."""
 
     _KEYS: ClassVar[Mapping[str, str]] = {"class_name": "class"}
-    _ONE: ClassVar[Mapping[str, type]] = {"backoff_scan": BackoffScan}
+    _ONE: ClassVar[Mapping[str, type]] = {"backoff_scan": BackoffScan, "headroom": Headroom}
     _MANY: ClassVar[Mapping[str, type]] = {
         "heal_records": Heal,
         "watch_backoffs": WatchBackoff,
@@ -177,6 +221,7 @@ class ScalerRecord(_Record):
     heals: int = 0
     input_steps: int = 0  # skipped for a non-finite model input (data): not overflows, the scale kept
     bad_inputs: tuple[BadInputStep, ...] = ()
+    headroom: Headroom | None = None  # the headroom sampler's series and early warning (None: not sampled)
 
     @property
     def overflowed(self) -> bool:

@@ -9,6 +9,8 @@ Per Python process of the command that trained something, ``DIR`` gets (in ``DIR
   config's neck has an AMP-safe counterpart (never for a clean run, an FP32 run or bad data);
 * ``report.json``: the same as data (the process's summary plus ``fix``, a :class:`~ampsafe.run.records.PermanentFix`);
 * ``scale.png``: the loss scale per step, the overflowing / skipped steps and the heals (matplotlib, Agg).
+* ``headroom.png``: each tracked module's sampled float16 headroom beside the loss scale, and the early warning
+  (:mod:`ampsafe.run.report_headroom`).
 
 Framework-neutral: it reads the summaries ``ampsafe.auto`` writes (JSON), imports no framework, and imports
 matplotlib only to draw.
@@ -530,6 +532,7 @@ def to_markdown(
     command: list[str] | None = None,
     plot: str | None = "scale.png",
     returncode: int | None = None,
+    headroom_plot: str | None = None,
 ) -> str:
     report = _record(report)
     fix = fix if isinstance(fix, PermanentFix) else PermanentFix.from_dict(fix)
@@ -542,7 +545,11 @@ def to_markdown(
     lines += ["## What happened", "", *_happened(report, returncode)]
     if plot:
         lines += ["", f"![loss scale]({plot})"]
-    lines += ["", "## Make the fix permanent", "", *_fix_lines(fix)]
+    from .report_headroom import headroom_lines
+
+    headroom = headroom_lines(report, headroom_plot)
+    lines += ["", *headroom] if headroom else [""]  # headroom's lines end with a blank one
+    lines += ["## Make the fix permanent", "", *_fix_lines(fix)]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -620,11 +627,15 @@ def write_reports(
         folder.mkdir(parents=True, exist_ok=True)
         fix = permanent_fix(report, config=config, command=command, run_args=run_args, returncode=returncode)
         plot: str | None = "scale.png"
+        headroom: str | None = None
         try:
             _plot(report, folder / "scale.png")
+            from .report_headroom import PLOT, plot_headroom
+
+            headroom = PLOT if plot_headroom(report, folder / PLOT) else None
         except ImportError:
             plot = None  # matplotlib is optional: the report says what the plot would have shown
-        md = to_markdown(report, fix, command=command, plot=plot, returncode=returncode)
+        md = to_markdown(report, fix, command=command, plot=plot, returncode=returncode, headroom_plot=headroom)
         (folder / "report.md").write_text(md, encoding="utf-8")
         summary = report.to_dict() if raw is report else raw  # the child's JSON as it wrote it
         data = {**summary, "fix": fix.to_dict(), "command": command, "returncode": returncode}

@@ -27,8 +27,8 @@ from .finder import AfterImport
 from .options import RunOptions
 from .records import GuardRecord, RunSummary, TargetRecord
 from .site import RunSite
-from .tracked import TrackedScaler
-from .watch import ScalerWatch
+from .tracked import TrackedScaler, disabled_reason
+from .watch import ScalerWatch, find_model
 
 __all__ = ["RunSession", "current", "summary", "LOCK"]
 
@@ -141,12 +141,18 @@ class RunSession:
             self.ledger.set(owner, attr, value)
 
     def track(self, scaler, framework: str, kwargs: dict) -> TrackedScaler:
-        """A scaler the run built: its one step callback registered, ``--watch`` armed on it."""
+        """A scaler the run built: its one step callback registered, the headroom sampler and ``--watch`` armed
+        on it."""
         tracked = TrackedScaler(scaler, framework, kwargs)
         with LOCK:
             self.scalers.append(tracked)
         if hasattr(scaler, "add_step_callback"):
             scaler.add_step_callback(tracked.on_step)
+            if self.open and self.options.headroom_every and disabled_reason(scaler) is None:
+                from .headroom import HeadroomSampler
+
+                every, model = self.options.headroom_every, find_model(scaler, self.guards)
+                tracked.headroom = HeadroomSampler(scaler, every, prefix=lambda: tracked.holder_path, model=model)
         if self.open and self.options.watch:
             tracked.watch = ScalerWatch(self, scaler)
             tracked.watch.arm()

@@ -2,7 +2,7 @@
 
 Why one class: the run reacts to each scaler step in several ways (the report's plot record, the holder the
 report's paths are relative to, the scan of a batch after many backoffs, HF's ``_keep_in_fp32_modules``
-measurement, ``--watch``). They all hear the step through ONE :meth:`TrackedScaler.on_step`, registered once
+measurement, the headroom sampler, ``--watch``). They all hear the step through ONE :meth:`TrackedScaler.on_step`, registered once
 with ``scaler.add_step_callback``, and keep their state in fields declared here. :meth:`TrackedScaler.record`
 turns it into the summary's :class:`~ampsafe.run.records.ScalerRecord`.
 """
@@ -101,6 +101,7 @@ class TrackedScaler:
         self.backoffs = 0  # overflowing steps above the floor, up to the scan
         self.scan: BackoffScan | None = None
         self.watch: Any = None
+        self.headroom: Any = None  # the headroom sampler (ampsafe.run.headroom), or None
         self.bad_inputs: list[BadInputStep] = []  # steps skipped for a non-finite model input (data)
         self.board: str | None = None  # --tensorboard: the folder of its event file (ampsafe.run.loggers)
         self._hf_follow: Callable = follow(scaler)
@@ -121,6 +122,13 @@ class TrackedScaler:
             if self.backoffs >= BACKOFF_SCAN_AT:
                 self.scan = backoff_scan(self.scaler, decision.step)
         self._hf_follow(decision)
+        if self.headroom is not None:
+            try:
+                self.headroom.on_step(self.scaler, decision)
+            except Exception as exc:  # noqa: BLE001 - a sample is advice: training goes on without it
+                self.headroom.close()
+                self.headroom.note = f"sampling stopped at step {decision.step}: {type(exc).__name__}: {exc}"[:300]
+                self.headroom.layers = {}
         if self.watch is not None:
             self.watch.on_step(decision)
 
@@ -196,6 +204,7 @@ class TrackedScaler:
             heals=len(heals),
             input_steps=getattr(stats, "input_steps", 0),
             bad_inputs=tuple(self.bad_inputs[-100:]),
+            headroom=self.headroom.record() if self.headroom is not None else None,
         )
 
 

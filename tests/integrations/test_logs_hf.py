@@ -31,6 +31,8 @@ def test_amp_keys_reach_tensorboard_ahead_of_the_reporting_callback_and_equal_th
     series = scalars(tmp_path / "out")
     assert "train/user/marker" not in series  # the pitfall: a key added in a user's on_log is never written
     assert last(series, prefix="train/") == scaler_figures(figures)  # HF's loggers prefix training keys train/
+    sampled = last(series, prefix="train/", sampled=True)  # ampsafe run's headroom samples reach the logger too
+    assert "amp/min_headroom_bits" in sampled and sampled["amp/grad_norm_unscaled"] > 0
     assert figures["total_steps"] == STEPS and figures["heals"] >= 1 and figures["skipped_steps"] >= 2
 
     # every training log, step by step: the skipped count after s optimizer steps, from ampsafe run's own summary

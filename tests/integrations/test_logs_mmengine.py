@@ -25,6 +25,8 @@ def test_amp_safe_hook_by_name_logs_the_scaler_s_figures_at_every_iteration(tmp_
     proc, figures, skipped = run_emulated(tmp_path, "mmengine_amp_tensorboard.py", *args)
     series = scalars(tmp_path / "work")
     assert last(series) == scaler_figures(figures)
+    sampled = last(series, sampled=True)  # ampsafe run's headroom samples reach the logger too
+    assert "amp/min_headroom_bits" in sampled and sampled["amp/grad_norm_unscaled"] > 0
     assert figures["total_steps"] == STEPS and 1 <= figures["skipped_steps"] < STEPS
 
     # iteration s logs the state after s optimizer steps: the scale the next step runs with, the skips so far

@@ -1,0 +1,417 @@
+"""Float16 headroom over time under ``ampsafe run``, and a warning before the overflow: :class:`HeadroomSampler`.
+
+Why: a path's float16 headroom shrinks over steps (Adam's first steps grow DBNet's unnormalized neck, T5's
+``DenseReluDense.wo``) long before the loss scale collapses, and nothing else shows it. The sampler takes it from
+the step's OWN forward: forward hooks on the tracked modules, attached for the sampled steps only, keep a float32
+abs-max of each output on the device and read them all with one host sync at the scaler's update, with the
+unscaled gradient norm. No extra forward and no collective is ever run for a sample.
+
+* Tracked modules: the conv and linear layers at step 0 (the model the FP32 guard found when the optimizer was
+  built), then the layers of the paths ``ampsafe.scan`` finds (each path's start, and every layer of an
+  unnormalized path), from one scan of step 1's captured batch (the scaler hooks its model at its first step,
+  after step 0's forward), model state restored. Where that scan would be a forward other ranks must join or
+  that an engine owns (FSDP2's all-gathers, a DeepSpeed engine, any process group of more than one rank), the conv
+  and linear layers stay, and no gradient norm is taken where an engine holds or shards the gradients.
+* Sampled steps: every ``every``-th, every step of the first ``every`` (Adam's first steps move fastest), and every
+  step while a projected crossing is within twice the horizon (or the interval).
+* The warning (:func:`trend`): a least-squares fit of log2 amax against steps over the last :data:`WINDOW`
+  samples of each module; once, when its projected crossing of 65504 is within :data:`HORIZON` steps with fewer
+  than :data:`WARN_BITS` left, naming the nearest module and the next ones within the horizon.
+
+The model is held weakly, and the hooks go with it. :func:`sampler_of` hands ``amp_metrics`` a scaler's sampler.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import weakref
+from typing import Any, Optional
+
+from .records import Headroom, HeadroomAlert
+
+__all__ = ["HeadroomSampler", "sampler_of", "trend", "bits", "DEFAULT_EVERY", "WINDOW", "HORIZON", "WARN_BITS", "TOP"]
+
+FP16_MAX = 65504.0
+LOG2_MAX = math.log2(FP16_MAX)
+DEFAULT_EVERY = 10  # the options' default: bench/results/headroom.md measures its cost
+WINDOW = 6  # samples per module in the trend fit
+MIN_SAMPLES = 3  # samples before a trend is trusted
+HORIZON = 10  # steps: a projected crossing this close warns (healthy resnet18: fc's early fall projects 11-22)
+WARN_BITS = 8.0  # and only below this headroom: 256x of room outlasts any early trend
+MIN_RISE_BITS = 0.5  # the window's fitted rise: noise on a flat series never warns
+TOP = 5  # modules with the least headroom in the metrics
+KEPT_MODULES = 8  # series kept in the summary (the least headroom seen, and the warned one)
+KEPT_SAMPLES = 5000  # samples kept per module
+
+_samplers: weakref.WeakKeyDictionary[Any, HeadroomSampler] = weakref.WeakKeyDictionary()
+
+
+def sampler_of(scaler) -> Optional[HeadroomSampler]:
+    """The headroom sampler ``ampsafe run`` keeps for ``scaler``, or None."""
+    try:
+        return _samplers.get(scaler)
+    except TypeError:  # a scaler that takes no weak reference is never sampled
+        return None
+
+
+def bits(amax: Optional[float]) -> Optional[float]:
+    """float16 headroom of a magnitude, log2(65504 / amax): None for a non-finite sample, inf for 0."""
+    if amax is None or not math.isfinite(amax):
+        return None
+    return math.inf if amax == 0 else LOG2_MAX - math.log2(amax)
+
+
+def trend(points: list[tuple[int, float]]) -> Optional[tuple[float, float, float]]:
+    """``(bits lost per step, headroom now, projected crossing step)`` of one module's ``(step, amax)`` samples
+    (the last :data:`WINDOW` finite ones), or None when they do not rise: fewer than :data:`MIN_SAMPLES`, a slope
+    of 0 or less, a fitted rise under :data:`MIN_RISE_BITS` (or under half the headroom left, when that is less),
+    or a last sample below the window's mean."""
+    recent = points[-4 * WINDOW :]  # a long run's series is never walked whole
+    finite = [(s, math.log2(a)) for s, a in recent if a is not None and math.isfinite(a) and a > 0][-WINDOW:]
+    if len(finite) < MIN_SAMPLES:
+        return None
+    n = len(finite)
+    ms = sum(s for s, _ in finite) / n
+    my = sum(y for _, y in finite) / n
+    var = sum((s - ms) ** 2 for s, _ in finite)
+    if var == 0:
+        return None
+    slope = sum((s - ms) * (y - my) for s, y in finite) / var
+    last_step, last = finite[-1]
+    headroom = LOG2_MAX - last
+    # the fitted rise must pass noise's: MIN_RISE_BITS, or half of what is left when less than a bit is left
+    if slope <= 0 or slope * (last_step - finite[0][0]) < min(MIN_RISE_BITS, headroom / 2) or last < my:
+        return None
+    return slope, headroom, last_step + max(headroom, 0.0) / slope
+
+
+class HeadroomSampler:
+    """The headroom of one run scaler's model. ``every``: sample every N-th optimizer step; ``prefix()``: the
+    model's path in the object the user holds (names in the warning and the report); ``say``: where the one
+    warning line goes (stderr, whatever ``--quiet`` says: it is not a patch line)."""
+
+    def __init__(self, scaler, every: int, prefix=lambda: "", say=None, model=None) -> None:
+        self.every = every
+        self.prefix = prefix
+        self.say = say or (lambda line: print(f"[ampsafe] {line}", file=sys.stderr, flush=True))
+        self._model: Optional[Any] = None  # a weakref to the scaler's model, once resolved
+        self.backend = None
+        self.layers: dict[str, Any] = {}  # name -> weakref to the module
+        self.how = ""  # how the tracked modules were chosen ("" until chosen)
+        self.note: Optional[str] = None
+        self.series: dict[str, list[tuple[int, Optional[float]]]] = {}
+        self.grad_norm: list[tuple[int, Optional[float]]] = []
+        self.alert: Optional[HeadroomAlert] = None
+        self.samples = 0
+        self.near = False  # a projected crossing within the horizon: sample every step
+        self.sharded = False  # gradients an engine holds or shards: no norm (it would take a collective)
+        self._handles: list = []
+        self._amax: dict[str, Any] = {}
+        self._armed_for: Optional[int] = None
+        try:
+            _samplers[scaler] = self
+        except TypeError:
+            pass
+        if model is not None and hasattr(scaler, "_backend"):  # known before step 0 (the FP32 guard found it)
+            self.begin(scaler, model)
+            self._arm(0)
+
+    # -- per step ----------------------------------------------------------------------------------------------------
+    def sampled(self, step: int) -> bool:
+        return step < self.every or step % self.every == 0 or self.near
+
+    def on_step(self, scaler, decision) -> None:
+        """The scaler's update of step ``decision.step``: read that step's sample, choose the tracked modules by
+        the scan once a captured batch is there, arm the next sampled step."""
+        step = decision.step
+        model = getattr(scaler, "model", None)
+        if model is not None and model is not self.model and hasattr(scaler, "_backend"):
+            self._detach()
+            self._armed_for = None
+            self.begin(scaler, model)  # the scaler resolved another model than the guess
+        elif self._armed_for is not None:
+            self._read(scaler, step, decision)
+        if self.model is None:
+            return
+        if not self.how:
+            self._choose(scaler)
+        if self.layers and self.sampled(step + 1):
+            self._arm(step + 1)
+
+    @property
+    def model(self):
+        return self._model() if self._model is not None else None
+
+    def begin(self, scaler, model) -> None:
+        """Track ``model``'s conv/linear layers from its next forward on (until the scan chooses)."""
+        self.backend = scaler._backend()
+        self._model = weakref.ref(model)
+        self.sharded = getattr(scaler, "engine", None) is not None or self.backend.sharding.forward_is_collective(model)
+        self.how = ""
+        self._use({n: m for n, m in self.backend.modules(model).items() if _conv_or_linear(m)})
+
+    def _use(self, modules: dict) -> None:
+        self.layers = {n: weakref.ref(m) for n, m in modules.items()}
+
+    def _choose(self, scaler) -> None:
+        """The modules of the paths ``ampsafe.scan`` finds on the captured batch (from step 1 on: the scaler hooks
+        its model at its first step, after that forward), or the conv/linear layers where a scan is no forward
+        of this process's alone."""
+        model = self.model
+        why = _no_scan(scaler, model, self.backend)
+        capture = getattr(scaler, "capture", None)
+        latest = capture.latest if capture is not None else None
+        if why is None and latest is None:
+            return  # step 0: try again at the next update
+        if why is None:
+            try:
+                names = self._scanned(model, capture, latest)
+                modules = self.backend.modules(model)
+                self._use({n: modules[n] for n in names if n in modules})
+                self.how = "scan"
+                return
+            except Exception as exc:  # noqa: BLE001 - the scan only chooses what to sample
+                why = f"the scan failed: {type(exc).__name__}: {str(exc)[:120]}"
+        self.how = f"conv/linear layers ({why})"
+        if not self.layers:
+            self.note = "no conv/linear layer to sample"
+
+    def _scanned(self, model, capture, latest) -> list[str]:
+        """Each path's start and every layer of an unnormalized path, from one scan (model state restored)."""
+        import ampsafe
+
+        args, kwargs = latest
+        if kwargs and args:
+            raise ValueError("positional and keyword inputs together")
+        example = dict(kwargs) if kwargs else tuple(args)
+        restore = self.backend.snapshot(model)
+        try:
+            with capture.paused():
+                report = ampsafe.scan(model, example)
+        finally:
+            restore()
+        names: dict[str, None] = {}
+        for p in report.paths:
+            names.update(dict.fromkeys(n for n in (p.layers if not p.normalized else p.layers[:1]) if n))
+        return list(names)
+
+    def _arm(self, step: int) -> None:
+        if self._armed_for == step:
+            return
+        self._detach()
+        self._armed_for, self._amax = step, {}
+        for name, ref in self.layers.items():
+            module = ref()
+            if module is not None:
+                self._handles.append(self.backend.forward_hook(module, self._hook(name, module)))
+
+    def _hook(self, name: str, module):
+        ts = self.backend.tensors
+        amax = self._amax
+        module_ref = weakref.ref(module)
+
+        def hook(outputs) -> None:
+            m = module_ref()
+            if m is not None and not getattr(m, "training", True):
+                return  # an evaluation forward between steps is not the step's
+            floats = ts.float_leaves(outputs)
+            if not floats:
+                return
+            with ts.no_grad():
+                prev = amax.get(name)
+                for t in floats:
+                    value = ts.abs_max(t)
+                    prev = value if prev is None else ts.maximum(prev, value)
+                amax[name] = prev
+
+        return hook
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _read(self, scaler, step: int, decision) -> None:
+        armed, self._armed_for = self._armed_for, None
+        self._detach()
+        if armed != step or not self._amax:
+            self._amax = {}
+            return
+        names = list(self._amax)
+        values = self.backend.tensors.to_floats([self._amax[n] for n in names])  # one host sync
+        self._amax = {}
+        self._keep(step, dict(zip(names, values)), self._grad_norm(scaler, decision))
+
+    def _grad_norm(self, scaler, decision) -> Optional[float]:
+        """The unscaled gradient norm of the model's parameters (the scaler's step unscaled them); None on an
+        overflowing step, or where gradients are sharded (the global norm would take a collective)."""
+        model = self.model
+        if model is None or decision.found_inf or self.sharded:
+            return None
+        try:
+            return _norm(self.backend, [p for p in self.backend.parameters(model)])
+        except Exception:  # noqa: BLE001 - a figure, never a failure
+            return None
+
+    def _keep(self, step: int, amax: dict[str, Optional[float]], grad_norm: Optional[float]) -> None:
+        self.samples += 1
+        prefix = self.prefix()
+        for name, value in amax.items():
+            value = float(value) if value is not None and math.isfinite(value) else None
+            _append(self.series.setdefault(_join(prefix, name), []), (step, value))
+        _append(self.grad_norm, (step, grad_norm))
+        self._judge(step)
+
+    def _judge(self, step: int) -> None:
+        """Project each module's crossing; warn once, for the nearest within the horizon."""
+        close = []
+        soon = False
+        for name, points in self.series.items():
+            found = trend(points)
+            if found is None:
+                continue
+            soon = soon or found[2] - step <= 2 * max(HORIZON, self.every)
+            if found[2] - step <= HORIZON and found[1] < WARN_BITS:
+                close.append((found[2], name, found))
+        self.near = soon  # sample every step until the trend is settled
+        if not close or self.alert is not None:
+            return
+        close.sort()
+        _, name, (slope, headroom, crossing) = close[0]
+        also = tuple(n for _, n, _ in close[1:4])
+        crossing_step = max(step + 1, math.ceil(crossing))
+        message = (
+            f"`{name}` loses {slope * 100:.3g} bits of float16 headroom per 100 steps ({headroom:.2f} bits left at "
+            f"step {step}); at this rate it passes 65504 near step {crossing_step:,}"
+            + (f" (also near: {', '.join(f'`{n}`' for n in also)})" if also else "")
+            + ". An FP32 island for its path keeps it in range; `ampsafe scan` on a batch names the path"
+        )
+        self.alert = HeadroomAlert(
+            module=name,
+            step=step,
+            headroom_bits=round(headroom, 4),
+            bits_per_100=round(slope * 100, 4),
+            crossing_step=crossing_step,
+            also=also,
+            message=message,
+        )
+        self.say(message)
+
+    # -- readers -----------------------------------------------------------------------------------------------------
+    def latest(self) -> dict[str, float]:
+        """module -> headroom bits at its latest sample (non-finite samples: -inf)."""
+        out = {}
+        for name, points in self.series.items():
+            if points:
+                b = bits(points[-1][1])
+                out[name] = -math.inf if b is None else b
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """``amp/grad_norm_unscaled``, ``amp/min_headroom_bits`` and ``amp/headroom_bits/<module>`` for the
+        :data:`TOP` modules with the least headroom, at the latest sample ({} before one)."""
+        latest = {k: v for k, v in self.latest().items() if not math.isinf(v) or v < 0}
+        out: dict[str, float] = {}
+        if self.grad_norm and self.grad_norm[-1][1] is not None:
+            out["amp/grad_norm_unscaled"] = float(self.grad_norm[-1][1])
+        if latest:
+            low = sorted(latest.items(), key=lambda kv: kv[1])[:TOP]
+            out["amp/min_headroom_bits"] = float(low[0][1])
+            out.update({f"amp/headroom_bits/{name}": float(value) for name, value in low})
+        return out
+
+    def record(self) -> Headroom:
+        """The summary's record: the :data:`KEPT_MODULES` series with the least headroom seen (the warned one
+        first among them), the gradient norms and the warning."""
+
+        def least(points):
+            values = [bits(a) for _, a in points]
+            return min((-math.inf if b is None else b for b in values), default=math.inf)
+
+        names = sorted(self.series, key=lambda n: least(self.series[n]))
+        if self.alert is not None and self.alert.module in self.series:
+            names = [self.alert.module] + [n for n in names if n != self.alert.module]
+        kept = {n: tuple(self.series[n]) for n in names[:KEPT_MODULES]}
+        return Headroom(
+            every=self.every,
+            paths=self.how,
+            tracked=len(self.layers or {}),
+            samples=self.samples,
+            series=kept,
+            grad_norm=tuple(self.grad_norm),
+            alert=self.alert,
+            note=self.note,
+        )
+
+    def close(self) -> None:
+        self._detach()
+        self._armed_for = None
+
+
+def _append(points: list, point: tuple) -> None:
+    """Append; a full list (:data:`KEPT_SAMPLES`) first keeps every other point of its older half, so a long run
+    keeps its whole span, densest where it is recent."""
+    if len(points) >= KEPT_SAMPLES:
+        half = KEPT_SAMPLES // 2
+        points[:] = points[:half:2] + points[half:]
+    points.append(point)
+
+
+def _join(prefix: str, name: str) -> str:
+    from ..core.modpath import join
+
+    return join(prefix, name) if prefix else name
+
+
+def _conv_or_linear(module) -> bool:
+    name = type(module).__name__
+    return ("Conv" in name or "Linear" in name) and "Transpose" not in name or name == "Conv1D"
+
+
+def _no_scan(scaler, model, backend) -> Optional[str]:
+    """Why a scan of the captured batch would be a forward the sampler must not run, or None."""
+    if getattr(scaler, "engine", None) is not None:
+        return "a DeepSpeed engine runs the forward"
+    if backend.sharding.forward_is_collective(model):
+        return "every forward is collective (FSDP2)"
+    world = _world_size(backend.name)
+    if world > 1:
+        return f"one of {world} ranks: a forward of its own could meet the others' collectives"
+    return None
+
+
+def _world_size(framework: str) -> int:
+    try:
+        if framework == "torch":
+            import torch.distributed as dist
+
+            return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if framework == "paddle":
+            import paddle.distributed as dist
+
+            return int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - unknown: alone
+        return 1
+    return 1
+
+
+def _norm(backend, params) -> Optional[float]:
+    """The 2-norm of the parameters' gradients, one host sync."""
+    if backend.name == "torch":
+        import torch
+
+        grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
+        if not grads:
+            return None
+        norms = torch._foreach_norm([g.detach() for g in grads])
+        return float(torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms])))
+    if backend.name == "paddle":
+        import paddle
+
+        grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
+        if not grads:
+            return None
+        total = paddle.add_n([(g.astype("float32") ** 2).sum() for g in grads])
+        return float(total.sqrt())
+    return None
