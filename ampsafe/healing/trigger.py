@@ -11,11 +11,12 @@
 
 Why these and no more: without a reload, "records" is due at the very step the floor is hit (the count starts
 from the highest scale the run used), so a run that decays monotonically heals exactly where it did before;
-"swallowed" needs a finite loss *and* a finite model output with a module output non-finite, swallowed by
-something other than a train-mode normalization (:func:`swallowed_module`), which a forward overflow that
-reaches the output, an inf dropped inside one module's forward (DBHead's step function) or one taken by a
-train-mode BatchNorm (PaddleOCR's DBFPN and head) never gives, so those keep healing at the floor, and ``patience``
-acts first when both are due.
+"swallowed" needs a finite loss *and* a finite model output with a module output non-finite
+(:func:`swallowed_module`). A forward overflow that reaches the output, or an inf dropped inside one module's
+forward (DBHead's step function), never gives that, so those keep healing at the floor. One taken by a
+train-mode BatchNorm does (Paddle's BatchNorm returns finite values from the inf; PaddleOCR's DBFPN and head at
+O1): it heals on its second step, and the heal's statistics repair resets the running statistics the inf
+poisoned. ``patience`` acts first when both are due.
 
 The records survive a checkpoint reload: they live on the scaler, never in its ``state_dict``. The "swallowed"
 evidence is one extra forward, replayed in the step's precision with no grad (model state and random state put
@@ -84,12 +85,7 @@ class HealTrigger:
 
 def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[str]:
     """Replay ``latest`` (``InputCapture.latest``) once in the step's precision: the first module whose output is
-    non-finite, when the model's output is finite (None otherwise). Model state and random state are put back.
-
-    Not when the first module to finish after it with a finite output (what swallowed it) is a normalization in
-    train mode: its batch statistics took the ``inf`` (Paddle's train-mode BatchNorm returns finite values from
-    them) and its running statistics are poisoned on each such step; there the floor heals, with its statistics
-    repair, as measured on PaddleOCR's trainer (the README's PaddleOCR rows)."""
+    non-finite, when the model's output is finite (None otherwise). Model state and random state are put back."""
     tensors = backend.tensors
     modules = backend.modules(model)
     first: list[str] = []
@@ -120,8 +116,5 @@ def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) 
         restore()
         rng()
     if not first or not output_finite:
-        return None
-    taker = modules.get(swallower[0]) if swallower else None
-    if taker is not None and getattr(taker, "training", False) and backend.norm_stats(taker) is not None:
         return None
     return first[0]

@@ -4,8 +4,9 @@ or ``$PADDLEOCR_SRC``) under ``ampsafe run --emulate-fp16``, with the recipe of 
 GradScaler from 1024 with dynamic scaling):
 
 * the heal rows: at O2 DBHead's step-function ``exp`` overflows on every step from step 0, the scale reaches the
-  floor at step 10 and heal islands ``head``; at O1 the DBFPN convs overflow later and heal islands them with the
-  head's ``conv1``. After the heal the scale is back at 1024 and no step overflows. Each run stops a few steps
+  floor at step 10 and heal islands ``head``; at O1 the DBFPN convs overflow later, their float16 infs taken by
+  the train-mode BatchNorms after them (loss finite: no loss scale can help), and heal islands them with the
+  head's ``conv1`` on the second such step, not at the floor. After the heal the scale is back at 1024 and no step overflows. Each run stops a few steps
   after its heal (the epoch's first N steps: the same batches as the full run);
 * ``--watch`` at O1 and O2 ends at the first forward overflow with the sentinel's own ``NonFiniteError`` in the
   summary and the report (at O2 Paddle re-raises it as ``OSError``), status 1: no crash, no at-exit replay.
@@ -25,7 +26,7 @@ from bench.ppocr_optin import BATCH, STEPS
 pytestmark = pytest.mark.slow
 
 O2_STEPS = 12  # the README row heals at step 10
-O1_STEPS = 30  # the README row heals at step 23 (AMD EPYC), at step 26 on this project's Xeon
+O1_STEPS = 22  # measured: first overflow at step 13 or 14, heal 1 to 3 steps later (AMD EPYC)
 DBFPN = {"neck.p2_conv", "neck.p3_conv", "neck.p4_conv", "neck.p5_conv"}
 _results: dict = {}
 
@@ -78,7 +79,11 @@ def test_O1_heals_the_dbfpn_convs_and_the_heads_conv1(paddleocr_src, work):
     assert r["first_overflow"] >= 5, r["overflow_at"]
     healed = set(r["healed"][0])
     assert DBFPN <= healed and {"head.binarize.conv1", "head.thresh.conv1"} <= healed, healed
-    assert r["healed_at"] - r["first_overflow"] >= 10  # from 1024 to the floor: each overflowing step halves
+    # a swallowed forward overflow: healed on the second of two overflowing steps in a row (measured: overflows
+    # at 14, 16, 17, heal at 17), within a few halvings of 1024, far from the floor (10 halvings)
+    assert r["healed_at"] - 1 in r["overflow_at"] and r["healed_at"] - r["first_overflow"] <= 4, r["overflow_at"]
+    at_heal = next(s for s in r["per_step"] if s["step"] == r["healed_at"])
+    assert at_heal["scale"] >= 64, at_heal
 
 
 # where the first forward overflow may be: at O2 DBHead's exp; at O1 a conv that heal islands (this project's
