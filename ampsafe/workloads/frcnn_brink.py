@@ -18,13 +18,12 @@ where and when it crossed are cached under ``.cache/ampsafe/``.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Union
 
 from .amax import FP16_MAX, AmaxRecorder, over_fp16, record_head
-from .cache import cache_dir as _cache_dir
-from .cache import load_or_build, load_or_build_torch, recipe_key
+from .brinks import TorchBrink, summary, train_past
+from .cache import load_or_build
 
 __all__ = [
     "FP16_MAX",
@@ -113,13 +112,9 @@ def seeded_forward(model, inputs, seed: int = 0):
         return model(*inputs)
 
 
-def _recipe_key(seed: int) -> str:
-    return recipe_key("frcnn_brink", seed, RECIPE)
-
-
 def cache_path(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> Path:
     """Where the brink state of ``seed`` is (or will be) cached: ``<dir>/frcnn_brink_seed<seed>_<recipe>.pt``."""
-    return _cache_dir(cache_dir) / f"{_recipe_key(seed)}.pt"
+    return _BRINK.path(seed, cache_dir)
 
 
 def _probe(workload, seed: int) -> dict:
@@ -146,58 +141,45 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
     from . import build
 
     workload = build("frcnn", seed=seed, **build_kwargs())
-    model = workload.model
-    opt, sched = recipe_optimizer(model)
+    opt, sched = recipe_optimizer(workload.model)
     torch.manual_seed(seed)
-    history, crossed, probe_max, started = [], None, None, time.perf_counter()
-    for step in range(RECIPE["max_steps"]):
-        with leaf_amax(model) as amax:
-            loss = workload.loss(workload.batch(step))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        top = max(amax.amax, key=amax.amax.get)
-        history.append({"step": step, "loss": loss.item(), "max_layer": top, "max": amax.amax[top]})
-        if crossed is None and amax.amax[top] > FP16_MAX:
-            crossed = {"step": step, "amax_by_layer": dict(amax.amax)}
-        if crossed is not None and step >= crossed["step"] + RECIPE["extra_steps"]:
-            probe_max = max(_probe(workload, seed)["train"].values())
-            if probe_max > PROBE_FACTOR * FP16_MAX:
-                break
-    else:
-        raise RuntimeError(
-            f"frcnn seed {seed} did not bring its probe past {PROBE_FACTOR} x 65504 in {RECIPE['max_steps']} steps "
-            f"(first crossing: {crossed and crossed['step']})"
-        )
-    by_layer = crossed["amax_by_layer"]
+    run = train_past(
+        workload,
+        opt,
+        leaf_amax,
+        recipe=RECIPE,
+        seed=seed,
+        factor=PROBE_FACTOR,
+        past=lambda: max(_probe(workload, seed)["train"].values()) > PROBE_FACTOR * FP16_MAX,
+        scheduler=sched,
+    )
+    by_layer = run.crossed["amax_by_layer"]
     over = over_fp16(by_layer)
     probe = _probe(workload, seed)
     record = {
-        **record_head(seed, RECIPE, crossed, history, started, torch=torch.__version__),
+        **record_head(seed, RECIPE, run.crossed, run.history, run.started, torch=torch.__version__),
         "first_layer": next(name for name, value in by_layer.items() if value > FP16_MAX),
         "over_fp16_at_crossing": over,
         "watched_at_crossing": {name: by_layer.get(name) for name in WATCHED},
         "watched_probe": {mode: {n: probe[mode].get(n) for n in WATCHED} for mode in probe},
         "over_fp16_probe": {mode: {k: v for k, v in probe[mode].items() if v > FP16_MAX} for mode in probe},
-        "history": history,
+        "history": run.history,
     }
-    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    state = {name: tensor.detach().clone() for name, tensor in workload.model.state_dict().items()}
     return state, record
 
 
-def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
-    return load_or_build_torch(cache_path(seed, cache_dir), lambda: _train_to_brink(seed))
+_BRINK = TorchBrink("frcnn_brink", RECIPE, _train_to_brink)
 
 
 def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
     """The brink state_dict ({name: torch.Tensor}); trained once (~20 steps, ~1 min on 2 cores), then cached."""
-    return _load_or_train(seed, cache_dir)[0]
+    return _BRINK.load_or_train(seed, cache_dir)[0]
 
 
 def brink_record(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
     """How the brink was reached: ``crossed_step``, ``first_layer``, ``over_fp16_at_crossing`` {layer: amax}, ..."""
-    return _load_or_train(seed, cache_dir)[1]
+    return _BRINK.load_or_train(seed, cache_dir)[1]
 
 
 def brink_workload(seed: int = 0, cache_dir: Union[str, Path, None] = None):
@@ -211,7 +193,7 @@ def brink_workload(seed: int = 0, cache_dir: Union[str, Path, None] = None):
 
 
 def _warm_path(seed: int, cache_dir) -> Path:
-    return cache_path(seed, cache_dir).with_name(f"{_recipe_key(seed)}_warm.pt")
+    return cache_path(seed, cache_dir).with_name(f"{_BRINK.key(seed)}_warm.pt")
 
 
 def _train_warmup(seed: int) -> dict:
@@ -276,6 +258,4 @@ if __name__ == "__main__":  # python -m ampsafe.workloads.frcnn_brink [seed]: bu
     import sys
 
     _rec = brink_record(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-    print(f"cache: {cache_path(_rec['seed'])}")
-    print(f"crossed 65504 at step {_rec['crossed_step']} in {_rec['first_layer']}: {_rec['over_fp16_at_crossing']}")
-    print(f"stopped after {_rec['steps_trained']} steps; probe over 65504: {_rec['over_fp16_probe']}")
+    print(summary(_rec, cache_path(_rec["seed"])))

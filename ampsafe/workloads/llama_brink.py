@@ -18,19 +18,17 @@ Training stops once ``down_proj``'s output on ``example_inputs`` is past ``PROBE
 range), and a record of where and when it crossed, are cached under ``$AMPSAFE_CACHE`` (a few seconds, a file lock).
 
     w, opt, first = brink_start(seed=0)   # build("llama", seed=seed) with the brink's model and Adam state loaded
-    rec = brink_record(seed=0)            # {"crossed_step", "first_layer", "over_fp16_at_crossing", "probe", ...}
+    brink_start(seed=0, warm=True)        # the same after warm_steps: in range, float16 AMP crosses by itself
+    brink_record(seed=0)["first_layer"]   # STREAM; also "largest_module_at_crossing" (DOWN), "probe", ...
 """
 
 from __future__ import annotations
 
-import copy
-import time
 from pathlib import Path
 from typing import Union
 
 from .amax import FP16_MAX, AmaxRecorder, over_fp16, record_head
-from .cache import cache_dir as _cache_dir
-from .cache import load_or_build_torch, recipe_key
+from .brinks import TorchBrink, probe, resume, snapshot, summary, train_past
 
 __all__ = [
     "FP16_MAX",
@@ -87,31 +85,14 @@ def build_kwargs() -> dict:
     return {k: RECIPE[k] for k in ("seq_len", "batch_size")}
 
 
-def _recipe_key(seed: int) -> str:
-    from .llama import MODEL
-
-    return recipe_key("llama_brink", seed, {**RECIPE, "model": MODEL})
-
-
 def cache_path(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> Path:
     """Where the brink of ``seed`` is (or will be) cached: ``<dir>/llama_brink_seed<seed>_<recipe>.pt``."""
-    return _cache_dir(cache_dir) / f"{_recipe_key(seed)}.pt"
+    return _BRINK.path(seed, cache_dir)
 
 
-def _probe(workload) -> dict:
-    import torch
-
-    with torch.no_grad(), stream_amax(workload.model) as probe:
-        workload.model(*workload.example_inputs)
-    return dict(probe.amax)
-
-
-def _snapshot(model, opt, steps: int) -> dict:
-    return {
-        "model": {name: tensor.detach().clone() for name, tensor in model.state_dict().items()},
-        "optimizer": copy.deepcopy(opt.state_dict()),
-        "steps": steps,
-    }
+def _down(amax: dict) -> dict:
+    """What a step's history adds: ``down_proj``'s abs-max, which trails the stream's."""
+    return {"down": amax[DOWN]}
 
 
 def _train_to_brink(seed: int) -> tuple[dict, dict]:
@@ -121,80 +102,47 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
     from . import build
 
     workload = build("llama", seed=seed, **build_kwargs())
-    model = workload.model
     opt = workload.make_optimizer(RECIPE["lr"])
-    history, crossed, warm, started = [], None, None, time.perf_counter()
-    for step in range(RECIPE["max_steps"]):
-        if step == RECIPE["warm_steps"]:
-            warm = _snapshot(model, opt, step)
-        with stream_amax(model) as amax:
-            loss = workload.loss(workload.batch(step))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        top = max(amax.amax, key=amax.amax.get)
-        history.append(
-            {"step": step, "loss": loss.item(), "max_layer": top, "max": amax.amax[top], "down": amax.amax[DOWN]}
-        )
-        if crossed is None and amax.amax[top] > FP16_MAX:
-            crossed = {"step": step, "amax_by_layer": dict(amax.amax)}
-        if crossed is not None and step >= crossed["step"] + RECIPE["extra_steps"]:
-            if _probe(workload).get(DOWN, 0.0) > PROBE_FACTOR * FP16_MAX:
-                break
-    else:
-        raise RuntimeError(
-            f"llama seed {seed} did not bring {DOWN} past {PROBE_FACTOR} x 65504 in {RECIPE['max_steps']} steps "
-            f"(first crossing: {crossed and crossed['step']})"
-        )
-    if warm is None or crossed["step"] < RECIPE["warm_steps"]:
-        raise RuntimeError(
-            f"llama seed {seed} crossed 65504 at step {crossed['step']}, before the warm state's step "
-            f"{RECIPE['warm_steps']}: lower RECIPE['warm_steps']"
-        )
-    by_layer, probe = crossed["amax_by_layer"], _probe(workload)
+    run = train_past(
+        workload, opt, stream_amax, recipe=RECIPE, seed=seed, factor=PROBE_FACTOR, target=DOWN, extra=_down
+    )
+    by_layer, probed = run.crossed["amax_by_layer"], probe(workload, stream_amax)
     leaves = {k: v for k, v in by_layer.items() if not k.startswith("model.layers.") or k.count(".") > 2}
     record = {
-        **record_head(seed, RECIPE, crossed, history, started, torch=torch.__version__),
+        **record_head(seed, RECIPE, run.crossed, run.history, run.started, torch=torch.__version__),
         "transformers": transformers.__version__,
         "first_layer": max(by_layer, key=by_layer.get),
         "over_fp16_at_crossing": over_fp16(by_layer),
         "stream_at_crossing": by_layer[STREAM],
         "largest_module_at_crossing": max(leaves, key=leaves.get),
         "largest_module_amax_at_crossing": max(leaves.values()),
-        "probe": {k: v for k, v in sorted(probe.items(), key=lambda kv: -kv[1])[:8]},
-        "over_fp16_probe": over_fp16(probe),
-        "history": history,
+        "probe": {k: v for k, v in sorted(probed.items(), key=lambda kv: -kv[1])[:8]},
+        "over_fp16_probe": over_fp16(probed),
+        "history": run.history,
     }
-    return {**_snapshot(model, opt, len(history)), "warm": warm}, record
+    return {**snapshot(workload.model, opt, len(run.history)), "warm": run.warm}, record
 
 
-def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
-    return load_or_build_torch(cache_path(seed, cache_dir), lambda: _train_to_brink(seed))
+_BRINK = TorchBrink("llama_brink", RECIPE, _train_to_brink, model=".llama")
 
 
 def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
     """``{"model": state_dict, "optimizer": Adam state, "steps": n, "warm": {the same after warm_steps}}``."""
-    return _load_or_train(seed, cache_dir)[0]
+    return _BRINK.load_or_train(seed, cache_dir)[0]
 
 
 def brink_record(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
     """How the brink was reached: ``crossed_step``, ``first_layer``, ``over_fp16_at_crossing`` {name: amax}, ..."""
-    return _load_or_train(seed, cache_dir)[1]
+    return _BRINK.load_or_train(seed, cache_dir)[1]
 
 
 def brink_start(seed: int = 0, cache_dir: Union[str, Path, None] = None, *, warm: bool = False):
     """``(workload, optimizer, first)`` at the brink (``warm=True``: after ``warm_steps``, still in range): the
     recipe resumed, batch ``first + i`` is next."""
-    from . import build
-
     state = brink_state(seed, cache_dir)
     if warm:
         state = state["warm"]
-    workload = build("llama", seed=seed, **build_kwargs())
-    workload.model.load_state_dict(state["model"], strict=True)
-    workload.model.train()
-    opt = workload.make_optimizer(RECIPE["lr"])
-    opt.load_state_dict(state["optimizer"])
+    workload, opt = resume("llama", seed, build_kwargs(), state, lambda w: w.make_optimizer(RECIPE["lr"]))
     return workload, opt, state["steps"]
 
 
@@ -202,7 +150,5 @@ if __name__ == "__main__":  # python -m ampsafe.workloads.llama_brink [seed]: bu
     import sys
 
     _rec = brink_record(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-    print(f"cache: {cache_path(_rec['seed'])}")
-    print(f"crossed 65504 at step {_rec['crossed_step']} in {_rec['first_layer']}: {_rec['over_fp16_at_crossing']}")
-    print(f"largest module then: {_rec['largest_module_at_crossing']} {_rec['largest_module_amax_at_crossing']:.0f}")
-    print(f"stopped after {_rec['steps_trained']} steps; probe over 65504: {_rec['over_fp16_probe']}")
+    _then = f"largest module then: {_rec['largest_module_at_crossing']} {_rec['largest_module_amax_at_crossing']:.0f}"
+    print(summary(_rec, cache_path(_rec["seed"]), _then))

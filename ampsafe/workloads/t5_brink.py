@@ -25,13 +25,11 @@ are cached under ``$AMPSAFE_CACHE`` (a few seconds of CPU, shared between proces
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Union
 
 from .amax import FP16_MAX, over_fp16, record_head
-from .cache import cache_dir as _cache_dir
-from .cache import load_or_build_torch, recipe_key
+from .brinks import TorchBrink, probe, resume, snapshot, summary, train_past
 from .frcnn_brink import leaf_amax  # every leaf module's output abs-max, the same probe as frcnn's
 
 __all__ = [
@@ -76,24 +74,9 @@ def recipe_optimizer(model, lr: float | None = None):
     return torch.optim.Adam(model.parameters(), lr=RECIPE["lr"] if lr is None else lr)
 
 
-def _recipe_key(seed: int) -> str:
-    from .t5 import MODEL
-
-    return recipe_key("t5_brink", seed, {**RECIPE, "model": MODEL})
-
-
 def cache_path(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> Path:
     """Where the brink of ``seed`` is (or will be) cached: ``<dir>/t5_brink_seed<seed>_<recipe>.pt``."""
-    return _cache_dir(cache_dir) / f"{_recipe_key(seed)}.pt"
-
-
-def _probe(workload) -> dict:
-    """Leaf abs-max of ``model(*example_inputs)``, no grad."""
-    import torch
-
-    with torch.no_grad(), leaf_amax(workload.model) as probe:
-        workload.model(*workload.example_inputs)
-    return dict(probe.amax)
+    return _BRINK.path(seed, cache_dir)
 
 
 def qk_logits_amax(workload) -> float:
@@ -128,71 +111,33 @@ def _train_to_brink(seed: int) -> tuple[dict, dict]:
     from . import build
 
     workload = build("t5", seed=seed, **build_kwargs())
-    model = workload.model
-    opt = recipe_optimizer(model)
-    history, crossed, warm, started = [], None, None, time.perf_counter()
-    for step in range(RECIPE["max_steps"]):
-        if step == RECIPE["warm_steps"]:
-            warm = _snapshot(model, opt, step)
-        with leaf_amax(model) as amax:
-            loss = workload.loss(workload.batch(step))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        top = max(amax.amax, key=amax.amax.get)
-        history.append({"step": step, "loss": loss.item(), "max_layer": top, "max": amax.amax[top]})
-        if crossed is None and amax.amax[top] > FP16_MAX:
-            crossed = {"step": step, "amax_by_layer": dict(amax.amax)}
-        if crossed is not None and step >= crossed["step"] + RECIPE["extra_steps"]:
-            if _probe(workload).get(WO, 0.0) > PROBE_FACTOR * FP16_MAX:
-                break
-    else:
-        raise RuntimeError(
-            f"t5 seed {seed} did not bring {WO} past {PROBE_FACTOR} x 65504 in {RECIPE['max_steps']} steps "
-            f"(first crossing: {crossed and crossed['step']})"
-        )
-    by_layer = crossed["amax_by_layer"]
-    probe = _probe(workload)
+    opt = recipe_optimizer(workload.model)
+    run = train_past(workload, opt, leaf_amax, recipe=RECIPE, seed=seed, factor=PROBE_FACTOR, target=WO)
+    by_layer, probed = run.crossed["amax_by_layer"], probe(workload, leaf_amax)
     record = {
-        **record_head(seed, RECIPE, crossed, history, started, torch=torch.__version__),
+        **record_head(seed, RECIPE, run.crossed, run.history, run.started, torch=torch.__version__),
         "first_layer": max(by_layer, key=by_layer.get),
         "over_fp16_at_crossing": over_fp16(by_layer),
-        "probe": {k: v for k, v in sorted(probe.items(), key=lambda kv: -kv[1])[:8]},
-        "over_fp16_probe": {k: v for k, v in probe.items() if v > FP16_MAX},
+        "probe": {k: v for k, v in sorted(probed.items(), key=lambda kv: -kv[1])[:8]},
+        "over_fp16_probe": {k: v for k, v in probed.items() if v > FP16_MAX},
         "qk_logits_probe": qk_logits_amax(workload),
-        "history": history,
+        "history": run.history,
     }
-    if warm is None or crossed["step"] < RECIPE["warm_steps"]:
-        raise RuntimeError(
-            f"t5 seed {seed} crossed 65504 at step {crossed['step']}, before the warm state's step "
-            f"{RECIPE['warm_steps']}: lower RECIPE['warm_steps']"
-        )
-    return {**_snapshot(model, opt, len(history)), "warm": warm}, record
+    return {**snapshot(workload.model, opt, len(run.history)), "warm": run.warm}, record
 
 
-def _snapshot(model, opt, steps: int) -> dict:
-    import copy
-
-    return {
-        "model": {name: tensor.detach().clone() for name, tensor in model.state_dict().items()},
-        "optimizer": copy.deepcopy(opt.state_dict()),
-        "steps": steps,
-    }
-
-
-def _load_or_train(seed: int, cache_dir) -> tuple[dict, dict]:
-    return load_or_build_torch(cache_path(seed, cache_dir), lambda: _train_to_brink(seed))
+_BRINK = TorchBrink("t5_brink", RECIPE, _train_to_brink, model=".t5")
 
 
 def brink_state(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
     """``{"model": state_dict, "optimizer": Adam state, "steps": n, "warm": {the same after warm_steps}}``;
     trained once (~15 steps, seconds), then cached."""
-    return _load_or_train(seed, cache_dir)[0]
+    return _BRINK.load_or_train(seed, cache_dir)[0]
 
 
 def brink_record(seed: int = 0, cache_dir: Union[str, Path, None] = None) -> dict:
     """How the brink was reached: ``crossed_step``, ``first_layer``, ``over_fp16_at_crossing`` {layer: amax}, ..."""
-    return _load_or_train(seed, cache_dir)[1]
+    return _BRINK.load_or_train(seed, cache_dir)[1]
 
 
 def brink_start(seed: int = 0, cache_dir: Union[str, Path, None] = None, patch_fn=None, *, warm: bool = False):
@@ -203,18 +148,10 @@ def brink_start(seed: int = 0, cache_dir: Union[str, Path, None] = None, patch_f
     ``patch_fn(workload)``, when given, runs after the weights are loaded and before the optimizer is built
     (patches keep parameter identity, so the Adam state loads either way).
     """
-    from . import build
-
     state = brink_state(seed, cache_dir)
     if warm:
         state = state["warm"]
-    workload = build("t5", seed=seed, **build_kwargs())
-    workload.model.load_state_dict(state["model"], strict=True)
-    workload.model.train()
-    if patch_fn is not None:
-        patch_fn(workload)
-    opt = recipe_optimizer(workload.model)
-    opt.load_state_dict(state["optimizer"])
+    workload, opt = resume("t5", seed, build_kwargs(), state, lambda w: recipe_optimizer(w.model), patch_fn)
     return workload, opt, state["steps"]
 
 
@@ -222,7 +159,5 @@ if __name__ == "__main__":  # python -m ampsafe.workloads.t5_brink [seed]: build
     import sys
 
     _rec = brink_record(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-    print(f"cache: {cache_path(_rec['seed'])}")
-    print(f"crossed 65504 at step {_rec['crossed_step']} in {_rec['first_layer']}: {_rec['over_fp16_at_crossing']}")
-    print(f"stopped after {_rec['steps_trained']} steps; probe over 65504: {_rec['over_fp16_probe']}")
+    print(summary(_rec, cache_path(_rec["seed"])))
     print(f"largest QK logit at the brink: {_rec['qk_logits_probe']:.0f}")

@@ -5,6 +5,17 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For the tiny torch models: one thread is fastest, and on a shared 2-core machine two spin against each other.
+    A module uses it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def det_frcnn():
     from ampsafe.workloads import build

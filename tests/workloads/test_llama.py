@@ -16,14 +16,7 @@ transformers = pytest.importorskip("transformers")
 from ampsafe.workloads import llama_brink  # noqa: E402
 
 FP16_MAX = 65504.0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_llama_is_hf_llama_for_causal_lm_with_seeded_batches():

@@ -30,15 +30,7 @@ FP16_MAX = 65504.0
 SCRIPT = Path(__file__).parent / "scripts" / "train_t5_cuda_amp.py"
 STEPS = 8  # from the brink, every native step overflows: its scale falls 2^8, at least 2^3 more than asserted
 COLLAPSE = 2.0**5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The model is tiny: one thread is fastest, and on a shared 2-core machine two spin against each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _first_overflow(model, inputs) -> str | None:
