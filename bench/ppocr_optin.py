@@ -221,16 +221,26 @@ def write_dataset(root: Path, count: int = STEPS * BATCH, size: int = 160, seed:
     return label_file
 
 
-def train_transforms(src: Path, size: int = 160) -> list:
-    """det_mv3_db.yml's own Train transforms with EastRandomCropData at ``size`` px (as read from the config)."""
+def train_transforms(src: Path, size: int = 160, *, config: str = CONFIG) -> list:
+    """``config``'s own Train transforms (det_mv3_db.yml's by default) with EastRandomCropData at ``size`` px."""
     import yaml
 
-    config = yaml.safe_load((Path(src) / CONFIG).read_text(encoding="utf-8"))
+    config = yaml.safe_load((Path(src) / config).read_text(encoding="utf-8"))
     transforms = config["Train"]["dataset"]["transforms"]
     for op in transforms:
         if "EastRandomCropData" in op:
             op["EastRandomCropData"]["size"] = [size, size]
     return transforms
+
+
+def amp_options(level: str, scale: float = 1024.0) -> list[str]:
+    """PaddleOCR's AMP options: ``level``, a dynamic scale from ``scale`` (its defaults are a fixed scale of 1)."""
+    return [
+        "Global.use_amp=True",
+        f"Global.amp_level={level}",
+        f"Global.scale_loss={scale}",
+        "Global.use_dynamic_loss_scaling=True",
+    ]
 
 
 def overrides(
@@ -239,31 +249,36 @@ def overrides(
     out: Path,
     level: str,
     *,
-    lr: float = 0.01,
+    lr: float | None = 0.01,
     size: int = 160,
     batch: int = BATCH,
     epochs: int = 1,
     scale: float = 1024.0,
+    pretrained: str | Path = "",
+    config: str = CONFIG,
+    single_card: bool = False,
 ) -> list[str]:
-    """The ``-o`` options of every run (PaddleOCR's ``key=value`` with YAML values)."""
+    """The ``-o`` options of every run (PaddleOCR's ``key=value`` with YAML values).
+
+    ``level="fp32"``: AMP off. ``lr=None``: the config's own learning rate. ``pretrained``: weights to start from
+    (default: none, random init). ``config``: whose Train transforms to crop. ``single_card``: also
+    ``Global.distributed=False``."""
     import yaml
 
-    flow = yaml.safe_dump(train_transforms(src, size), default_flow_style=True, width=1 << 20).strip()
+    flow = yaml.safe_dump(train_transforms(src, size, config=config), default_flow_style=True, width=1 << 20).strip()
     labels = f"['{data / 'train.txt'}']"
     return [
         "Global.use_gpu=False",
-        "Global.use_amp=True",
-        f"Global.amp_level={level}",
-        f"Global.scale_loss={scale}",
-        "Global.use_dynamic_loss_scaling=True",
-        "Global.pretrained_model=",
+        *(["Global.distributed=False"] if single_card else []),
+        *(["Global.use_amp=False"] if level == "fp32" else amp_options(level, scale)),
+        f"Global.pretrained_model={pretrained}",
         f"Global.epoch_num={epochs}",
         "Global.print_batch_step=1",
         "Global.log_smooth_window=1",
         "Global.save_epoch_step=100000",
         "Global.eval_batch_step=[100000,100000]",
         f"Global.save_model_dir={out / 'model'}",
-        f"Optimizer.lr.learning_rate={lr}",
+        *([] if lr is None else [f"Optimizer.lr.learning_rate={lr}"]),
         f"Train.dataset.data_dir={data}",
         f"Train.dataset.label_file_list={labels}",
         f"Train.dataset.transforms={flow}",
@@ -374,9 +389,7 @@ def run_one(
     """Train once; returns the summary plus per-step records, the command and the log tail. ``options``: more of
     ``ampsafe run``'s (``--watch``); ``stop_after``: end after that many optimizer steps of the epoch."""
     src, work = Path(src), Path(work)
-    out = work / run_folder(run, level, options, stop_after)
-    out.mkdir(parents=True, exist_ok=True)
-    data = data_folder(work, data, write_dataset)
+    out, data = run_dirs(work, run_folder(run, level, options, stop_after), data, write_dataset)
     config = str(swap_config(src, work / "det_mv3_db_safe.yml")) if run == "swapped" else CONFIG
     opts = overrides(src, data, out, level, **recipe)
     cmd = command(run, config, opts, report=None if run == "native" else out / "report", options=options)
@@ -390,6 +403,13 @@ def data_folder(work: Path, data: Path | None, write: Callable[[Path], object]) 
         if not (data / "train.txt").is_file():
             write(data)
     return data
+
+
+def run_dirs(work: Path, folder: str, data: Path | None, write: Callable[[Path], object]) -> tuple[Path, Path]:
+    """``(out, data)``: the run's folder ``work/folder`` (made) and :func:`data_folder`'s data."""
+    out = work / folder
+    out.mkdir(parents=True, exist_ok=True)
+    return out, data_folder(work, data, write)
 
 
 def run_folder(run: str, level: str, options: tuple = (), stop_after: int | None = None, *more: str) -> str:
@@ -449,6 +469,20 @@ def _fmt(x, digits=3):
     return str(x)
 
 
+# the columns every opt-in table shares (a bench adds its own: rec an lr after the level, each its notes last)
+COLUMNS = (
+    "level",
+    "run",
+    "steps",
+    "overflowing steps",
+    "first overflow",
+    "final scale",
+    "first loss",
+    "final loss",
+    "heals",
+)
+
+
 def _notes(r: dict) -> str:
     if r.get("returncode"):
         error = (r.get("error") or "").split(":")[0]
@@ -471,16 +505,30 @@ neck, and `exp` on `Global.amp_custom_black_list` for DBHead's step function). L
 """
 
 
+def table_head(*columns: str) -> list[str]:
+    """A blank line, then a Markdown table's header and rule for ``columns``."""
+    return ["", f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]
+
+
+def exit_note(r: dict) -> str:
+    """``exit N`` for a run that did not exit 0, else empty."""
+    return f"exit {r['returncode']}" if r.get("returncode") else ""
+
+
+def machine_lines(machine: dict | None) -> list[str]:
+    """The machine line a results page ends with (none without ``machine``)."""
+    if not machine:
+        return []
+    return [
+        "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
+        f"python {machine.get('python')}.",
+    ]
+
+
 def closing_lines(recipe_note: str, machine: dict | None, *, steps: int = STEPS, batch: int = BATCH) -> list[str]:
     """The recipe note and the machine line an opt-in table ends with (det and rec alike)."""
-    lines = ["", recipe_note.format(images=steps * batch, batch=batch, steps=steps).strip()]
-    if machine:
-        lines += [
-            "",
-            f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
-            f"python {machine.get('python')}.",
-        ]
-    return lines
+    return ["", recipe_note.format(images=steps * batch, batch=batch, steps=steps).strip(), *machine_lines(machine)]
 
 
 def to_markdown(results: list[dict], machine: dict | None = None) -> str:
@@ -491,10 +539,7 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
         f"160 px crops, batch {BATCH}, Paddle GradScaler from 1024 with dynamic scaling, on {STEPS * BATCH} synthetic "
         "text images (one epoch); "
         "steps are 0-based optimizer steps. Made by `python -m bench.ppocr_optin` (`PADDLEOCR_SRC` set).",
-        "",
-        "| level | run | steps | overflowing steps | first overflow | final scale | first loss | final loss | heals "
-        "| notes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *table_head(*COLUMNS, "notes"),
     ]
     for r in results:
         lines.append(

