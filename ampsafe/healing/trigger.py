@@ -4,9 +4,10 @@
     records    the run's overflowing steps in a row reach what a monotone decay from the highest scale it used needs
                to hit the floor (halvings to ``min_scale`` x ``hysteresis`` + 1): the script restored the scale in
                between (ultralytics reloads ``last.pt`` after a NaN epoch, a resume loop), so the floor never comes
-    swallowed  on two overflowing steps in a row the forward made the same module's output non-finite while the
-               model's output and the loss stayed finite (a frozen BatchNorm and a ReLU turn a conv's float16 inf
-               into zeros; only a gradient shows it): no loss scale fixes a forward overflow
+    swallowed  on two consecutive overflowing steps (clean steps between them do not count: one page of an
+               epoch can be the one that overflows) the forward made the same module's output non-finite while
+               the model's output and the loss stayed finite (a frozen BatchNorm and a ReLU turn a conv's float16
+               inf into zeros; only a gradient shows it): no loss scale fixes a forward overflow
     patience   ``patience`` overflowing steps in a row (the scaler's, or the one ``ampsafe.heal`` attaches)
 
 Why these and no more: without a reload, "records" is due at the very step the floor is hit (the count starts
@@ -47,7 +48,8 @@ def floor_distance(policy, peak: float) -> Optional[int]:
 @dataclass
 class HealTrigger:
     """The records the rule reads: ``in_row`` overflowing steps in a row, ``peak`` the highest scale a step ran
-    with, ``swallowed`` the module of the previous overflowing step's swallowed overflow (None: none seen)."""
+    with, ``swallowed`` the module of the previous overflowing step's swallowed overflow, clean steps between
+    them or not (None: none seen)."""
 
     in_row: int = 0
     peak: float = 0.0
@@ -59,8 +61,8 @@ class HealTrigger:
         self.peak = max(self.peak, float(decision.scale))
         if decision.found_inf:
             self.in_row += 1
-        else:
-            self.healed()
+        else:  # the streak ends; the module the last overflowing step showed is kept for the next one
+            self.in_row, self.looked = 0, False
 
     def records_due(self, policy, ahead: int = 0) -> bool:
         """Whether the run's overflows in a row (plus ``ahead`` more) reach the floor's distance."""

@@ -26,7 +26,7 @@ from bench.ppocr_optin import BATCH, STEPS
 pytestmark = pytest.mark.slow
 
 O2_STEPS = 12  # the README row heals at step 10
-O1_STEPS = 22  # measured: first overflow at step 13 or 14, heal 1 to 3 steps later (AMD EPYC)
+O1_STEPS = 22  # measured: first overflow at step 13 or 14, heal at the next overflowing step
 DBFPN = {"neck.p2_conv", "neck.p3_conv", "neck.p4_conv", "neck.p5_conv"}
 _results: dict = {}
 
@@ -79,9 +79,9 @@ def test_O1_heals_the_dbfpn_convs_and_the_heads_conv1(paddleocr_src, work):
     assert r["first_overflow"] >= 5, r["overflow_at"]
     healed = set(r["healed"][0])
     assert DBFPN <= healed and {"head.binarize.conv1", "head.thresh.conv1"} <= healed, healed
-    # a swallowed forward overflow: healed on the second of two overflowing steps in a row (measured: overflows
-    # at 14, 16, 17, heal at 17), within a few halvings of 1024, far from the floor (10 halvings)
-    assert r["healed_at"] - 1 in r["overflow_at"] and r["healed_at"] - r["first_overflow"] <= 4, r["overflow_at"]
+    # a swallowed forward overflow: healed on the second (or third) overflowing step that shows it, clean steps
+    # between them or not, within a few halvings of 1024, far from the floor (10 halvings)
+    assert r["healed_at"] in r["overflow_at"][1:3], r["overflow_at"]
     at_heal = next(s for s in r["per_step"] if s["step"] == r["healed_at"])
     assert at_heal["scale"] >= 64, at_heal
 
