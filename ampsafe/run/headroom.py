@@ -23,6 +23,7 @@ The model is held weakly, and the hooks go with it. :func:`sampler_of` hands ``a
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import weakref
@@ -375,43 +376,24 @@ def _no_scan(scaler, model, backend) -> Optional[str]:
         return "a DeepSpeed engine runs the forward"
     if backend.sharding.forward_is_collective(model):
         return "every forward is collective (FSDP2)"
-    world = _world_size(backend.name)
+    world = _world_size(backend)
     if world > 1:
         return f"one of {world} ranks: a forward of its own could meet the others' collectives"
     return None
 
 
-def _world_size(framework: str) -> int:
+def _grads(backend):
+    """The backend's gradient module (``ampsafe.<framework>.grads``: ``grad_norm``, ``world_size``)."""
+    return importlib.import_module(f"ampsafe.{backend.name}.grads")
+
+
+def _world_size(backend) -> int:
     try:
-        if framework == "torch":
-            import torch.distributed as dist
-
-            return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if framework == "paddle":
-            import paddle.distributed as dist
-
-            return int(dist.get_world_size())
+        return _grads(backend).world_size()
     except Exception:  # noqa: BLE001 - unknown: alone
         return 1
-    return 1
 
 
 def _norm(backend, params) -> Optional[float]:
     """The 2-norm of the parameters' gradients, one host sync."""
-    if backend.name == "torch":
-        import torch
-
-        grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
-        if not grads:
-            return None
-        norms = torch._foreach_norm([g.detach() for g in grads])
-        return float(torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms])))
-    if backend.name == "paddle":
-        import paddle
-
-        grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
-        if not grads:
-            return None
-        total = paddle.add_n([(g.astype("float32") ** 2).sum() for g in grads])
-        return float(total.sqrt())
-    return None
+    return _grads(backend).grad_norm(params)

@@ -133,7 +133,7 @@ def _stats(session, module) -> None:
     @functools.wraps(original)
     def get(self, extras=None):
         stats = original(self, extras)
-        stats.update(amp_metrics(_paddle_scaler(session)))
+        stats.update(amp_metrics(_scaling_scaler(session)))
         return stats
 
     session.set_attr(cls, "get", get)
@@ -142,11 +142,11 @@ def _stats(session, module) -> None:
     session.say(line)
 
 
-def _paddle_scaler(session):
-    """The run's latest Paddle scaler that scales (the trainer's), or None."""
+def _scaling_scaler(session):
+    """The run's latest scaler that scales (the trainer's), or None."""
     for tracked in reversed(session.scalers):
         scaler = tracked.scaler
-        if tracked.framework == "paddle" and getattr(scaler, "disabled_reason", None) is None:
+        if getattr(scaler, "disabled_reason", None) is None:
             return scaler
     return None
 
