@@ -33,6 +33,7 @@ class _Measured:
 
     done: int = 0
     names: list[str] = field(default_factory=list)
+    note: str = ""  # why a list the heals gave was not kept (its trial failed)
 
 
 def is_hf_model(model) -> bool:
@@ -64,8 +65,36 @@ def _measure(scaler) -> None:
                 owners.append(path)
     amax = _output_amax(healer.backend, model, {path: modules[path] for path in owners}, inputs) if owners else {}
     # NaN counts as past the range
-    memo.names += [p for p in owners if p not in memo.names and not amax.get(p, 0.0) <= FP16_MAX]
+    new = [p for p in owners if p not in memo.names and not amax.get(p, 0.0) <= FP16_MAX]
     memo.done = len(heals)
+    if new:
+        failed = _float16_trial(healer.backend, model, inputs, memo.names + new)
+        if failed is None:
+            memo.names += new
+        else:
+            memo.note = failed
+
+
+def _float16_trial(backend, model, inputs, names: list[str]) -> str | None:
+    """Try the list as HF applies it, on an unpatched copy of the healed model (its islands would cast what the
+    model's own code does not): None when ``from_pretrained(..., dtype=torch.float16)`` with the model's own list
+    plus ``names`` runs the heal's batch with no overflow, else what the trial measured."""
+    import copy
+
+    from ..core.model import unwrap
+    from ..patching import unpatch
+    from .hf_lines import float16_overflow
+
+    try:
+        bare = copy.deepcopy(unwrap(model))
+        unpatch(bare)
+    except Exception as exc:  # noqa: BLE001 - a line that cannot be tried is not printed
+        return f"the model could not be copied to try the list ({type(exc).__name__})"
+    own = sorted(getattr(bare, "_keep_in_fp32_modules", None) or ())
+    after = float16_overflow(backend, bare, inputs, own + [n for n in names if n not in own])
+    if after is None:
+        return None
+    return f"with the list the float16 model {after}" if after.startswith("raises") else f"still overflows at `{after}`"
 
 
 def follow(scaler):
@@ -86,7 +115,10 @@ def keep_in_fp32(scaler) -> list[str] | None:
 
     Each entry is a module path relative to the healed model (HF searches parameter names for it): of the modules
     the heals started a path at or islanded, those that hold parameters of their own and whose own output passes
-    65504 when the heal's batch (or the next step's, under :func:`follow`) is replayed in float32. A heal also
+    65504 when the heal's batch (or the next step's, under :func:`follow`) is replayed in float32, kept only when
+    the list, tried as ``from_pretrained(..., dtype=torch.float16)`` applies it on an unpatched copy of the model,
+    runs that batch with no overflow (GPT-2's ``Conv1D`` does not cast its float16 input to a float32 weight: no
+    list works there). A heal also
     islands what lies downstream of the overflow and what comes within its margin of the edge: those are the patch
     line's, not this list's. In heal order, each once.
     """

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..core.graph import FP16_MAX
 from ..core.model import call, unwrap
 
-__all__ = ["scan_inputs", "HfLines", "hf_lines"]
+__all__ = ["scan_inputs", "HfLines", "hf_lines", "float16_overflow"]
 
 
 def scan_inputs(model, latest: tuple[tuple, dict]):
@@ -138,7 +138,7 @@ def _matcher(model, entries: list[str]):
     return lambda name: pattern is not None and pattern.search(name) is not None
 
 
-def _float16_overflow(backend, model, inputs, entries: list[str]) -> str | None:
+def float16_overflow(backend, model, inputs, entries: list[str]) -> str | None:
     """:func:`_overflow` of the model as ``from_pretrained(..., dtype=torch.float16)`` with ``entries`` loads it."""
     import torch
 
@@ -190,8 +190,8 @@ def _try_keep(backend, model, inputs, paths, step) -> HfLines:
     new = [n for n in names if not any(covered(f"{n}.{p}") for p, _ in model.get_submodule(n).named_parameters())]
     entries = own + new
     line = f"model._keep_in_fp32_modules = {json.dumps(entries)}"
-    before = _float16_overflow(backend, model, inputs, [])
-    after = _float16_overflow(backend, model, inputs, entries)
+    before = float16_overflow(backend, model, inputs, [])
+    after = float16_overflow(backend, model, inputs, entries)
     loaded = "the model as `from_pretrained(..., dtype=torch.float16)` loads it"
     if before is not None and after is None:
         own_note = f" (the model's own list {json.dumps(own)} already covers them)" if own and not new else ""
