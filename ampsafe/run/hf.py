@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.graph import FP16_MAX
+from .hf_lines import float16_overflow, output_amax
 
 __all__ = ["is_hf_model", "keep_in_fp32", "follow"]
 
@@ -63,7 +64,7 @@ def _measure(scaler) -> None:
             module = modules.get(path)
             if path and path not in owners and module is not None and any(True for _ in module.parameters(False)):
                 owners.append(path)
-    amax = _output_amax(healer.backend, model, {path: modules[path] for path in owners}, inputs) if owners else {}
+    amax = output_amax(healer.backend, model, {path: modules[path] for path in owners}, inputs) if owners else {}
     # NaN counts as past the range
     new = [p for p in owners if p not in memo.names and not amax.get(p, 0.0) <= FP16_MAX]
     memo.done = len(heals)
@@ -83,7 +84,6 @@ def _float16_trial(backend, model, inputs, names: list[str]) -> str | None:
 
     from ..core.model import unwrap
     from ..patching import unpatch
-    from .hf_lines import float16_overflow
 
     try:
         bare = copy.deepcopy(unwrap(model))
@@ -127,28 +127,3 @@ def keep_in_fp32(scaler) -> list[str] | None:
         return None
     _measure(scaler)  # heals not measured yet, if the batch is still there
     return list(scaler.__dict__.get(_MEMO, _Measured()).names)
-
-
-def _output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
-    """path -> the largest |output| of that module in one float32 replay of ``inputs`` (model state put back)."""
-    from ..core.model import call
-
-    amax: dict[str, float] = {}
-
-    def hook(path):
-        def record(module, args, output):
-            if getattr(output, "is_floating_point", lambda: False)() and output.numel():
-                amax[path] = max(amax.get(path, 0.0), float(output.detach().abs().max()))
-
-        return record
-
-    handles = [module.register_forward_hook(hook(path)) for path, module in modules.items()]
-    restore = backend.snapshot(model)
-    try:
-        with backend.amp.float32():
-            call(model, inputs)
-    finally:
-        restore()
-        for handle in handles:
-            handle.remove()
-    return amax

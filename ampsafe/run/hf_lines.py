@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..core.graph import FP16_MAX
 from ..core.model import call, unwrap
 
-__all__ = ["scan_inputs", "HfLines", "hf_lines", "float16_overflow"]
+__all__ = ["scan_inputs", "HfLines", "hf_lines", "float16_overflow", "output_amax"]
 
 
 def scan_inputs(model, latest: tuple[tuple, dict]):
@@ -171,11 +171,9 @@ def _half_inputs(obj):
 
 def _keep_candidates(backend, model, inputs, paths) -> list[str]:
     """Of ``paths``, the modules that hold parameters of their own and whose own float32 output passes 65504."""
-    from .hf import _output_amax
-
     modules = backend.modules(model)
     owners = {p: modules[p] for p in paths if p in modules and any(True for _ in modules[p].parameters(False))}
-    amax = _output_amax(backend, model, owners, inputs) if owners else {}
+    amax = output_amax(backend, model, owners, inputs) if owners else {}
     return [p for p in owners if not amax.get(p, 0.0) <= FP16_MAX]
 
 
@@ -218,3 +216,26 @@ def hf_lines(backend, model, inputs, state, modules, paths, step) -> HfLines:
     island = _try_island(backend, model, inputs, state, modules, step)
     keep = _try_keep(backend, model, inputs, paths, step)
     return HfLines(island=island.island, island_works=island.island_works, keep=keep.keep, keep_note=keep.keep_note)
+
+
+def output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
+    """path -> the largest |output| of that module in one float32 replay of ``inputs`` (model state put back)."""
+    amax: dict[str, float] = {}
+
+    def hook(path):
+        def record(module, args, output):
+            if getattr(output, "is_floating_point", lambda: False)() and output.numel():
+                amax[path] = max(amax.get(path, 0.0), float(output.detach().abs().max()))
+
+        return record
+
+    handles = [module.register_forward_hook(hook(path)) for path, module in modules.items()]
+    restore = backend.snapshot(model)
+    try:
+        with backend.amp.float32():
+            call(model, inputs)
+    finally:
+        restore()
+        for handle in handles:
+            handle.remove()
+    return amax
