@@ -39,7 +39,9 @@ DEFAULT_EVERY = 10  # the options' default: bench/results/headroom.md measures i
 WINDOW = 6  # samples per module in the trend fit
 MIN_SAMPLES = 3  # samples before a trend is trusted
 HORIZON = 10  # steps: a projected crossing this close warns (healthy resnet18: fc's early fall projects 11-22)
-WARN_BITS = 8.0  # and only below this headroom: 256x of room outlasts any early trend
+# and only below this headroom: 64x of room outlasts an early trend (healthy resnet18 on AVX2 kernels: 7.5 bits
+# left, rising a bit a step, at step 11)
+WARN_BITS = 6.0
 MIN_RISE_BITS = 0.5  # the window's fitted rise: noise on a flat series never warns
 TOP = 5  # modules with the least headroom in the metrics
 KEPT_MODULES = 8  # series kept in the summary (the least headroom seen, and the warned one)
@@ -266,21 +268,22 @@ class HeadroomSampler:
 
     def _judge(self, step: int) -> None:
         """Project each module's crossing; warn once, for the nearest within the horizon."""
-        close = []
+        close = []  # projected to cross within the horizon; the warning needs one of them under WARN_BITS
         soon = False
         for name, points in self.series.items():
             found = trend(points)
             if found is None:
                 continue
             soon = soon or found[2] - step <= 2 * max(HORIZON, self.every)
-            if found[2] - step <= HORIZON and found[1] < WARN_BITS:
+            if found[2] - step <= HORIZON:
                 close.append((found[2], name, found))
         self.near = soon  # sample every step until the trend is settled
-        if not close or self.alert is not None:
-            return
         close.sort()
-        _, name, (slope, headroom, crossing) = close[0]
-        also = tuple(n for _, n, _ in close[1:4])
+        due = [c for c in close if c[2][1] < WARN_BITS]
+        if not due or self.alert is not None:
+            return
+        _, name, (slope, headroom, crossing) = due[0]
+        also = tuple(n for _, n, _ in close if n != name)[:3]
         crossing_step = max(step + 1, math.ceil(crossing))
         message = (
             f"`{name}` loses {slope * 100:.3g} bits of float16 headroom per 100 steps ({headroom:.2f} bits left at "
