@@ -135,7 +135,23 @@ def _probe(workload, seed: int) -> dict:
     return result
 
 
+BUILD_THREADS = 2  # the brink's trajectory depends on torch's thread count (1 thread: crossing at step 18, not 14)
+
+
 def _train_to_brink(seed: int) -> tuple[dict, dict]:
+    """Trained with :data:`BUILD_THREADS` torch threads whatever the calling process set (a test worker may have
+    set 1), so that every build of a seed is the same brink on a given machine's kernels."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        return _train_threads_set(seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_threads_set(seed: int) -> tuple[dict, dict]:
     import torch
 
     from . import build
