@@ -2,12 +2,17 @@
 
 Why in core: the tracer, the heal, the emulators and the fronts all unwrap a model and call it on
 ``example_inputs``; written once here, below all of them, no caller needs the framework registry for it.
+The heal's swallowed-overflow rule and the report's line trials both replay a batch to find the first module
+whose output is non-finite: :func:`first_nonfinite`, over the Backend they pass in.
 Pure Python: importing it imports neither torch nor paddle.
 """
 
 from __future__ import annotations
 
-__all__ = ["call", "unwrap"]
+from collections.abc import Callable
+from typing import Any, Optional
+
+__all__ = ["call", "first_nonfinite", "unwrap"]
 
 # Paddle fleet's meta-parallel wrappers (``fleet.distributed_model``) keep the model as ``._layers`` too
 _FLEET = {"ShardingParallel", "TensorParallel", "SegmentParallel"}
@@ -33,3 +38,30 @@ def call(model, example_inputs):
     if isinstance(example_inputs, dict):
         return model(**example_inputs)
     return model(*example_inputs)
+
+
+def first_nonfinite(backend, model, forward: Callable[[], Any]) -> tuple[Optional[str], bool]:
+    """Run ``forward()`` (one call of ``model``, in whatever precision context it opens) with a hook on every
+    submodule: ``(path of the first module whose output holds an inf/NaN or None, whether the model's output is
+    finite)``. The model's state (BatchNorm statistics and the like) and the random state are put back; an
+    exception from the forward propagates."""
+    tensors = backend.tensors
+    first: list[str] = []
+
+    def hook(path: str):
+        def check(output) -> None:
+            if not first and not all(tensors.finite(t) for t in tensors.checkable_leaves(output)):
+                first.append(path)
+
+        return check
+
+    handles = [backend.forward_hook(m, hook(p)) for p, m in backend.modules(model).items() if p]
+    restore, rng = backend.snapshot(model), backend.rng_state()
+    try:
+        out = forward()
+        return (first[0] if first else None), all(tensors.finite(t) for t in tensors.checkable_leaves(out))
+    finally:
+        for handle in handles:
+            handle.remove()
+        restore()
+        rng()

@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from ..core.model import first_nonfinite
+
 __all__ = ["HealTrigger", "floor_distance", "swallowed_module"]
 
 
@@ -88,35 +90,11 @@ class HealTrigger:
 def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[str]:
     """Replay ``latest`` (``InputCapture.latest``) once in the step's precision: the first module whose output is
     non-finite, when the model's output is finite (None otherwise). Model state and random state are put back."""
-    tensors = backend.tensors
-    modules = backend.modules(model)
-    first: list[str] = []
-    swallower: list[str] = []
+    args, kwargs = latest
 
-    def hook(path: str):
-        def check(output) -> None:
-            if swallower:
-                return
-            finite = all(tensors.finite(t) for t in tensors.checkable_leaves(output))
-            if not first and not finite:
-                first.append(path)
-            elif first and finite and not first[0].startswith(f"{path}.") and path:
-                swallower.append(path)  # a container of the first finishes after it: not what swallowed it
-
-        return check
-
-    handles = [backend.forward_hook(m, hook(p)) for p, m in modules.items() if p]
-    restore, rng = backend.snapshot(model), backend.rng_state()
-    try:
-        args, kwargs = latest
+    def forward():
         with replay_context():
-            out = model(*args, **kwargs)
-        output_finite = all(tensors.finite(t) for t in tensors.checkable_leaves(out))
-    finally:
-        for handle in handles:
-            handle.remove()
-        restore()
-        rng()
-    if not first or not output_finite:
-        return None
-    return first[0]
+            return model(*args, **kwargs)
+
+    first, output_finite = first_nonfinite(backend, model, forward)
+    return first if output_finite else None

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 
 from ..core.graph import FP16_MAX
-from ..core.model import call, unwrap
+from ..core.model import call, first_nonfinite, unwrap
 
 __all__ = ["scan_inputs", "HfLines", "hf_lines", "float16_overflow", "output_amax"]
 
@@ -67,32 +67,16 @@ class HfLines:
 def _overflow(backend, model, inputs, context) -> str | None:
     """The first module whose output (or ``<output>``: the model's) holds an inf/NaN in one forward of ``inputs``
     under ``context()``, or None; ``"raises <error>"`` when the forward raises."""
-    ts = backend.tensors
-    bad: list[str] = []
 
-    def hook(path):
-        def check(output) -> None:
-            if not bad and not all(ts.finite(t) for t in ts.checkable_leaves(output)):
-                bad.append(path)
-
-        return check
-
-    modules = backend.modules(model)
-    handles = [backend.forward_hook(m, hook(p)) for p, m in modules.items() if p]
-    restore, rng = backend.snapshot(model), backend.rng_state()
-    try:
+    def forward():
         with context():
-            out = call(model, inputs)
-        if not bad and not all(ts.finite(t) for t in ts.checkable_leaves(out)):
-            bad.append("<output>")
+            return call(model, inputs)
+
+    try:
+        first, output_finite = first_nonfinite(backend, model, forward)
     except Exception as exc:  # noqa: BLE001 - a line whose forward raises is measured, not a crash of the run
         return f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-    finally:
-        restore()
-        rng()
-        for handle in handles:
-            handle.remove()
-    return bad[0] if bad else None
+    return first or (None if output_finite else "<output>")
 
 
 def _try_island(backend, model, inputs, state, modules, step) -> HfLines:
