@@ -1,10 +1,17 @@
 """Real trained weights: PaddleOCR's shipped PP-OCRv4 det, fine-tuned under emulated Paddle AMP, six ways.
 
     PYTHONPATH=. AMPSAFE_SHARED=/path/to/shared python bench/real_weights.py [--seeds 0 1 2] [--modes ...]
+    ... bench/real_weights.py --freeze-bn --pages screens --epochs 12 --train-pages 16 --eval-pages 64
+
+The first runs the student config's recipe as it is (BatchNorm in train mode, paper pages): results/real_weights.
+The second fine-tunes on dark-mode screens (light text on near-black, where the shipped head conv passes 65504
+in inference) with every BatchNorm frozen, for 96 steps: results/real_weights-frozen-screens.
 
 Every mode of :mod:`ampsafe.workloads.ppocrv4.finetune` (fp32, native, fix_nan, heal, island, convbn) runs the
 same recipe on the same pages for each seed; hmean is PaddleOCR's own ``DBPostProcess`` + ``DetMetric`` on
-held-out pages (:mod:`ampsafe.workloads.ppocrv4.metric`), before and after. Writes
+held-out pages (:mod:`ampsafe.workloads.ppocrv4.metric`), before and after, and after once more with the
+shipped BatchNorm running statistics put back: the trained weights apart from what the run folded into the
+statistics (in train mode, a batch of two folds its spikes in, in FP32 as in float16). Writes
 ``bench/results/<topic>.json|md`` after every seed, so an interrupted bench keeps the seeds it finished. Not a
 ``bench_*`` topic: at ~25 minutes on 2 cores it stays out of ``python -m bench``.
 """
@@ -34,20 +41,39 @@ def _final_loss(losses: list) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
-def one_seed(seed: int, modes: list[str], recipe) -> list[dict]:
-    import ampsafe
+def _statistics(model) -> dict:
+    """A copy of the model's BatchNorm running statistics (Paddle keeps them as ``_mean`` / ``_variance``)."""
+    return {k: v.numpy().copy() for k, v in model.state_dict().items() if k.endswith(("_mean", "_variance"))}
+
+
+def _hmean_with_statistics(w, statistics: dict, eval_pages: int) -> float:
+    """hmean with ``statistics`` put in place of the model's own, which are restored afterwards: the trained
+    weights judged apart from what their training folded into the running statistics."""
+    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+
+    state, own = w.model.state_dict(), _statistics(w.model)
+    for name, value in statistics.items():
+        state[name].set_value(value)
+    try:
+        return paddleocr_hmean(w, eval_pages)["hmean"]
+    finally:
+        for name, value in own.items():
+            state[name].set_value(value)
+
+
+def one_seed(seed: int, modes: list[str], recipe, eval_pages: int = EVAL_PAGES) -> list[dict]:
     from ampsafe.workloads.ppocrv4.finetune import finetune
     from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
 
     rows, before = [], None
     for mode in modes:
-        w = ampsafe.workloads.build(
-            "ppocrv4_det", seed=seed, framework="paddle", image_size=recipe.image_size, batch_size=recipe.batch_size
-        )
+        w = recipe.workload(seed)
         if before is None:  # the same shipped weights and held-out pages for every mode of a seed
-            before = paddleocr_hmean(w, EVAL_PAGES)
+            before = paddleocr_hmean(w, eval_pages)
+        shipped = _statistics(w.model)
         run = finetune(mode, recipe, seed=seed, workload=w)
-        after = paddleocr_hmean(w, EVAL_PAGES)
+        after = paddleocr_hmean(w, eval_pages)
+        weights_only = _hmean_with_statistics(w, shipped, eval_pages)
         t = run
         rows.append({
             "seed": seed, "mode": mode,
@@ -57,12 +83,13 @@ def one_seed(seed: int, modes: list[str], recipe) -> list[dict]:
             "final_loss": _final_loss(t.losses),
             "hmean_before": before["hmean"], "hmean_after": after["hmean"],
             "precision_after": after["precision"], "recall_after": after["recall"],
+            "hmean_after_shipped_statistics": weights_only,
             "head_amax": run.head_amax, "losses": t.losses, "scales": t.scales,
             "heals": run.heals, "notes": t.notes, "seconds": round(t.seconds, 1),
         })  # fmt: skip
         print(
             f"seed {seed} {mode}: {rows[-1]['overflowing_steps']} overflowing, hmean {before['hmean']:.3f} -> "
-            f"{after['hmean']:.3f}, loss {rows[-1]['final_loss']:.3f}, {t.seconds:.0f} s; {'; '.join(t.notes)}",
+            f"{after['hmean']:.3f} ({weights_only:.3f} on the shipped BN statistics), loss {rows[-1]['final_loss']:.3f}, {t.seconds:.0f} s; {'; '.join(t.notes)}",
             flush=True,
         )
     return rows
@@ -80,13 +107,13 @@ def markdown(data: dict) -> str:
     lines = [
         f"Recipe: {recipe}. Paddle AMP {recipe['level']} emulated in float16 on CPU "
         f"(`ampsafe.paddle.emulate_fp16`), loss scale from {recipe['init_scale']:g}, dynamic. hmean: PaddleOCR's "
-        f"`DBPostProcess` (the config's options) + `DetMetric` on {EVAL_PAGES} held-out rendered pages of "
+        f"`DBPostProcess` (the config's options) + `DetMetric` on {data.get('eval_pages', EVAL_PAGES)} held-out rendered pages of "
         f"{recipe['image_size']} px. Took {data['seconds']:.0f} s; 1-min load average {data['load'][0]:.1f} at the "
         f"start, {data['load'][1]:.1f} at the end (the 2 cores are shared with other sessions).",
         "",
         "| mode | seed | overflowing steps | heals (step: modules) | final scale | final loss | hmean before | "
-        "hmean after | vs FP32 (points) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "hmean after | vs FP32 (points) | hmean after, shipped BN statistics |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         delta = 100 * (r["hmean_after"] - fp32[r["seed"]]) if r["seed"] in fp32 else None
@@ -94,13 +121,14 @@ def markdown(data: dict) -> str:
         heals = ", ".join(f"{h['step']}: {len(h['paths'])}" for h in r["heals"]) or "-"
         lines.append(
             f"| {r['mode']} | {r['seed']} | {r['overflowing_steps']} | {heals} | {scale} | {r['final_loss']:.3f} | "
-            f"{r['hmean_before']:.3f} | {r['hmean_after']:.3f} | {'-' if delta is None else f'{delta:+.1f}'} |"
+            f"{r['hmean_before']:.3f} | {r['hmean_after']:.3f} | {'-' if delta is None else f'{delta:+.2f}'} | "
+            f"{_cell(r.get('hmean_after_shipped_statistics'))} |"
         )
     lines += ["", "| mode | mean hmean after | worst seed vs FP32 (points) |", "|---|---|---|"]
     for mode in dict.fromkeys(r["mode"] for r in rows):
         mine = [r for r in rows if r["mode"] == mode]
         deltas = [100 * (r["hmean_after"] - fp32[r["seed"]]) for r in mine if r["seed"] in fp32]
-        worst = f"{min(deltas):+.1f}" if deltas else "-"
+        worst = f"{min(deltas):+.2f}" if deltas else "-"
         lines.append(f"| {mode} | {statistics.mean(r['hmean_after'] for r in mine):.3f} | {worst} |")
     seeds = sorted({r["seed"] for r in rows})
     for mode in dict.fromkeys(r["mode"] for r in rows):
@@ -123,21 +151,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--topic", default=TOPIC, help="results/<topic>.json|md (a part of the seeds, run beside)")
+    ap.add_argument("--train-pages", type=int, default=8, help="pages in an epoch")
+    ap.add_argument("--freeze-bn", action="store_true", help="every BatchNorm in eval mode")
+    ap.add_argument("--pages", default="paper", help="page style: paper, or screens (light text on near-black)")
+    ap.add_argument("--eval-pages", type=int, default=EVAL_PAGES, help="held-out pages for hmean")
+    ap.add_argument("--topic", default=None, help="results/<topic>.json|md (a part of the seeds, run beside)")
     ap.add_argument("--torch", action="store_true", help="only the torch trajectory (FP32, native) of one seed")
-    ap.add_argument("--merge", nargs="*", metavar="TOPIC", help="only merge these topics' rows into real_weights")
+    ap.add_argument("--merge", nargs="*", metavar="TOPIC", help="only merge these topics' rows into --topic")
     args = ap.parse_args(argv)
     if args.merge:
-        return merge(args.merge)
+        return merge(args.merge, args.topic or TOPIC)
     if args.torch:
         return torch_trajectory(args.seeds[0], FineTuneRecipe.documented(epochs=args.epochs))
-    recipe = FineTuneRecipe.documented(epochs=args.epochs)
-    data = {"recipe": vars(recipe) | {"steps": recipe.steps, "warmup_steps": recipe.warmup_steps}, "rows": []}
+    recipe = FineTuneRecipe.documented(
+        epochs=args.epochs, train_pages=args.train_pages, freeze_bn=args.freeze_bn, pages=args.pages
+    )
+    topic = args.topic or "-".join(
+        [TOPIC, *(["frozen"] if args.freeze_bn else []), *([args.pages] if args.pages != "paper" else [])]
+    )
+    data = {
+        "recipe": vars(recipe) | {"steps": recipe.steps, "warmup_steps": recipe.warmup_steps},
+        "rows": [],
+        "eval_pages": args.eval_pages,
+    }
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     for seed in args.seeds:
-        data["rows"] += one_seed(seed, args.modes, recipe)
+        data["rows"] += one_seed(seed, args.modes, recipe, args.eval_pages)
         data["seconds"], data["load"] = time.perf_counter() - t0, [load0, os.getloadavg()[0]]
-        write_result(args.topic, data, markdown(data))
+        write_result(topic, data, markdown(data))
     return 0
 
 
@@ -166,8 +207,8 @@ def torch_trajectory(seed: int, recipe) -> int:
     return 0
 
 
-def merge(topics: list[str]) -> int:
-    """results/real_weights.json|md from the rows of ``topics`` (seeds run in processes side by side; where two
+def merge(topics: list[str], out: str = TOPIC) -> int:
+    """results/<out>.json|md from the rows of ``topics`` (seeds run in processes side by side; where two
     hold the same seed and mode, the later one's row is kept)."""
     import json
 
@@ -178,9 +219,9 @@ def merge(topics: list[str]) -> int:
     data = {
         "recipe": parts[0]["recipe"], "rows": sorted(rows.values(), key=lambda r: r["seed"]),
         "seconds": max(p["seconds"] for p in parts), "load": [max(p["load"][i] for p in parts) for i in (0, 1)],
-        "machine": parts[0]["machine"], "parts": topics,
+        "machine": parts[0]["machine"], "parts": topics, "eval_pages": parts[0].get("eval_pages", EVAL_PAGES),
     }  # fmt: skip
-    write_result(TOPIC, data, markdown(data))
+    write_result(out, data, markdown(data))
     return 0
 
 

@@ -85,6 +85,20 @@ def test_hmean_comes_from_paddleocrs_own_postprocess_and_metric():
     assert set(result) >= {"precision", "recall", "hmean"} and result["hmean"] > 0.6, result  # a trained detector
 
 
+def test_freeze_bn_keeps_every_batchnorm_in_eval_mode_dbheads_included():
+    pytest.importorskip("paddle")
+    import ampsafe
+    from ampsafe.workloads.ppocrv4.finetune import finetune
+
+    recipe = FineTuneRecipe.documented(freeze_bn=True)
+    w = ampsafe.workloads.build("ppocrv4_det", framework="paddle", image_size=320, batch_size=recipe.batch_size)
+    statistics = {k: v.numpy().copy() for k, v in w.model.state_dict().items() if k.endswith(("_mean", "_variance"))}
+    assert any(k.startswith("head.binarize.conv_bn1.") for k in statistics)  # DBHead's nn.BatchNorm, not *2D
+    finetune("fp32", recipe, workload=w, steps=2)
+    moved = [k for k, v in w.model.state_dict().items() if k in statistics and not (v.numpy() == statistics[k]).all()]
+    assert not moved, moved
+
+
 @pytest.mark.slow
 def test_demo_native_overflows_on_the_recipe_and_island_does_not(tmp_path):
     pytest.importorskip("paddle")
@@ -125,6 +139,31 @@ def test_ampsafe_run_heals_the_recipe_at_head_conv_and_its_fix_line_trains_witho
     )  # fmt: skip
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert f"{steps} steps, 0 skipped, 0 floor hits, 0 heals" in fixed.stdout, fixed.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_ampsafe_run_heals_the_dark_mode_fine_tune_with_zero_edits_and_its_fix_line_trains_without_overflow(tmp_path):
+    """Frozen BatchNorm, screens pages 0 and 1 every step: page 0 passes 65504 at ``head.binarize.conv1`` in the
+    shipped weights (1.9e5 in FP32), the frozen BN and ReLU swallow the inf, the loss stays finite. The first
+    overflowing step runs before the scaler holds a batch; steps 1 and 2 replay it and see the same conv."""
+    pytest.importorskip("paddle")
+    from tests.run.run_helpers import ampsafe_run
+
+    screens = ["--pages", "screens", "--freeze-bn", "--train-pages", "2", "--steps", "4"]
+    healed = ampsafe_run("--emulate-fp16", "--report", str(tmp_path), "--", sys.executable, str(SCRIPT), *screens)
+    assert healed.returncode == 0, healed.stderr[-3000:]
+    assert "4 steps, 3 skipped, 0 floor hits, 1 heals" in healed.stdout, healed.stdout[-3000:]
+    assert f"step 2: a forward overflow in {HEAD_CONV} swallowed by the next ops" in healed.stderr, healed.stderr[
+        -3000:
+    ]
+    line = json.loads((tmp_path / "report.json").read_text())["fix"]["patch"]
+    assert f'"{HEAD_CONV}"' in line, line
+    fixed = ampsafe_run(
+        "--emulate-fp16", "--on-floor", "raise", "--report", "", "--",
+        sys.executable, str(SCRIPT), *screens, "--after-build", f"import ampsafe; {line}",
+    )  # fmt: skip
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert "4 steps, 0 skipped, 0 floor hits, 0 heals" in fixed.stdout, fixed.stdout[-3000:]
 
 
 def test_scan_paddle_inference_reads_a_users_inference_folder(tmp_path, capsys):

@@ -137,8 +137,12 @@ class PPOCRv4DetWorkload(Workload):
 
     name = "ppocrv4_det"
 
-    def __init__(self, model, loss_fn, config: dict, *, framework: str, seed: int, image_size: int, batch_size: int):
+    def __init__(
+        self, model, loss_fn, config: dict, *, framework: str, seed: int, image_size: int, batch_size: int,
+        page_style: str = "paper",
+    ):  # fmt: skip
         self.framework = framework
+        self.page_style = page_style
         self.config = config
         self.loss_fn = loss_fn
         self.image_size = image_size
@@ -163,7 +167,10 @@ class PPOCRv4DetWorkload(Workload):
 
         size = (self.image_size, self.image_size)
         first = step * self.batch_size
-        return [render_page(self.seed, first + i, size=size, held_out=held_out) for i in range(self.batch_size)]
+        return [
+            render_page(self.seed, first + i, size=size, held_out=held_out, style=self.page_style)
+            for i in range(self.batch_size)
+        ]
 
     def images(self, step: int, *, held_out: bool = False) -> np.ndarray:
         """(N, 3, H, W) float32: batch ``step``'s pages, normalized as PaddleOCR's det pipeline does."""
@@ -312,17 +319,23 @@ def build(
     batch_size: int = 1,
     build_with: str = "auto",
     model_dir: Union[str, Path, None] = None,
+    pages: str = "paper",
     **unknown,
 ) -> PPOCRv4DetWorkload:
     """The shipped detector in ``framework`` ("paddle" or "torch"), train mode, on ``batch_size`` pages of
     ``image_size`` square (a multiple of 32). ``build_with`` (Paddle): "auto", "paddleocr" or "ampsafe".
     ``seed`` picks the pages and the unshipped threshold branch's initialization. ``model_dir``: a user's own
     PP-OCRv4 mobile det inference folder (``inference.pdmodel`` / ``.pdiparams`` / ``.pdiparams.info``) instead
-    of the shipped one."""
+    of the shipped one. ``pages``: the page style (:data:`.pages.STYLES`: "paper", or "screens", light text on a
+    near-black ground)."""
+    from .pages import STYLES
+
     if unknown:
         raise ConfigError(f"unknown ppocrv4_det option(s): {', '.join(sorted(unknown))}")
     if framework not in FRAMEWORKS or build_with not in BUILDS:
         raise ConfigError(f"framework must be one of {FRAMEWORKS} and build_with one of {BUILDS}")
+    if pages not in STYLES:
+        raise ConfigError(f"pages must be one of {', '.join(STYLES)}, got {pages!r}")
     if image_size % 32:
         raise ConfigError(f"image_size must be a multiple of 32 (the backbone's stride), got {image_size}")
     config = load_config()
@@ -347,7 +360,8 @@ def build(
         loss_fn = build_loss(config["Loss"])
     model.train()
     workload = PPOCRv4DetWorkload(
-        model, loss_fn, config, framework=framework, seed=seed, image_size=image_size, batch_size=batch_size
-    )
+        model, loss_fn, config, framework=framework, seed=seed, image_size=image_size, batch_size=batch_size,
+        page_style=pages,
+    )  # fmt: skip
     workload.built_with, workload.unshipped = built_with, unshipped
     return workload

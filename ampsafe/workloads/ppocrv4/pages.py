@@ -3,11 +3,15 @@
     page = render_page(seed=0, index=3)                  # .image (H, W, 3) uint8 RGB, .boxes [{"transcription", "points"}]
     x = normalize(page.image)                            # (3, H, W) float32, as PaddleOCR's det pipeline feeds it
     write_pages(folder, count=8, seed=0, held_out=True)  # img_0000.png ... + label.txt that SimpleDataSet reads
+    render_page(seed=0, index=3, style="screens")        # light text on a near-black ground
 
 A page is paragraphs of random words set in TrueType fonts (DejaVu and STIX, regular / bold / italic / mono /
 serif), at 12 to 44 px, with stroke widths 0 to 2, in one to four phrases per line (a phrase is the unit
 PP-OCR's detector outputs: words a space apart; phrases are several em apart), over plain, tinted, graded or
-grainy paper or, sometimes, light text on a dark ground. Each phrase is labelled with its axis-aligned box,
+grainy paper or, sometimes, light text on a dark ground. ``style="screens"`` sets every page light on a
+near-black ground (0 to 24 of 255: dark-mode screenshots, terminals, subtitles on black), the pages on which
+the shipped PP-OCRv4 detector's head runs hottest (its ``head.binarize.conv1`` passes 65504 on many of them,
+in inference). Each phrase is labelled with its axis-aligned box,
 clockwise from the top left, exactly as PaddleOCR's ``DetLabelEncode`` reads a label line::
 
     img_0000.png\t[{"transcription": "word word", "points": [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]}, ...]
@@ -35,6 +39,7 @@ __all__ = [
     "IMAGE_STD",
     "TRAIN_STREAM",
     "HELD_OUT_STREAM",
+    "STYLES",
     "font_files",
     "render_page",
     "normalize",
@@ -43,6 +48,7 @@ __all__ = [
 ]
 
 TRAIN_STREAM, HELD_OUT_STREAM = 0, 1
+STYLES = ("paper", "screens")
 FONTS = (
     "DejaVuSans.ttf",
     "DejaVuSans-Bold.ttf",
@@ -84,8 +90,9 @@ def font_files() -> list[Path]:
     return [folder / name for name in FONTS if (folder / name).is_file()]
 
 
-def _rng(seed: int, stream: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([int(seed), int(stream), int(index), 0x0C4])
+def _rng(seed: int, stream: int, index: int, style: str = "paper") -> np.random.Generator:
+    words = [int(seed), int(stream), int(index), 0x0C4]
+    return np.random.default_rng(words if style == "paper" else [*words, STYLES.index(style)])
 
 
 def _word(rng: np.random.Generator) -> str:
@@ -102,10 +109,11 @@ def _word(rng: np.random.Generator) -> str:
     return word
 
 
-def _background(rng: np.random.Generator, height: int, width: int) -> tuple[np.ndarray, bool]:
+def _background(rng: np.random.Generator, height: int, width: int, style: str) -> tuple[np.ndarray, bool]:
     """(float32 (H, W, 3) in [0, 255], dark): plain, tinted, graded or grainy paper, or a dark ground."""
-    dark = rng.random() < 0.15
-    base = rng.uniform(10, 70, size=3) if dark else rng.uniform(200, 255, size=3)
+    dark = rng.random() < 0.15 or style == "screens"
+    low = (0, 24) if style == "screens" else (10, 70)
+    base = rng.uniform(*low, size=3) if dark else rng.uniform(200, 255, size=3)
     if rng.random() < 0.5:  # grey paper, not tinted
         base[:] = base.mean()
     image = np.broadcast_to(base, (height, width, 3)).astype(np.float32)
@@ -122,13 +130,20 @@ def _background(rng: np.random.Generator, height: int, width: int) -> tuple[np.n
     return np.clip(image, 0, 255), dark
 
 
-def render_page(seed: int = 0, index: int = 0, *, size: tuple[int, int] = (640, 640), held_out: bool = False) -> Page:
-    """Page ``index`` of the train (or held-out) stream for ``seed``; ``size`` is (height, width)."""
+def render_page(
+    seed: int = 0, index: int = 0, *, size: tuple[int, int] = (640, 640), held_out: bool = False, style: str = "paper"
+) -> Page:
+    """Page ``index`` of the train (or held-out) stream for ``seed`` in ``style`` (:data:`STYLES`); ``size`` is
+    (height, width)."""
     from PIL import Image, ImageDraw, ImageFont
 
-    rng = _rng(seed, HELD_OUT_STREAM if held_out else TRAIN_STREAM, index)
+    if style not in STYLES:
+        from ...errors import ConfigError
+
+        raise ConfigError(f"page style must be one of {', '.join(STYLES)}, got {style!r}")
+    rng = _rng(seed, HELD_OUT_STREAM if held_out else TRAIN_STREAM, index, style)
     height, width = size
-    ground, dark = _background(rng, height, width)
+    ground, dark = _background(rng, height, width, style)
     image = Image.fromarray(ground.astype(np.uint8))
     draw = ImageDraw.Draw(image)
     fonts = font_files()
