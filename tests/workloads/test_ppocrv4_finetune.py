@@ -142,6 +142,7 @@ def test_ampsafe_run_heals_the_recipe_at_head_conv_and_its_fix_line_trains_witho
 
 
 @pytest.mark.slow
+@pytest.mark.trajectory
 def test_ampsafe_run_heals_the_dark_mode_fine_tune_with_zero_edits_and_its_fix_line_trains_without_overflow(tmp_path):
     """Frozen BatchNorm, screens pages 0 and 1 every step: page 0 passes 65504 at ``head.binarize.conv1`` in the
     shipped weights (1.9e5 in FP32), the frozen BN and ReLU swallow the inf, the loss stays finite. The first
