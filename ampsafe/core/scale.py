@@ -255,6 +255,9 @@ class FloorInfo:
     scale_history: tuple
     scale_independent: Optional[bool]  # True: the loss itself was non-finite; None: unknown
     verdict: Optional[HealVerdict] = None  # what the replay of the last batch measured; None: not replayed
+    # the module whose float16 inf the next ops swallowed on the overflowing steps that called this heal (the heal
+    # rule's replay, :mod:`ampsafe.healing.trigger`); None when another rule called it
+    swallowed: Optional[str] = None
 
     @property
     def where(self) -> Optional[str]:

@@ -9,6 +9,12 @@ A heal runs the model at most twice (the sentinel's replay and the scan), plus o
 says the backward overflowed and a ``loss_fn`` lets the scan measure it (the scan runs in float32, Paddle's
 float16 emulation paused); a third, float32 run only when the scan saw a non-finite value (a numerical error, or
 a scan that ran inside the framework's own AMP).
+
+What is islanded: the risky paths the scan found, whole (each unnormalized conv/matmul chain up to the
+normalization that ends it), and the modules running risky ops. One exception: when the heal rule saw a
+module's float16 ``inf`` swallowed by the next ops (:attr:`FloorInfo.swallowed`) and every path found peaks in
+that module, that module alone: the paths are in range up to it (PP-OCRv4's four RSE neck paths and its head
+conv all peak in ``head.binarize.conv1``: 1 module, not 15).
 """
 
 from __future__ import annotations
@@ -308,7 +314,8 @@ class Healer:
                 "or keep it in float32 (Paddle: auto_cast(custom_black_list=[...]))"
             )
         by_start = {p.start: p for p in found.paths}
-        targets = [by_start[n] for n in names] + op_modules
+        peak = _common_peak(found.paths, getattr(info, "swallowed", None))
+        targets = ([peak] if peak else [by_start[n] for n in names]) + op_modules
         result = self.patch(self.model, policy="island", level=self.level, paths=targets)
         reset = repair_running_stats(self.backend, self.model)
         restored = restore_scale(history)
@@ -342,6 +349,17 @@ class Healer:
             f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
         )
         return HealPlan(islanded, restored, record)
+
+
+def _common_peak(paths, swallowed: Optional[str]) -> Optional[str]:
+    """``swallowed`` when every path found peaks in it (its output holds each path's amax): then the paths only
+    carry values to the one module that overflows, in float16's range up to it, and that module alone is the
+    island (its float32 output goes on to the normalization or consumer after it, which join the island on a
+    later heal only if they overflow). None otherwise: the paths are islanded whole."""
+    if not swallowed or not paths:
+        return None
+    peaks = {(p.peak.rpartition(":")[0] if p.peak else p.start) for p in paths}
+    return swallowed if peaks == {swallowed} else None
 
 
 def _merged(local: HealVerdict, verdicts: list) -> HealVerdict:

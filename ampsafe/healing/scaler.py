@@ -317,7 +317,7 @@ class HealingScaler(ScalerBase):
             decision.step,
             module,
         )
-        self._off_floor_heal(decision)
+        self._off_floor_heal(decision, swallowed=module)
 
     def _heal_after_streak(self, decision: StepDecision) -> None:
         """Count overflows in a row and heal after ``patience`` of them (when the replayed forward overflows)."""
@@ -334,16 +334,17 @@ class HealingScaler(ScalerBase):
         if not self._off_floor_heal(decision):
             self._in_range = True
 
-    def _off_floor_heal(self, decision: StepDecision) -> bool:
+    def _off_floor_heal(self, decision: StepDecision, swallowed: Optional[str] = None) -> bool:
         """Heal above the floor when the scanned forward overflows (the Healer's ``off_floor``); False when not
-        healed (no batch to replay, or the forward is in range)."""
+        healed (no batch to replay, or the forward is in range). ``swallowed``: the module the heal rule saw
+        swallowed (:attr:`FloorInfo.swallowed`)."""
         healer = self.heal_hook if isinstance(self.heal_hook, Healer) else None
         if healer is None and self.heal_hook is None:
             healer = self._builtin_heal_hook()
         if healer is None or healer.last_inputs is None:
             log.info("ampsafe heal at step %s: no batch to replay; the scaler backs off", decision.step)
             return False
-        info = self.floor_info(decision.step)
+        info = replace(self.floor_info(decision.step), swallowed=swallowed)
         plan = healer(self, info, off_floor=True)
         if plan is None:
             return False

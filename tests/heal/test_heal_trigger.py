@@ -128,11 +128,12 @@ def test_a_swallowed_forward_overflow_heals_within_3_steps_islanding_only_the_co
     (heal,) = scaler.stats.heals
     assert heal.step - overflowed[0] <= 3, (heal.step, overflowed)
     assert scaler.stats.floor_hits == 0
-    # the conv's path as ampsafe.scan gives it (the conv and the BatchNorm that normalizes it), nothing more
+    # within the conv's path as ampsafe.scan gives it (the conv and the BatchNorm that normalizes it): the conv
     report = ampsafe.scan(_net(), (_batch()[0],), target="cpu")
     (path,) = [p for p in report.paths if p.risky]
     assert path.start == "stem.conv"
     assert "stem.conv" in heal.paths and set(heal.paths) <= set(path.layers), (heal.paths, path.layers)
+    assert heal.paths == ("stem.conv",), heal.paths  # the path peaks in the conv the rule saw swallowed
     assert max(overflowed) == heal.step  # trains without an overflow after the heal
     assert type(net.stem.conv).__name__.startswith("FP32Island")
 

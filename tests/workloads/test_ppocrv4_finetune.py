@@ -146,7 +146,8 @@ def test_ampsafe_run_heals_the_recipe_at_head_conv_and_its_fix_line_trains_witho
 def test_ampsafe_run_heals_the_dark_mode_fine_tune_with_zero_edits_and_its_fix_line_trains_without_overflow(tmp_path):
     """Frozen BatchNorm, screens pages 0 and 1 every step: page 0 passes 65504 at ``head.binarize.conv1`` in the
     shipped weights (1.9e5 in FP32), the frozen BN and ReLU swallow the inf, the loss stays finite. The first
-    overflowing step runs before the scaler holds a batch; steps 1 and 2 replay it and see the same conv."""
+    overflowing step runs before the scaler holds a batch; steps 1 and 2 replay it and see the same conv. The fix
+    line islands that conv alone, and the fine-tune runs without an overflow."""
     pytest.importorskip("paddle")
     from tests.run.run_helpers import ampsafe_run
 
@@ -157,8 +158,10 @@ def test_ampsafe_run_heals_the_dark_mode_fine_tune_with_zero_edits_and_its_fix_l
     assert f"step 2: a forward overflow in {HEAD_CONV} swallowed by the next ops" in healed.stderr, healed.stderr[
         -3000:
     ]
+    # the four RSE neck paths and the head conv's own all peak in the head conv: it alone is islanded
+    assert f"step 2: islanded 1 module(s) ({HEAD_CONV})" in healed.stderr, healed.stderr[-3000:]
     line = json.loads((tmp_path / "report.json").read_text())["fix"]["patch"]
-    assert f'"{HEAD_CONV}"' in line, line
+    assert json.loads(line[line.index("paths=") + len("paths=") : line.rindex(")")]) == [HEAD_CONV], line
     fixed = ampsafe_run(
         "--emulate-fp16", "--on-floor", "raise", "--report", "", "--",
         sys.executable, str(SCRIPT), *screens, "--after-build", f"import ampsafe; {line}",
