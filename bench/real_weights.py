@@ -161,14 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge, args.topic or TOPIC)
-    if args.torch:
-        return torch_trajectory(args.seeds[0], FineTuneRecipe.documented(epochs=args.epochs))
     recipe = FineTuneRecipe.documented(
         epochs=args.epochs, train_pages=args.train_pages, freeze_bn=args.freeze_bn, pages=args.pages
     )
-    topic = args.topic or "-".join(
-        [TOPIC, *(["frozen"] if args.freeze_bn else []), *([args.pages] if args.pages != "paper" else [])]
-    )
+    if args.torch:
+        return torch_trajectory(args.seeds[0], recipe, f"{_topic(args)}-torch")
+    topic = _topic(args)
     data = {
         "recipe": vars(recipe) | {"steps": recipe.steps, "warmup_steps": recipe.warmup_steps},
         "rows": [],
@@ -182,15 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def torch_trajectory(seed: int, recipe) -> int:
-    """results/real_weights-torch.json|md: the recipe in torch, FP32 against native CPU autocast (CUDA's lists)."""
+def _topic(args) -> str:
+    """``--topic``, else real_weights[-frozen][-screens] after the recipe's options."""
+    frozen = ["frozen"] if args.freeze_bn else []
+    pages = [args.pages] if args.pages != "paper" else []
+    return args.topic or "-".join([TOPIC, *frozen, *pages])
+
+
+def torch_trajectory(seed: int, recipe, topic: str = f"{TOPIC}-torch") -> int:
+    """results/<topic>.json|md: the recipe in torch, FP32 against native CPU autocast (CUDA's lists)."""
     from ampsafe.workloads.ppocrv4.finetune import TORCH_MODES, finetune_torch
 
     runs = {mode: finetune_torch(mode, recipe, seed=seed) for mode in TORCH_MODES}
     data = {"seed": seed, "recipe": vars(recipe), "runs": {m: {k: v for k, v in vars(r).items() if k != "workload"}
             for m, r in runs.items()}}  # fmt: skip
     lines = [
-        f"torch, seed {seed}, the recipe of real_weights.md; native: `torch.autocast('cuda', float16)` with CUDA's op "
+        f"torch, seed {seed}, recipe {vars(recipe)}; native: `torch.autocast('cuda', float16)` with CUDA's op "
         "lists on the CPU (`--emulate-fp16`), `torch.amp.GradScaler` from 1024.",
         "",
         "| step | lr | FP32 head amax | FP32 loss | native head amax | native loss | native skipped |",
@@ -203,7 +208,7 @@ def torch_trajectory(seed: int, recipe) -> int:
             f"{native.head_amax[step]:.4g} | {native.losses[step]:.3f} | {native.overflowed[step]} |"
         )
     lines += ["", *(f"- {m}: {'; '.join(r.notes) or 'no notes'}" for m, r in runs.items())]
-    write_result(f"{TOPIC}-torch", data, "\n".join(lines))
+    write_result(topic, data, "\n".join(lines))
     return 0
 
 

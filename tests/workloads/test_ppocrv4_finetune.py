@@ -99,6 +99,19 @@ def test_freeze_bn_keeps_every_batchnorm_in_eval_mode_dbheads_included():
     assert not moved, moved
 
 
+def test_freeze_bn_keeps_the_torch_twins_batchnorm_statistics():
+    torch = pytest.importorskip("torch")
+    from ampsafe.workloads.ppocrv4.finetune import finetune_torch
+
+    run = finetune_torch("fp32", FineTuneRecipe.documented(freeze_bn=True, image_size=320), steps=2)
+    model = run.workload.model
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert len(norms) == 5 and not any(m.training for m in norms)  # the stem's and DBHead's four
+    shipped = finetune_torch("fp32", FineTuneRecipe.documented(image_size=320), steps=0).workload.model.state_dict()
+    moved = [k for k, v in model.state_dict().items() if k.endswith("running_var") and not torch.equal(v, shipped[k])]
+    assert not moved, moved
+
+
 @pytest.mark.slow
 def test_demo_native_overflows_on_the_recipe_and_island_does_not(tmp_path):
     pytest.importorskip("paddle")

@@ -256,6 +256,10 @@ def finetune_torch(mode: str, recipe: FineTuneRecipe, *, seed: int = 0, steps: i
         raise ValueError(f"mode must be one of {', '.join(TORCH_MODES)}, got {mode!r}")
     w = recipe.workload(seed, "torch")
     run, model = FineTuneRun(mode, workload=w), w.model
+    if recipe.freeze_bn:  # every BatchNorm on its running statistics, as freeze_batch_norms does in Paddle
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.eval()
     amax: list = []
     hook = model.get_submodule(HEAD_CONV).register_forward_hook(
         lambda module, inputs, out: amax.append(float(out.float().abs().max()))
