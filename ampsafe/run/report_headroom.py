@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .headroom import bits
+from .headroom_trend import bits
 from .records import RunSummary
 
 __all__ = ["sampled", "headroom_lines", "plot_headroom", "PLOT"]

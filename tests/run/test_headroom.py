@@ -14,7 +14,8 @@ import textwrap
 import pytest
 from run_helpers import SCRIPTS, ampsafe_run
 
-from ampsafe.run.headroom import HORIZON, KEPT_SAMPLES, LOG2_MAX, _append, trend
+from ampsafe.run.headroom import KEPT_SAMPLES, _append
+from ampsafe.run.headroom_trend import HORIZON, LOG2_MAX, trend
 from ampsafe.run.options import RunOptions
 from ampsafe.run.records import RunSummary
 
