@@ -74,22 +74,22 @@ def one_seed(seed: int, modes: list[str], recipe, eval_pages: int = EVAL_PAGES) 
         run = finetune(mode, recipe, seed=seed, workload=w)
         after = paddleocr_hmean(w, eval_pages)
         weights_only = _hmean_with_statistics(w, shipped, eval_pages)
-        t = run
         rows.append({
             "seed": seed, "mode": mode,
-            "overflowing_steps": sum(t.overflowed),
-            "overflowed_at": [i for i, o in enumerate(t.overflowed) if o],
-            "final_scale": t.scales[-1] if mode != "fp32" else None,
-            "final_loss": _final_loss(t.losses),
+            "overflowing_steps": sum(run.overflowed),
+            "overflowed_at": [i for i, o in enumerate(run.overflowed) if o],
+            "final_scale": run.scales[-1] if mode != "fp32" else None,
+            "final_loss": _final_loss(run.losses),
             "hmean_before": before["hmean"], "hmean_after": after["hmean"],
             "precision_after": after["precision"], "recall_after": after["recall"],
             "hmean_after_shipped_statistics": weights_only,
-            "head_amax": run.head_amax, "losses": t.losses, "scales": t.scales,
-            "heals": run.heals, "notes": t.notes, "seconds": round(t.seconds, 1),
+            "head_amax": run.head_amax, "losses": run.losses, "scales": run.scales,
+            "heals": run.heals, "notes": run.notes, "seconds": round(run.seconds, 1),
         })  # fmt: skip
         print(
             f"seed {seed} {mode}: {rows[-1]['overflowing_steps']} overflowing, hmean {before['hmean']:.3f} -> "
-            f"{after['hmean']:.3f} ({weights_only:.3f} on the shipped BN statistics), loss {rows[-1]['final_loss']:.3f}, {t.seconds:.0f} s; {'; '.join(t.notes)}",
+            f"{after['hmean']:.3f} ({weights_only:.3f} on the shipped BN statistics), loss "
+            f"{rows[-1]['final_loss']:.3f}, {run.seconds:.0f} s; {'; '.join(run.notes)}",
             flush=True,
         )
     return rows

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.graph import FP16_MAX
-from .hf_lines import float16_overflow, output_amax
+from .hf_lines import float16_overflow, keep_candidates
 
 __all__ = ["is_hf_model", "keep_in_fp32", "follow"]
 
@@ -57,16 +56,9 @@ def _measure(scaler) -> None:
     inputs = healer.last_inputs
     if inputs is None:
         return  # the step's batch is gone: the next step's callback measures on its batch
-    modules = healer.backend.modules(model)
-    owners: list[str] = []
-    for record in heals[memo.done :]:
-        for path in [*record.found, *record.paths]:
-            module = modules.get(path)
-            if path and path not in owners and module is not None and any(True for _ in module.parameters(False)):
-                owners.append(path)
-    amax = output_amax(healer.backend, model, {path: modules[path] for path in owners}, inputs) if owners else {}
-    # NaN counts as past the range
-    new = [p for p in owners if p not in memo.names and not amax.get(p, 0.0) <= FP16_MAX]
+    paths = [p for record in heals[memo.done :] for p in (*record.found, *record.paths) if p]
+    candidates = keep_candidates(healer.backend, model, inputs, list(dict.fromkeys(paths)))
+    new = [p for p in candidates if p not in memo.names]
     memo.done = len(heals)
     if new:
         failed = _float16_trial(healer.backend, model, inputs, memo.names + new)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..core.graph import FP16_MAX
 from ..core.model import call, first_nonfinite, unwrap
 
-__all__ = ["scan_inputs", "HfLines", "hf_lines", "float16_overflow", "output_amax"]
+__all__ = ["scan_inputs", "HfLines", "hf_lines", "float16_overflow", "keep_candidates"]
 
 
 def scan_inputs(model, latest: tuple[tuple, dict]):
@@ -153,8 +153,9 @@ def _half_inputs(obj):
     return obj
 
 
-def _keep_candidates(backend, model, inputs, paths) -> list[str]:
-    """Of ``paths``, the modules that hold parameters of their own and whose own float32 output passes 65504."""
+def keep_candidates(backend, model, inputs, paths) -> list[str]:
+    """Of ``paths``, in their order, the modules that hold parameters of their own and whose own float32 output
+    passes 65504 (NaN counts as past it) in one replay of ``inputs``."""
     modules = backend.modules(model)
     owners = {p: modules[p] for p in paths if p in modules and any(True for _ in modules[p].parameters(False))}
     amax = output_amax(backend, model, owners, inputs) if owners else {}
@@ -165,7 +166,7 @@ def _try_keep(backend, model, inputs, paths, step) -> HfLines:
     import json
 
     own = sorted(getattr(model, "_keep_in_fp32_modules", None) or ())  # HF 5 merges the parts' lists into a set
-    names = _keep_candidates(backend, model, inputs, paths)
+    names = keep_candidates(backend, model, inputs, paths)
     if not names:
         return HfLines(keep_note="no module with weights of its own passes 65504 in float32: no keep line")
     covered = _matcher(model, own)
