@@ -150,14 +150,13 @@ def fix_nan(model) -> list:
 
 
 def freeze_batch_norms(model) -> None:
-    """Every BatchNorm of a Paddle ``model`` in eval mode (running statistics used, never updated), as
-    small-batch fine-tunes run; the rest of the model keeps its mode."""
-    import paddle
+    """Every normalization layer of ``model`` (torch or Paddle) that keeps running statistics in eval mode: they
+    are used, never updated, as small-batch fine-tunes run (DBHead's ``paddle.nn.BatchNorm`` included, which is
+    no ``BatchNorm2D``); the rest of the model keeps its mode."""
+    from ampsafe._framework import backend_of
 
-    batch_norms = (paddle.nn.layer.norm._BatchNormBase, paddle.nn.BatchNorm)  # DBHead's conv_bn* are nn.BatchNorm
-    for layer in model.sublayers():
-        if isinstance(layer, batch_norms):
-            layer.eval()
+    for _path, layer, _mean, _variance in backend_of(model).running_stats(model):
+        layer.eval()
 
 
 def _scaler(mode: str, recipe: FineTuneRecipe, model):
@@ -256,10 +255,8 @@ def finetune_torch(mode: str, recipe: FineTuneRecipe, *, seed: int = 0, steps: i
         raise ValueError(f"mode must be one of {', '.join(TORCH_MODES)}, got {mode!r}")
     w = recipe.workload(seed, "torch")
     run, model = FineTuneRun(mode, workload=w), w.model
-    if recipe.freeze_bn:  # every BatchNorm on its running statistics, as freeze_batch_norms does in Paddle
-        for module in model.modules():
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                module.eval()
+    if recipe.freeze_bn:
+        freeze_batch_norms(model)
     amax: list = []
     hook = model.get_submodule(HEAD_CONV).register_forward_hook(
         lambda module, inputs, out: amax.append(float(out.float().abs().max()))
