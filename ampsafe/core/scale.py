@@ -52,6 +52,8 @@ __all__ = [
     "HealRecord",
     "HealPlan",
     "FloorInfo",
+    "BelowFloor",
+    "LOWEST_SCALE",
     "OnFloor",
     "ON_FLOOR",
     "floor_message",
@@ -64,6 +66,10 @@ __all__ = [
 ]
 
 HISTORY = 64  # scales kept in ScalerStats.scale_history
+# The lowest scale a healing scaler moves its floor down to for a backward-only overflow: float16's smallest
+# subnormal. Below it every scaled gradient element under 1 flushes to zero, so a backward that still overflows
+# there is not a range problem any scale fixes.
+LOWEST_SCALE = 2.0**-24
 
 
 @dataclass
@@ -198,6 +204,9 @@ class StepDecision:
     floor_hit: bool
     on_floor: OnFloor
     bad_input: Optional[BadInput] = None  # the non-finite model input of a step skipped for its data
+    # the module whose gradient first went non-finite in this step's backward (an overflowing step of a scaler
+    # that knows its model: :class:`~ampsafe.core.grad_origin.GradOrigin`); None when not measured
+    grad_origin: Any = None
 
     @property
     def overflow(self) -> bool:
@@ -265,6 +274,23 @@ class FloorInfo:
         return self.verdict.where if self.verdict is not None else None
 
 
+@dataclass(frozen=True)
+class BelowFloor:
+    """The scale moved below the floor at ``step``: from ``floor`` to ``scale``, because the backward overflows at
+    the floor and no FP32 island could take it (``reason``). ``module``: where the gradient overflowed;
+    ``lost``: the fraction of the gradient's elements that flush to zero at the new scale, when measured."""
+
+    step: int
+    floor: float
+    scale: float
+    reason: str
+    module: Optional[str] = None
+    lost: Optional[float] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class ScalerStats:
     """Counters for loggers: every field is cheap to read each step."""
@@ -276,11 +302,19 @@ class ScalerStats:
     scale_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     heals: list = field(default_factory=list)
     input_steps: int = 0  # skipped for a non-finite model input (data, not an overflow: the scale stayed)
+    below_floor: list = field(default_factory=list)  # BelowFloor records: the floor moved down for the backward
+    refusals: list = field(default_factory=list)  # (step, why) of each heal at the floor that healed nothing
 
     def to_dict(self) -> dict:
         names = ("total_steps", "skipped_steps", "overflow_steps", "floor_hits", "input_steps")
         counts = {name: getattr(self, name) for name in names}
-        return {**counts, "scale_history": list(self.scale_history), "heals": [h.to_dict() for h in self.heals]}
+        return {
+            **counts,
+            "scale_history": list(self.scale_history),
+            "heals": [h.to_dict() for h in self.heals],
+            "below_floor": [b.to_dict() for b in self.below_floor],
+            "refusals": [list(r) for r in self.refusals],
+        }
 
 
 def _f32(x: float) -> np.float32:
@@ -408,6 +442,20 @@ class LossScaleState:
         scales = {"step": step, "paths": tuple(plan.paths), "scale_before": before, "scale_after": float(self.scale)}
         record = replace(plan.record, **scales) if plan.record is not None else HealRecord(**scales)
         self.stats.heals.append(record)
+        return record
+
+    def lower_floor(self, step: int, reason: str, module: Optional[str] = None, lost=None) -> Optional[BelowFloor]:
+        """Move the floor and the scale one backoff below the floor (a backward-only overflow that no island takes:
+        what the framework's own scaler would do next); None when that would pass :data:`LOWEST_SCALE`."""
+        p = self.policy
+        new = self._times(p.backoff_factor)
+        if not new >= _f32(LOWEST_SCALE):
+            return None
+        record = BelowFloor(step, float(self.scale), float(new), reason, module, lost(float(new)) if lost else None)
+        self.policy = replace(p, min_scale=float(new))
+        self.scale = new
+        self.growth_tracker = self.overflow_tracker = 0
+        self.stats.below_floor.append(record)
         return record
 
     # -- persistence -------------------------------------------------------------------------------------------------
@@ -638,6 +686,8 @@ class ScalerBase:
         decision = self._core.update(found_inf) if bad_input is None else self._core.skip_input(bad_input)
         if self._core.scale != before:
             self._refresh_scale()
+        if bad_input is None:
+            decision = self._annotated(decision, offenders)
         try:
             if bad_input is None:
                 getattr(self, self.FLOOR_HANDLERS[decision.on_floor])(decision, offenders, losses)
@@ -722,6 +772,11 @@ class ScalerBase:
     def _bad_input(self) -> Optional[BadInput]:
         """The non-finite input of this step's forward (None: finite, or no forward was seen)."""
         return None
+
+    def _annotated(self, decision: StepDecision, offenders: list) -> StepDecision:
+        """``decision`` with what the step's backward measured (here: nothing; a scaler that knows its model
+        names the module whose gradient first went non-finite)."""
+        return decision
 
     def _names_offenders(self) -> bool:
         """Whether an overflow of the step now ending is dispatched as a floor (the adapters then name the

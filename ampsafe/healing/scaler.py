@@ -26,9 +26,11 @@ from typing import Any, Callable, Optional
 
 from ..core.amp import OnFloor
 from ..core.capture import InputCapture
+from ..core.grad_origin import BackwardTrace, GradOrigin, first_agreed, origin_of
 from ..core.model import unwrap
-from ..core.scale import FloorInfo, ScalePolicy, ScalerBase, StepDecision
+from ..core.scale import FloorInfo, HealPlan, HealRecord, ScalePolicy, ScalerBase, StepDecision
 from ..core.sentinel import BadInput, nonfinite_input
+from ..core.swaps import protection_of
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError, LossScaleFloorError
 from .evidence import repair_running_stats
@@ -76,6 +78,7 @@ class HealingScaler(ScalerBase):
     _in_range: bool = False
     _trigger: Optional[HealTrigger] = None  # the run's records the heal rule reads (ampsafe.healing.trigger)
     _ranks: Optional[int] = None  # processes in the group, asked at the first overflow (the swallowed rule is local)
+    _trace: Optional[BackwardTrace] = None  # armed from an overflowing step to the next clean one
 
     def _init_core(self, policy: ScalePolicy, callback: Optional[Callable] = None, model=None, patience=None) -> None:
         super()._init_core(policy, callback, model)
@@ -127,6 +130,7 @@ class HealingScaler(ScalerBase):
         except TypeError:  # an object that takes no weak reference: held as it is
             self._resolved_ref = lambda model=model: model
         self._capture = InputCapture(backend, model, state=backend.amp.state)
+        self._trace = BackwardTrace(backend, model)
 
     def _bad_input(self) -> Optional[BadInput]:
         """The non-finite input of the step's captured forward (checked only on a step that found inf/NaN; under a
@@ -161,6 +165,37 @@ class HealingScaler(ScalerBase):
         """After ``update()``: the step's inputs are no longer the latest (the capture forgets them)."""
         if self._capture is not None:
             self._capture.drop()
+        if self._trace is not None:
+            self._trace.reset()
+
+    # -- the backward as evidence ----------------------------------------------------------------------------------
+    def _param_names(self) -> dict[int, str]:
+        """Named from ``model=`` or the resolved model (paths as heals spell them), else from the live modules."""
+        model = self._model if self._model is not None else self._resolved
+        if model is not None:
+            return {id(p): n for n, p in model.named_parameters()}
+        return super()._param_names()
+
+    def _annotated(self, decision: StepDecision, offenders: list) -> StepDecision:
+        """An overflowing step names the module whose gradient first went non-finite
+        (:mod:`ampsafe.core.grad_origin`), agreed by every rank, and arms the backward trace for the next step; a
+        clean step disarms it. Every rank dispatches an overflowing step alike (found_inf is reduced), so the
+        all-gather here is met by all of them."""
+        trace = self._trace
+        if trace is None:
+            return decision
+        if not decision.overflow:
+            trace.disarm()
+            return decision
+        names = self.floor_info(decision.step, offenders).offenders if offenders else ()
+        order = {path: i for i, path in enumerate(self._backend().modules(trace.model))}
+        local = origin_of(trace.activation_origin() if trace.armed else None, names, order)
+        origin = first_agreed(self._backend().all_gather(local))
+        trace.arm()
+        if origin is None:
+            return decision
+        log.info("ampsafe: step %s overflowed; the gradient first went non-finite in %s", decision.step, origin.text)
+        return replace(decision, grad_origin=origin)
 
     # -- the floor -----------------------------------------------------------------------------------------------
     def _order_offenders(self, offenders: list) -> list:
@@ -220,8 +255,10 @@ class HealingScaler(ScalerBase):
         self._attached_patience = check_patience(patience)
 
     def _names_offenders(self) -> bool:
-        """At the floor, and when the run's records make this step's overflow a floor (:mod:`.trigger`)."""
-        if self._core.at_floor:
+        """On every overflowing step of a scaler that knows its model (the backward's evidence,
+        :meth:`_annotated`); otherwise at the floor, and when the run's records make this step's overflow a floor
+        (:mod:`.trigger`)."""
+        if self._core.at_floor or self._resolved is not None:
             return True
         on_heal = self._core.policy.on_floor is OnFloor.HEAL
         return on_heal and self._heal_trigger().records_due(self._core.policy, ahead=1)
@@ -250,6 +287,98 @@ class HealingScaler(ScalerBase):
                 trigger.healed()
             elif swallowed:
                 self._heal_swallowed(decision)
+
+    def _heal_at_floor(self, decision: StepDecision, offenders: list, losses: list) -> None:
+        """The floor's heal; when it heals nothing because the overflow is in the backward (the forward replays
+        finite), what the step's gradients measured decides: :meth:`_heal_backward`. What stays unhealed is
+        recorded (``stats.refusals``) and raised."""
+        try:
+            super()._heal_at_floor(decision, offenders, losses)
+        except LossScaleFloorError as exc:
+            info = getattr(exc, "info", None)
+            if info is not None and self._heal_backward(decision, info):
+                return
+            self._core.stats.refusals.append((decision.step, str(exc)))
+            raise
+
+    def _heal_backward(self, decision: StepDecision, info: FloorInfo) -> bool:
+        """A backward-only overflow at the floor (the replayed forward is finite, gradients are not): island the
+        module whose gradient first went non-finite (an island's backward runs in float32), unless it is an
+        island already or no heals are left; else move the floor one backoff down, as the framework's own
+        scaler would have backed off. False when neither applies (the caller raises what was measured)."""
+        origin: Optional[GradOrigin] = decision.grad_origin
+        if info.where != "backward" or origin is None:
+            return False
+        if self._island_backward(decision, info, origin):
+            return True
+        if not decision.floor_hit:
+            return False
+        reason = (
+            f"the gradient of {origin.text} overflows float16 at the floor scale {decision.scale:g} while the forward "
+            f"is in range, and {self._why_not_island(origin)}"
+        )
+        moved = self._core.lower_floor(decision.step, reason, origin.module, lost=self._lost_at)
+        if moved is None:
+            return False
+        self._refresh_scale()
+        log.warning(
+            "ampsafe: step %s: the scale goes below the floor, %g -> %g: %s (the framework's own scaler would back off "
+            "the same way)%s",
+            decision.step,
+            moved.floor,
+            moved.scale,
+            reason,
+            f"; {moved.lost:.2%} of the gradient's non-zero elements flush to zero at {moved.scale:g}"
+            if moved.lost is not None
+            else "",
+        )
+        return True
+
+    def _lost_at(self, scale: float) -> Optional[float]:
+        """The fraction of the gradient that flushes to zero at ``scale`` (None: not measured)."""
+        return None
+
+    def _backward_healer(self) -> Optional[Healer]:
+        healer = self.heal_hook if isinstance(self.heal_hook, Healer) else None
+        return healer if healer is not None or self.heal_hook is not None else self._builtin_heal_hook()
+
+    def _why_not_island(self, origin: GradOrigin) -> str:
+        healer = self._backward_healer()
+        if origin.module == "":
+            return "an FP32 island of the whole model is no AMP at all"
+        if healer is None:
+            return "no heal hook can island it"
+        if len(healer.heals) >= healer.max_heals:
+            return f"no heals are left (max_heals={healer.max_heals})"
+        return f"{origin.module} is an FP32 island already"
+
+    def _island_backward(self, decision: StepDecision, info: FloorInfo, origin: GradOrigin) -> bool:
+        """Island ``origin.module`` when it runs in float16 now and a heal is left; the scale restarts where it is
+        (the island is proven by the next steps, and a backward overflow that goes on moves the floor down)."""
+        model, healer = self._resolved, self._backward_healer()
+        if model is None or healer is None or origin.module == "" or len(healer.heals) >= healer.max_heals:
+            return False
+        modules = self._backend().modules(model)
+        if origin.module not in modules or any(
+            protection_of(modules[p]) == "island" for p in _with_parents(origin.module) if p in modules
+        ):
+            return False
+        result = healer.patch(model, policy="island", level=healer.level, paths=[origin.module])
+        islanded = tuple(result.patched) or (origin.module,)
+        verdict = replace(info.verdict, module=origin.module) if info.verdict is not None else None
+        record = HealRecord(step=decision.step, paths=islanded, found=(origin.module,), verdict=verdict)
+        healer.heals.append(record)
+        self.apply_heal(decision.step, HealPlan(islanded, float(self._core.scale), record), info)
+        log.warning(
+            "ampsafe heal at step %s: islanded %s: its %s overflow float16 at scale %g while the forward is in range "
+            "(backward only); an FP32 island's backward runs in float32. Scale stays %g",
+            decision.step,
+            ", ".join(islanded),
+            "parameter gradients" if origin.kind == "parameter" else "input gradient",
+            decision.scale,
+            float(self._core.scale),
+        )
+        return True
 
     def _heal_from_records(self, decision: StepDecision, offenders: list, losses: list) -> None:
         """As many overflows in a row as a decay to the floor takes, and the script put the scale back up in
@@ -355,8 +484,17 @@ class HealingScaler(ScalerBase):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state.update(_resolved_ref=None, _resolve_done=False, _capture=None, _healer=None, _streak=0, _in_range=False)
-        state.update(_attached_patience=None, _ranks=None)
+        state.update(_attached_patience=None, _ranks=None, _trace=None)
         return state
+
+
+def _with_parents(path: str) -> list[str]:
+    """``path`` and every module path above it, the root (``""``) last."""
+    out = [path]
+    while path:
+        path = path.rpartition(".")[0]
+        out.append(path)
+    return out
 
 
 def _nth(n: int) -> str:

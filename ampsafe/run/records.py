@@ -93,6 +93,38 @@ class Heal(_Record):
 
     step: int | None = None
     paths: tuple[str, ...] = ()
+    cause: str = ""  # the pass that overflowed, as the heal measured it ("forward", "backward"; "" unknown)
+
+
+@dataclass(frozen=True)
+class OverflowOrigin(_Record):
+    """An overflowing step's backward evidence: the module whose gradient first went non-finite and whether it
+    was its parameters' gradients or the gradient it passed back (``kind``: "parameter" / "activation")."""
+
+    step: int | None = None
+    module: str = ""
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class BelowFloorStep(_Record):
+    """The scale moved below the floor at ``step`` (``floor`` -> ``scale``), and why; ``lost``: the fraction of
+    the gradient that flushes to zero at the new scale, when measured."""
+
+    step: int | None = None
+    floor: float | None = None
+    scale: float | None = None
+    module: str | None = None
+    reason: str = ""
+    lost: float | None = None
+
+
+@dataclass(frozen=True)
+class Refusal(_Record):
+    """A heal at the floor that healed nothing: the step and the measured reason the scaler raised."""
+
+    step: int | None = None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -196,6 +228,9 @@ class ScalerRecord(_Record):
         "watch_backoffs": WatchBackoff,
         "reloads": Reload,
         "bad_inputs": BadInputStep,
+        "overflow_origins": OverflowOrigin,
+        "below_floor": BelowFloorStep,
+        "refusals": Refusal,
     }
 
     class_name: str = ""
@@ -222,6 +257,10 @@ class ScalerRecord(_Record):
     input_steps: int = 0  # skipped for a non-finite model input (data): not overflows, the scale kept
     bad_inputs: tuple[BadInputStep, ...] = ()
     headroom: Headroom | None = None  # the headroom sampler's series and early warning (None: not sampled)
+    on_floor: str = ""  # the scaler's on_floor ("heal", "raise", "clamp")
+    overflow_origins: tuple[OverflowOrigin, ...] = ()  # per overflowing step: where its backward went non-finite
+    below_floor: tuple[BelowFloorStep, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
 
     @property
     def overflowed(self) -> bool:

@@ -391,14 +391,45 @@ def _scaler_advice(s: ScalerRecord) -> list[str]:
 
 
 def _overflow_advice(s: ScalerRecord) -> list[str]:
-    if s.floor_hits and not s.heal_records:
-        return [
-            f"{s.class_name}: {s.floor_hits} floor hits and no heal: run with `--on-floor heal` (the default) "
-            "so the offending paths become FP32 islands, then apply the patch line this report gives."
+    out = [_below_floor_advice(s)] if s.below_floor else []
+    if s.refusals:
+        return out + [_refusal_advice(s)]
+    if s.floor_hits and not s.heal_records and not s.below_floor and s.on_floor != "heal":
+        return out + [
+            f"{s.class_name}: {s.floor_hits} floor hits and no heal (on_floor={s.on_floor or 'raise'!r}): run with "
+            "`--on-floor heal` so the offending paths become FP32 islands, then apply the patch line this report "
+            "gives."
         ]
     if s.overflow_steps and not s.floor_hits and not s.heal_records:
-        return [_backoff_advice(s)]
-    return []
+        return out + [_backoff_advice(s)]
+    return out
+
+
+def _below_floor_advice(s: ScalerRecord) -> str:
+    """The floor moved down for a backward-only overflow: where, to what, and what keeps it up for good."""
+    last = s.below_floor[-1]
+    modules = sorted({b.module for b in s.below_floor if b.module is not None})
+    lost = (
+        f"; at {last.scale:g}, {last.lost:.2%} of the gradient's non-zero elements flush to zero" if last.lost else ""
+    )
+    where = f" in {', '.join(m or '<root>' for m in modules)}" if modules else ""
+    return (
+        f"{s.class_name}: the backward overflowed float16 at the floor{where} with the forward in range, so the scale "
+        f"went below the floor {len(s.below_floor)} time(s), to {last.scale:g} at step {last.step} (as the "
+        f"framework's own scaler would){lost}. {last.reason}. To keep the scale up: compute that gradient in "
+        'float32 (an FP32 island of the module that makes it: ampsafe.patch(model, policy="island", '
+        "paths=[...])), or scale the loss down where it is summed (a mean over tokens instead of a sum)."
+    )
+
+
+def _refusal_advice(s: ScalerRecord) -> str:
+    """A heal at the floor healed nothing: the measured reason, never advice to turn on what was on."""
+    step, why = s.refusals[-1].step, s.refusals[-1].reason
+    reason = why.split("could not heal it: ", 1)[-1] if "could not heal it: " in why else why
+    return (
+        f"{s.class_name}: the heal at the floor (on_floor={s.on_floor!r}) healed nothing at step {step}: {reason} "
+        "That is the case to fix; the options this run had are not it."
+    )
 
 
 def _overflowed(report: RunSummary) -> bool:

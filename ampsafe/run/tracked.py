@@ -17,7 +17,16 @@ from ..core.modpath import outermost
 from ..policies.island import island_modules
 from .hf import is_hf_model
 from .hf_lines import hf_lines, scan_inputs
-from .records import BackoffScan, BadInputStep, Heal, Reload, ScalerRecord
+from .records import (
+    BackoffScan,
+    BadInputStep,
+    BelowFloorStep,
+    Heal,
+    OverflowOrigin,
+    Refusal,
+    Reload,
+    ScalerRecord,
+)
 from .scaler_class import SHIM_MODULE
 
 __all__ = ["TrackedScaler", "backoff_scan", "disabled_reason", "STEP_RECORDS", "BACKOFF_SCAN_AT"]
@@ -103,6 +112,7 @@ class TrackedScaler:
         self.watch: Any = None
         self.headroom: Any = None  # the headroom sampler (ampsafe.run.headroom), or None
         self.bad_inputs: list[BadInputStep] = []  # steps skipped for a non-finite model input (data)
+        self.origins: list[OverflowOrigin] = []  # overflowing steps' backward evidence
         self.board: str | None = None  # --tensorboard: the folder of its event file (ampsafe.run.loggers)
         self._hf_follow: Callable = follow(scaler)
 
@@ -115,6 +125,9 @@ class TrackedScaler:
         overflow = bool(decision.found_inf) and bad is None
         if len(self.steps) < STEP_RECORDS:
             self.steps.append((decision.step, float(decision.scale), overflow, decision.floor_hit))
+        origin = getattr(decision, "grad_origin", None)
+        if origin is not None and len(self.origins) < STEP_RECORDS:
+            self.origins.append(OverflowOrigin(decision.step, origin.module, origin.kind))
         if bad is not None and len(self.bad_inputs) < STEP_RECORDS:
             self.bad_inputs.append(BadInputStep(decision.step, bad.where, bad.sample, float(decision.scale)))
         if overflow and not decision.floor_hit and self.scan is None:
@@ -158,7 +171,11 @@ class TrackedScaler:
         out = []
         for h in heals:
             step, paths = (h.get("step"), h.get("paths", ())) if isinstance(h, dict) else (h.step, h.paths)
-            out.append(Heal(step=step, paths=tuple(prefixed(self.holder_path, paths))))
+            verdict = None if isinstance(h, dict) else h.verdict
+            cause = {"forward": "forward", "scanned": "forward", "backward": "backward"}.get(
+                verdict.where if verdict is not None else "", ""
+            )
+            out.append(Heal(step=step, paths=tuple(prefixed(self.holder_path, paths)), cause=cause))
         return tuple(out)
 
     def _scan(self) -> BackoffScan | None:
@@ -205,7 +222,16 @@ class TrackedScaler:
             input_steps=getattr(stats, "input_steps", 0),
             bad_inputs=tuple(self.bad_inputs[-100:]),
             headroom=self.headroom.record() if self.headroom is not None else None,
+            on_floor=_on_floor(scaler),
+            overflow_origins=tuple(self.origins),
+            below_floor=tuple(BelowFloorStep(**b.to_dict()) for b in getattr(stats, "below_floor", ())),
+            refusals=tuple(Refusal(step, why[:2000]) for step, why in getattr(stats, "refusals", ())),
         )
+
+
+def _on_floor(scaler) -> str:
+    policy = getattr(scaler, "policy", None)
+    return policy.on_floor.value if policy is not None else ""
 
 
 def _engine_fixes(scaler, heals) -> dict:
