@@ -28,7 +28,16 @@ from ..core.amp import OnFloor
 from ..core.capture import InputCapture
 from ..core.grad_origin import BackwardTrace, GradOrigin, first_agreed, origin_of
 from ..core.model import unwrap
-from ..core.scale import FloorInfo, HealPlan, HealRecord, ScalePolicy, ScalerBase, StepDecision
+from ..core.scale import (
+    LOWEST_SCALE,
+    FloorInfo,
+    HealPlan,
+    HealRecord,
+    ScalePolicy,
+    ScalerBase,
+    StepDecision,
+    floor_error,
+)
 from ..core.sentinel import BadInput, nonfinite_input
 from ..core.swaps import protection_of
 from ..core.verdict import HealVerdict
@@ -296,8 +305,12 @@ class HealingScaler(ScalerBase):
             super()._heal_at_floor(decision, offenders, losses)
         except LossScaleFloorError as exc:
             info = getattr(exc, "info", None)
-            if info is not None and self._heal_backward(decision, info):
-                return
+            try:
+                if info is not None and self._backward_healer() is not None and self._heal_backward(decision, info):
+                    return
+            except LossScaleFloorError as tried:
+                self._core.stats.refusals.append((decision.step, str(tried)))
+                raise tried from exc
             self._core.stats.refusals.append((decision.step, str(exc)))
             raise
 
@@ -319,7 +332,7 @@ class HealingScaler(ScalerBase):
         )
         moved = self._core.lower_floor(decision.step, reason, origin.module, lost=self._lost_at)
         if moved is None:
-            return False
+            raise floor_error(info, self._core.policy, heal_failed=self._tried(origin))
         self._refresh_scale()
         log.warning(
             "ampsafe: step %s: the scale goes below the floor, %g -> %g: %s (the framework's own scaler would back off "
@@ -334,13 +347,30 @@ class HealingScaler(ScalerBase):
         )
         return True
 
+    def _tried(self, origin: GradOrigin) -> str:
+        """What was tried for a backward overflow that outlived every remedy, for the floor error."""
+        backward = [h for h in self._core.stats.heals if h.verdict is not None and h.verdict.where == "backward"]
+        islands = [p for h in backward for p in h.paths]
+        moved = self._core.stats.below_floor
+        return (
+            f"the gradient of {origin.text} stays non-finite"
+            + (f" after islanding {', '.join(islands)}" if islands else "")
+            + (f" and after {len(moved)} backoffs below the floor, down to {moved[-1].scale:g}" if moved else "")
+            + f" (the lowest scale is {LOWEST_SCALE:g}, float16's smallest subnormal): a gradient non-finite at any "
+            "scale is no float16 range problem (a numerical error in the backward, or a non-finite value put into a "
+            "gradient). Run the step under ampsafe.watch(model) to name the op."
+        )
+
     def _lost_at(self, scale: float) -> Optional[float]:
         """The fraction of the gradient that flushes to zero at ``scale`` (None: not measured)."""
         return None
 
     def _backward_healer(self) -> Optional[Healer]:
-        healer = self.heal_hook if isinstance(self.heal_hook, Healer) else None
-        return healer if healer is not None or self.heal_hook is not None else self._builtin_heal_hook()
+        """The Healer that heals this scaler (``ampsafe.heal``'s or the built-in one); None under a hook of the
+        script's own, whose decision stands."""
+        if self.heal_hook is not None:
+            return self.heal_hook if isinstance(self.heal_hook, Healer) else None
+        return self._builtin_heal_hook()
 
     def _why_not_island(self, origin: GradOrigin) -> str:
         healer = self._backward_healer()

@@ -248,8 +248,12 @@ def test_heal_hook_gets_offenders_and_the_scale_restarts_before_the_collapse():
     _train(scaler, [False] * 2 + [True] * 6 + [False])  # 32 -> 1 in 5 overflows, the 6th is at the floor
     assert len(calls) == 1 and calls[0].offenders == ("2.weight",) and calls[0].scale_before_collapse == 32.0
     assert scaler.stats.heals[0].paths == ("2",) and scaler.get_loss_scaling() == 32.0
-    with pytest.raises(ampsafe.LossScaleFloorError, match="on_floor='heal' could not heal it"):
-        _train(GradScaler(init_loss_scaling=2.0, on_floor="heal"), [True] * 4)
+    builtin = GradScaler(init_loss_scaling=2.0, on_floor="heal")  # the built-in heal: backward evidence
+    scales, _ = _train(builtin, [True] * 4)
+    assert [h.paths for h in builtin.stats.heals] == [("2",)] and builtin.stats.heals[0].verdict.where == "backward"
+    assert scales == [1.0, 1.0, 0.5, 0.25] and [b.step for b in builtin.stats.below_floor] == [2, 3]
+    with pytest.raises(ampsafe.LossScaleFloorError, match=r"after islanding 2 and after 24 backoffs below the floor"):
+        _train(GradScaler(init_loss_scaling=2.0, on_floor="heal"), [True] * 40)
 
 
 def test_step_callbacks_see_the_step_after_the_floor_dispatch_even_when_it_raises():

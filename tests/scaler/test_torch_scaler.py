@@ -111,9 +111,20 @@ def test_clamp_keeps_skipping_at_the_floor_and_never_applies_nonfinite_update():
     assert all(torch.equal(a, b) for a, b in zip(before, params))
 
 
-def test_heal_without_hook_raises_saying_heal_support_is_needed_and_hook_is_called():
-    with pytest.raises(ampsafe.LossScaleFloorError, match="on_floor='heal' could not heal it"):
-        _train(GradScaler("cpu", init_scale=2.0, on_floor="heal"), [True] * 5)
+def test_backward_only_floor_islands_the_module_then_goes_below_the_floor_and_raises_only_past_the_lowest_scale():
+    """A non-finite gradient the forward does not show: the built-in heal islands the module that owns it, then
+    backs off below the floor as torch's scaler would, and raises (saying what it tried) only past 2**-24."""
+    scaler = GradScaler("cpu", init_scale=2.0, on_floor="heal")
+    scales, _ = _train(scaler, [True] * 5)
+    heal = scaler.stats.heals[0]
+    assert heal.step == 1 and heal.paths == ("2",) and heal.verdict.where == "backward"
+    assert scales == [1.0, 1.0, 0.5, 0.25, 0.125] and [b.step for b in scaler.stats.below_floor] == [2, 3, 4]
+    assert scaler.stats.below_floor[0].module == "2" and "an FP32 island already" in scaler.stats.below_floor[0].reason
+    with pytest.raises(ampsafe.LossScaleFloorError, match=r"after islanding 2 and after 24 backoffs below the floor"):
+        _train(GradScaler("cpu", init_scale=2.0, on_floor="heal"), [True] * 40)
+
+
+def test_heal_hook_is_called_with_the_offenders_and_the_scale_restarts_before_the_collapse():
     calls = []
     scaler = GradScaler("cpu", init_scale=64.0, on_floor="heal")
     scaler.heal_hook = lambda s, info: calls.append(info) or [info.modules[0]]
