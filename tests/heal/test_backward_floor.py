@@ -131,7 +131,9 @@ def test_a_refused_heal_reports_what_was_measured_never_the_option_already_on(tm
     assert done.returncode != 0  # the floor raised: a numerical error no island or scale fixes
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     (scaler,) = RunSummary.from_dict(report).scalers
-    assert scaler.on_floor == "heal" and scaler.refusals and "come from elsewhere (the loss" in scaler.refusals[0].reason
+    assert (
+        scaler.on_floor == "heal" and scaler.refusals and "come from elsewhere (the loss" in scaler.refusals[0].reason
+    )
     text = (tmp_path / "r" / "report.md").read_text() + json.dumps(report["fix"])
     assert "--on-floor heal` (the default)" not in text and "run with `--on-floor heal`" not in text
     assert "healed nothing" in " ".join(report["fix"]["advice"])
