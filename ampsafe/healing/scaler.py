@@ -178,13 +178,6 @@ class HealingScaler(ScalerBase):
             self._trace.reset()
 
     # -- the backward as evidence ----------------------------------------------------------------------------------
-    def _param_names(self) -> dict[int, str]:
-        """Named from ``model=`` or the resolved model (paths as heals spell them), else from the live modules."""
-        model = self._model if self._model is not None else self._resolved
-        if model is not None:
-            return {id(p): n for n, p in model.named_parameters()}
-        return super()._param_names()
-
     def _annotated(self, decision: StepDecision, offenders: list) -> StepDecision:
         """An overflowing step names the module whose gradient first went non-finite
         (:mod:`ampsafe.core.grad_origin`), agreed by every rank, and arms the backward trace for the next step; a
@@ -196,7 +189,8 @@ class HealingScaler(ScalerBase):
         if not decision.overflow:
             trace.disarm()
             return decision
-        names = self.floor_info(decision.step, offenders).offenders if offenders else ()
+        own = {id(p): n for n, p in trace.model.named_parameters()} if offenders else {}
+        names = tuple(own.get(id(p), label) for p, label in self._order_offenders(offenders))
         order = {path: i for i, path in enumerate(self._backend().modules(trace.model))}
         local = origin_of(trace.activation_origin() if trace.armed else None, names, order)
         origin = first_agreed(self._backend().all_gather(local))

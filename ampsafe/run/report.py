@@ -483,12 +483,31 @@ def permanent_fix(
 def _scaler_line(s: ScalerRecord) -> str:
     if s.disabled_reason:
         return f"- `{s.class_name}` ({s.framework}): {_disabled_text(s.disabled_reason)}"
-    heals = "; ".join(f"step {h.step}: {', '.join(h.paths) or '(no paths)'}" for h in s.heal_records)
+    heals = "; ".join(
+        f"step {h.step}: {', '.join(h.paths) or '(no paths)'}"
+        + (" (its gradient overflowed at the floor, the forward in range)" if h.cause == "backward" else "")
+        for h in s.heal_records
+    )
+    below = "; ".join(f"step {b.step}: {b.floor:g} -> {b.scale:g}" for b in s.below_floor[:10])
     return (
         f"- `{s.class_name}` ({s.framework}{', model ' + s.model if s.model else ''}): "
         + _scaler_counts(s, 20)
         + (f"; heals: {heals}" if heals else "")
+        + (f"; below the floor: {below}" if below else "")
+        + _origins_text(s)
     )
+
+
+def _origins_text(s: ScalerRecord) -> str:
+    """``; the backward went non-finite first in value_head (steps 0-10)``: each module the overflowing steps'
+    gradients named, with the steps."""
+    if not s.overflow_origins:
+        return ""
+    steps: dict[str, list[int]] = {}
+    for o in s.overflow_origins:
+        steps.setdefault(f"{o.module or '<root>'} ({o.kind} gradient)", []).append(o.step)
+    named = "; ".join(f"{m} at steps {_cut(v, 8)}" for m, v in steps.items())
+    return f"; the overflowing steps' gradients went non-finite first in: {named}"
 
 
 def _happened(report: RunSummary, returncode: int | None) -> list[str]:
