@@ -158,7 +158,8 @@ class TrackedScaler:
         out = []
         for h in heals:
             step, paths = (h.get("step"), h.get("paths", ())) if isinstance(h, dict) else (h.step, h.paths)
-            out.append(Heal(step=step, paths=tuple(prefixed(self.holder_path, paths))))
+            scale = h.get("scale_after") if isinstance(h, dict) else h.scale_after
+            out.append(Heal(step=step, paths=tuple(prefixed(self.holder_path, paths)), scale_after=scale))
         return tuple(out)
 
     def _scan(self) -> BackoffScan | None:
