@@ -89,10 +89,12 @@ class _Record:
 
 @dataclass(frozen=True)
 class Heal(_Record):
-    """One heal as the summary keeps it: the step and the module paths it islanded (relative to the holder)."""
+    """One heal as the summary keeps it: the step, the module paths it islanded (relative to the holder) and the
+    loss scale the heal restarted the scaler from."""
 
     step: int | None = None
     paths: tuple[str, ...] = ()
+    scale_after: float | None = None
     cause: str = ""  # the pass that overflowed, as the heal measured it ("forward", "backward"; "" unknown)
 
 

@@ -175,7 +175,8 @@ class TrackedScaler:
             cause = {"forward": "forward", "scanned": "forward", "backward": "backward"}.get(
                 verdict.where if verdict is not None else "", ""
             )
-            out.append(Heal(step=step, paths=tuple(prefixed(self.holder_path, paths)), cause=cause))
+            scale = h.get("scale_after") if isinstance(h, dict) else h.scale_after
+            out.append(Heal(step=step, paths=tuple(prefixed(self.holder_path, paths)), scale_after=scale, cause=cause))
         return tuple(out)
 
     def _scan(self) -> BackoffScan | None:

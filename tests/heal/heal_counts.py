@@ -2,7 +2,7 @@
 
 A forward pre-hook on the scaler's model (the module its optimizer covers: every replay and scan of the batch
 runs it) and a gradient hook on each of its trainable parameters are registered for the duration of each
-``_heal_at_floor`` / ``_heal_after_streak`` call of an ampsafe GradScaler (torch or Paddle: the same hook
+``_heal_at_floor`` / ``_heal_after_streak`` call (or the ``methods`` asked for) of an ampsafe GradScaler (torch or Paddle: the same hook
 names), so the training step's own forward and backward are not counted. Duck-typed over the frameworks on purpose: it counts
 through the frameworks' own public hooks.
 """
@@ -69,11 +69,15 @@ def _counted(method: str, original, costs: HealCosts):
     return wrapper
 
 
+CHECKS = ("_heal_at_floor", "_heal_after_streak")
+
+
 @contextlib.contextmanager
-def heal_costs():
-    """Yield a :class:`HealCosts` that fills while the block trains (every ampsafe GradScaler is counted)."""
+def heal_costs(methods: tuple[str, ...] = CHECKS):
+    """Yield a :class:`HealCosts` that fills while the block trains (every ampsafe GradScaler is counted).
+    ``methods``: the scaler's checks counted (add ``"_heal_swallowed"`` for the swallowed rule's heal)."""
     costs = HealCosts()
-    own = {name: vars(HealingScaler).get(name) for name in ("_heal_at_floor", "_heal_after_streak")}
+    own = {name: vars(HealingScaler).get(name) for name in methods}
     for name in own:
         setattr(HealingScaler, name, _counted(name, getattr(HealingScaler, name), costs))
     try:

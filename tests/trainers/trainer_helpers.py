@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from ampsafe.run.records import RunSummary, ScalerRecord
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCRATCH = tempfile.mkdtemp(prefix="ampsafe-trainers-")  # the default ./ampsafe-run/ report lands here
@@ -36,6 +39,20 @@ def emulated_run(report: Path, script: str, script_args=(), *, min_scale: int = 
     proc = ampsafe_run(*args, script=script, script_args=script_args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def stepped_scaler(report: Path) -> ScalerRecord:
+    """The record of the one scaler of the run that stepped, from the run's ``report.json`` (``--report REPORT``)
+    read through :mod:`ampsafe.run.records`: what happened, typed, never parsed from the run's log lines."""
+    summary = RunSummary.from_dict(json.loads((Path(report) / "report.json").read_text(encoding="utf-8")))
+    stepped = [s for s in summary.scalers if s.total_steps]
+    assert len(stepped) == 1, summary.scalers
+    return stepped[0]
+
+
+def scale_after(record: ScalerRecord, step: int) -> float:
+    """The loss scale the step after ``step`` ran with (the record's own per-step rows)."""
+    return next(float(row[1]) for row in record.steps if row[0] == step + 1)
 
 
 def needs(module: str):
