@@ -205,7 +205,21 @@ class TrackedScaler:
             input_steps=getattr(stats, "input_steps", 0),
             bad_inputs=tuple(self.bad_inputs[-100:]),
             headroom=self.headroom.record() if self.headroom is not None else None,
+            underflow=self._underflow(),
         )
+
+    def _underflow(self):
+        """The sampler's underflow series, its module paths relative to the holder (None: not sampled)."""
+        series = getattr(self.headroom, "underflow", None)
+        if series is None:
+            return None
+        from .holder import prefixed
+
+        record = series.record()
+        if not self.holder_path or not record.modules:
+            return record
+        names = prefixed(self.holder_path, list(record.modules))
+        return dataclasses.replace(record, modules=dict(zip(names, record.modules.values())))
 
 
 def _engine_fixes(scaler, heals) -> dict:
