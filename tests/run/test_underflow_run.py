@@ -13,8 +13,6 @@ from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
 
 from ampsafe.run.records import GuardRecord, ScalerRecord
 
-pytest.importorskip("torch")
-
 STEPS = 12
 
 
@@ -34,6 +32,7 @@ def _last_scalars(logdir: Path) -> dict[str, float]:
 
 
 def test_a_forced_low_scale_s_underflow_is_in_report_json_and_the_metrics(tmp_path):
+    pytest.importorskip("torch")
     report, board = tmp_path / "report", tmp_path / "tb"
     args = ["--min-scale", "0", "--report", str(report), "--tensorboard", str(board), "--"]
     script = [sys.executable, str(SCRIPTS / "train_torch.py"), "--steps", str(STEPS), "--init-scale", str(2.0**-16)]
@@ -70,17 +69,17 @@ def _patched(source: str, lines: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _run(tmp_path: Path, script: Path, name: str) -> tuple[dict, list[float]]:
+def _run(tmp_path: Path, script: Path, name: str, *options: str) -> tuple[dict, list[float]]:
     report, losses = tmp_path / name, tmp_path / f"{name}-losses.json"
-    proc = ampsafe_run(
-        "--report", str(report), "--", sys.executable, str(script), "--steps", str(STEPS), "--out", str(losses)
-    )
+    command = [sys.executable, str(script), "--steps", str(STEPS), "--out", str(losses)]
+    proc = ampsafe_run(*options, "--report", str(report), "--", *command)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _report(report), json.loads(losses.read_text())["losses"]
 
 
 @pytest.mark.slow  # two runs of the script
 def test_a_float16_backward_with_no_scaler_is_named_at_step_0_and_the_printed_lines_train(tmp_path):
+    pytest.importorskip("torch")
     script = SCRIPTS / "train_fp16_no_scaler.py"
     data, losses = _run(tmp_path, script, "plain")
     assert data["scalers"] == []
@@ -106,3 +105,24 @@ def test_a_float16_backward_with_no_scaler_is_named_at_step_0_and_the_printed_li
     assert losses2[-1] < 0.8 * losses2[0]  # it trains
     scaled_zero = scaler.underflow.latest[2]
     assert scaled_zero < 0.5 * plain_zero and scaled_zero < 0.05  # the scale lifts the gradient out of underflow
+
+
+@pytest.mark.slow  # two runs of the script
+def test_paddle_float16_with_no_scaler_is_named_at_step_0_and_paddle_s_printed_lines_train(tmp_path):
+    pytest.importorskip("paddle")
+    script = SCRIPTS / "train_paddle_fp16_no_scaler.py"
+    data, _ = _run(tmp_path, script, "plain", "--emulate-fp16")
+    n = GuardRecord.from_dict(data["guards"][0]).no_scaler
+    assert n is not None and n.step == 0 and n.why.startswith("float16 auto_cast")
+    assert n.lines.framework == "paddle" and n.lines.create.startswith("scaler = paddle.amp.GradScaler(")
+    plain_zero = n.underflow.latest[2]
+    assert plain_zero > 0.3
+
+    patched = tmp_path / "train_paddle_fp16_scaled.py"
+    patched.write_text(_patched(script.read_text(), n.lines.to_dict()))
+    data2, losses2 = _run(tmp_path, patched, "scaled", "--emulate-fp16")
+    scaler = ScalerRecord.from_dict(data2["scalers"][0])
+    assert scaler.framework == "paddle" and scaler.total_steps == STEPS and scaler.overflow_steps == 0
+    assert all(g.get("no_scaler") is None for g in data2["guards"])
+    assert all(v == v and abs(v) < float("inf") for v in losses2) and losses2[-1] < 0.8 * losses2[0]
+    assert scaler.underflow.latest[2] < 0.5 * plain_zero and scaler.underflow.latest[2] < 0.05
