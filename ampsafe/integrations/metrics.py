@@ -20,7 +20,12 @@ are held by no scaler: they come from the samples ``ampsafe run`` takes in the s
 ``amp/grad_norm_unscaled``         the gradients' 2-norm after unscaling, at the latest sampled step
 ``amp/min_headroom_bits``          log2(65504 / amax) of the tracked module with the least float16 headroom
 ``amp/headroom_bits/<module>``     the same for each of the few modules with the least headroom
+``amp/grad_zero_frac``             the fraction of gradient elements float16 holds as zero at the step's scale
+``amp/grad_subnormal_frac``        the fraction non-zero and below 2**-14 (precision lost), same sample
 =================================  ===============================================================================
+
+The two gradient fractions are read before the scaler unscales (:mod:`ampsafe.core.underflow` says what they
+count: ``zero`` includes elements that are zero in float32 too).
 """
 
 from __future__ import annotations
@@ -42,7 +47,12 @@ COUNTS = {
 }
 NAMES = (LOSS_SCALE, *COUNTS)
 # from the run's headroom samples; ``amp/headroom_bits/<module>`` per module beside them
-SAMPLED = (PREFIX + "grad_norm_unscaled", PREFIX + "min_headroom_bits")
+SAMPLED = (
+    PREFIX + "grad_norm_unscaled",
+    PREFIX + "min_headroom_bits",
+    PREFIX + "grad_zero_frac",
+    PREFIX + "grad_subnormal_frac",
+)
 
 
 def loss_scale(scaler: Any) -> Optional[float]:

@@ -119,12 +119,50 @@ def _guard_optimizers(ledger, site) -> None:
         # Paddle's minimize returns (optimize_ops, params_grads), which its GradScaler.minimize unpacks
         guard.wrap_step(cls, "minimize", loss_of=minimize_loss, closure_of=no_closure, skipped=lambda: (None, []))
 
+    guard.low_precision = _float16_amp
+    guard.add_scaler = _add_scaler
     guard.guard_new_optimizers(paddle.optimizer.Optimizer, wrap_class)
     guard.note_losses(paddle.Tensor)
     site.tell(
         "paddle.optimizer.Optimizer step/minimize guarded without a scaler (skip non-finite; "
         f"max_skips={guard.max_skips})"
     )
+
+
+def _float16_amp() -> str | None:
+    """Why a forward starting now computes in float16 (ampsafe's float16 emulation, or ``auto_cast`` at O1/O2 with
+    float16 where Paddle has float16 kernels), or None."""
+    import paddle
+
+    emulator, level, dtype = BACKEND.amp.state()
+    if emulator is not None:
+        return f"float16 auto_cast {emulator.level} (emulated)"
+    if level in ("O1", "O2") and dtype == "float16" and paddle.device.is_compiled_with_cuda():
+        return f"float16 auto_cast {level}"
+    return None
+
+
+def _add_scaler(optimizer) -> dict:
+    """Paddle's lines that add a GradScaler to a float16 loop without one (an ``AddScaler`` record as a dict)."""
+    import paddle
+
+    half = any(p.dtype == paddle.float16 for p in BACKEND.optimizer_params(optimizer))
+    note = "or `scaler.minimize(optimizer, scaler.scale(loss))` in place of `step` and `update` (Paddle's own form)"
+    if half:
+        note += (
+            "; float16 parameters need float32 master weights: build them with "
+            '`model, optimizer = paddle.amp.decorate(model, optimizer, level="O2")`'
+        )
+    return {
+        "framework": "paddle",
+        "create": "scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**16)",
+        "backward": "scaler.scale(loss).backward()",
+        "step": "scaler.step(optimizer)",
+        "update": "scaler.update()",
+        "replaces_backward": "loss.backward()",
+        "replaces_step": "optimizer.step()",
+        "note": note,
+    }
 
 
 def _check_targets(batch_operators, policy: str, ledger, site) -> None:

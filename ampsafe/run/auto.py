@@ -39,6 +39,7 @@ def install(
     metrics: bool = True,
     tensorboard: str | None = None,
     headroom_every: int = 10,
+    underflow: bool = True,
 ) -> RunOptions:
     """Put ampsafe in place and return the options in force (a :class:`~ampsafe.run.options.RunOptions`).
 
@@ -47,7 +48,7 @@ def install(
     options in force are always the last ones asked for. Scalers built before keep the floor they were built with.
 
     The options of ``ampsafe run`` (``on_floor`` heal|raise|clamp, ``min_scale``, ``watch``, ``max_skips``,
-    ``on_bad_target`` raise|drop, ``emulate_fp16``, ``metrics``, ``tensorboard``, ``headroom_every``); ``report``
+    ``on_bad_target`` raise|drop, ``emulate_fp16``, ``metrics``, ``tensorboard``, ``headroom_every``, ``underflow``); ``report``
     is written by ``ampsafe run``'s parent process (in a notebook:
     ``ampsafe.run.report.write_reports([summary()], dir)``). A bad value raises
     :class:`ampsafe.ConfigError` naming it, and the options in force stay as they were.
@@ -64,6 +65,7 @@ def install(
         metrics=metrics,
         tensorboard=tensorboard,
         headroom_every=headroom_every,
+        underflow=underflow,
     )
     return install_options(options)
 

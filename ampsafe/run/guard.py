@@ -16,6 +16,10 @@ Steps done inside an enabled ampsafe scaler's ``step`` / ``minimize`` are the sc
 * ``watch``: the first non-finite step stops the run with :class:`ampsafe.NonFiniteError`: the inputs of the
   model's latest training forward (kept by reference) are replayed under ``ampsafe.watch``, model state
   restored, which names the op, module, pass, sample and kind;
+* a float16 backward with no loss scaler (float16 autocast on the step's forward, or float16 parameters in the
+  optimizer: NeMo-RL's DTensor float16 path): said once, at the first such step, and recorded
+  (:meth:`StepGuard.no_scaler_record`): its non-finite steps, the gradients' float16 underflow at scale 1 on the
+  sampled steps (:mod:`ampsafe.core.underflow`), and the framework's lines that add a GradScaler;
 * a script that stops itself on a non-finite loss before any optimizer step (torchvision's engine calls
   ``sys.exit(1)``): at exit, :meth:`StepGuard.explain_exit` replays that last forward once in float32 under
   ``ampsafe.watch``, and the summary and report name its origin (``kind='input'`` for a NaN image).
@@ -136,6 +140,7 @@ class _Tracked:
         self._model = weakref.ref(model, lambda _ref: tracked.pop(ident) if tracked.get(ident) is self else None)
         self.restore: Callable[[], None] | None = None
         self.latest: tuple[tuple, dict] | None = None
+        self.low: str | None = None  # why a forward of this step computed in float16 (guard.low_precision)
         self.paused = 0
         self._handle = self.backend.forward_pre_hook(model, self._pre)
 
@@ -152,10 +157,11 @@ class _Tracked:
             self.restore = self.backend.snapshot(model)
         if self.guard.training(model):
             self.latest = (args if isinstance(args, tuple) else tuple(args), dict(kwargs) if kwargs else {})
+            self.low = self.low or self.guard.low_precision()
 
     def drop(self) -> None:
         """The step happened (or was skipped and restored): the next forward starts the next step."""
-        self.restore = self.latest = None
+        self.restore = self.latest = self.low = None
 
     def remove(self) -> None:
         self.drop()
@@ -195,6 +201,7 @@ class StepGuard:
         watch: bool = False,
         say: Callable[[str], None] = lambda _m: None,
         patches: AttrPatches | None = None,
+        underflow_every: int = 0,
     ):
         self.backend, self._offenders = backend, offenders
         self._patches = patches if patches is not None else AttrPatches("ampsafe.run.guard")
@@ -212,6 +219,14 @@ class StepGuard:
         self.training: Callable[[Any], bool] = lambda model: True  # a training forward (adapters: mode, grad)
         self.restored: list[str] = []  # what the last skip put back (state tensor names)
         self.exit_origin: dict | None = None  # what a replay at exit found (the script stopped before stepping)
+        # a float16 backward with no scaler: the adapters say whether a forward runs in float16 now (its autocast,
+        # an emulator) and give the lines that add their GradScaler, ``add_scaler(optimizer) -> dict``
+        self.low_precision: Callable[[], str | None] = lambda: None
+        self.add_scaler: Callable[[Any], dict | None] = lambda optimizer: None
+        self.underflow_every = underflow_every  # sample the underflow of such steps (0: never)
+        self.no_scaler: dict | None = None  # the record once seen (no_scaler_record)
+        self._underflow: Any = None  # its UnderflowSeries
+        self._half: dict[int, bool] = {}  # id(optimizer) -> float16 parameters in it
         # id(optimizer) -> (weakref(optimizer), weakref(model) or None, the model's class name): weak, so that a
         # model the script dropped is freed (a sweep builds many); the name stays for the summary
         self._models: dict[int, tuple] = {}
@@ -317,6 +332,7 @@ class StepGuard:
                 finite = self.backend.tensors.grads_finite(self.backend.optimizer_params(optimizer), loss)
                 index = self.total_steps
                 self.total_steps += 1
+                self._float16_step(optimizer, model, index, finite)
                 if finite:
                     self.in_a_row = 0
                     with _inside("accounted"):
@@ -327,6 +343,70 @@ class StepGuard:
                 return skipped() if callable(skipped) else skipped
             finally:
                 self._drop(model)
+
+    def _float16_step(self, optimizer, model, index: int, finite: bool) -> None:
+        """A step without a scaler whose backward ran in float16: say so at the first, count its non-finite steps,
+        measure the gradients' underflow (scale 1) on the sampled steps. Advice only: a failure never stops the
+        step."""
+        try:
+            tracked = self._tracked.get(id(model)) if model is not None else None
+            why = tracked.low if tracked is not None else None
+            why = why or self._float16_params(optimizer)
+            if why is None:
+                return
+            if self.no_scaler is None:
+                self._first_float16_step(optimizer, index, why)
+            record = self.no_scaler
+            record["steps"] += 1
+            if not finite:
+                record["nonfinite_steps"].append(index)
+            every = self.underflow_every
+            if every and (index < every or index % every == 0):
+                self._underflow.measure(self.backend, model, 1.0, index)
+        except Exception as exc:  # noqa: BLE001 - the record is advice: the step goes on
+            self._say(f"step {index}: could not measure the float16 step: {type(exc).__name__}: {exc}")
+
+    def _float16_params(self, optimizer) -> str | None:
+        key = id(optimizer)
+        if key not in self._half:
+            ts = self.backend.tensors
+            self._half[key] = any(ts.describe(p)[1] == "float16" for p in self.backend.optimizer_params(optimizer))
+        return "float16 parameters" if self._half[key] else None
+
+    def _first_float16_step(self, optimizer, index: int, why: str) -> None:
+        from .underflow import UnderflowSeries
+
+        message = (
+            f"step {index}: a float16 backward with no loss scaler ({why}): gradients below 6e-8 flush to zero and "
+            "nothing skips an overflowing step; the FP32 guard skips non-finite steps and measures the underflow, "
+            "and the report gives the lines that add a GradScaler"
+        )
+        self._say(message)
+        try:
+            lines = self.add_scaler(optimizer)
+        except Exception:  # noqa: BLE001 - the lines are advice
+            lines = None
+        self._underflow = UnderflowSeries(self.underflow_every)
+        model = self._known(optimizer)
+        if model is not None and self.backend.sharding.forward_is_collective(model):
+            self._underflow.note = "not measured: the gradients are sharded across ranks (FSDP2)"
+        self.no_scaler = {
+            "step": index,
+            "why": why,
+            "message": message,
+            "steps": 0,
+            "nonfinite_steps": [],
+            "lines": lines,
+        }
+
+    def no_scaler_record(self) -> dict | None:
+        """The float16-without-a-scaler record (:class:`~ampsafe.run.records.NoScaler` as a dict), or None."""
+        if self.no_scaler is None:
+            return None
+        record = dict(self.no_scaler, nonfinite_steps=list(self.no_scaler["nonfinite_steps"][-100:]))
+        if self.underflow_every and self._underflow is not None:
+            record["underflow"] = self._underflow.record().to_dict()
+        return record
 
     def _refine(self, optimizer) -> None:
         """At an optimizer's first step, once: the model found at its construction is the smallest module that
@@ -568,6 +648,7 @@ class StepGuard:
             "max_skips": self.max_skips,
             "restored": list(self.restored),
             "exit_origin": self.exit_origin,
+            "no_scaler": self.no_scaler_record(),
         }
 
 

@@ -15,6 +15,9 @@ unscaled gradient norm. No extra forward and no collective is ever run for a sam
 * Sampled steps: every ``every``-th, every step of the first ``every`` (Adam's first steps move fastest), and every
   step while a projected crossing is within twice the horizon (or the interval).
 * The warning: :mod:`.headroom_trend` (the rule, on the samples kept here).
+* Gradient underflow (:mod:`ampsafe.core.underflow`), on the same sampled steps: the model's gradients read at the
+  scaler's first ``unscale_`` of the step (:meth:`HeadroomSampler.before_unscale`, which the run's scaler class
+  calls), while they still carry the loss scale and before clipping or the optimizer touches them.
 
 The model is held weakly, and the hooks go with it. :func:`sampler_of` hands ``amp_metrics`` a scaler's sampler.
 """
@@ -29,6 +32,7 @@ from typing import Any, Optional
 
 from .headroom_trend import bits, judge
 from .records import Headroom, HeadroomAlert
+from .underflow import UnderflowSeries
 
 __all__ = ["HeadroomSampler", "sampler_of", "DEFAULT_EVERY", "TOP"]
 
@@ -53,7 +57,7 @@ class HeadroomSampler:
     model's path in the object the user holds (names in the warning and the report); ``say``: where the one
     warning line goes (stderr, whatever ``--quiet`` says: it is not a patch line)."""
 
-    def __init__(self, scaler, every: int, prefix=lambda: "", say=None, model=None) -> None:
+    def __init__(self, scaler, every: int, prefix=lambda: "", say=None, model=None, underflow: bool = True) -> None:
         self.every = every
         self.prefix = prefix
         self.say = say or (lambda line: print(f"[ampsafe] {line}", file=sys.stderr, flush=True))
@@ -71,6 +75,8 @@ class HeadroomSampler:
         self._handles: list = []
         self._amax: dict[str, Any] = {}
         self._armed_for: Optional[int] = None
+        self.underflow: Optional[UnderflowSeries] = UnderflowSeries(every) if underflow else None
+        self._underflow_for: Optional[int] = 0  # the step whose gradients the next unscale_ measures
         try:
             _samplers[scaler] = self
         except TypeError:
@@ -87,6 +93,12 @@ class HeadroomSampler:
         """The scaler's update of step ``decision.step``: read that step's sample, choose the tracked modules by
         the scan once a captured batch is there, arm the next sampled step."""
         step = decision.step
+        try:
+            self._on_step(scaler, decision, step)
+        finally:
+            self._underflow_for = step + 1 if self.sampled(step + 1) else None
+
+    def _on_step(self, scaler, decision, step: int) -> None:
         model = getattr(scaler, "model", None)
         if model is not None and model is not self.model and hasattr(scaler, "_backend"):
             self._detach()
@@ -100,6 +112,19 @@ class HeadroomSampler:
             self._choose(scaler)
         if self.layers and self.sampled(step + 1):
             self._arm(step + 1)
+
+    def before_unscale(self, scaler) -> None:
+        """The scaler is about to unscale an optimizer's gradients: on a sampled step, at its first unscale, measure
+        the model's gradients as the backward left them (still times the scale: as float16 held them). Not where
+        an engine holds or shards the gradients (a rank's own are not the model's)."""
+        step, self._underflow_for = self._underflow_for, None
+        if step is None or self.underflow is None or self.sharded or not hasattr(scaler, "_backend"):
+            return
+        model = getattr(scaler, "model", None) or self.model
+        scale = 1.0 if getattr(scaler, "_guard", False) else _scale_of(scaler)
+        if model is None or scale is None:
+            return
+        self.underflow.measure(scaler._backend(), model, float(scale), step)
 
     @property
     def model(self):
@@ -244,7 +269,8 @@ class HeadroomSampler:
 
     def metrics(self) -> dict[str, float]:
         """``amp/grad_norm_unscaled``, ``amp/min_headroom_bits`` and ``amp/headroom_bits/<module>`` for the
-        :data:`TOP` modules with the least headroom, at the latest sample ({} before one)."""
+        :data:`TOP` modules with the least headroom, and ``amp/grad_zero_frac`` / ``amp/grad_subnormal_frac``, at
+        the latest sample ({} before one)."""
         latest = {k: v for k, v in self.latest().items() if not math.isinf(v) or v < 0}
         out: dict[str, float] = {}
         if self.grad_norm and self.grad_norm[-1][1] is not None:
@@ -253,6 +279,8 @@ class HeadroomSampler:
             low = sorted(latest.items(), key=lambda kv: kv[1])[:TOP]
             out["amp/min_headroom_bits"] = float(low[0][1])
             out.update({f"amp/headroom_bits/{name}": float(value) for name, value in low})
+        if self.underflow is not None:
+            out.update(self.underflow.metrics())
         return out
 
     def record(self) -> Headroom:
@@ -296,6 +324,15 @@ def _join(prefix: str, name: str) -> str:
     from ..core.modpath import join
 
     return join(prefix, name) if prefix else name
+
+
+def _scale_of(scaler) -> Optional[float]:
+    """The scaler's current scale: the run's class's reading, else ampsafe's getters (torch's, Paddle's)."""
+    for getter in ("_run_scale", "get_scale", "get_loss_scaling"):
+        read = getattr(scaler, getter, None)
+        if callable(read):
+            return read()
+    return None
 
 
 def _conv_or_linear(module) -> bool:

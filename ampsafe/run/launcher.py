@@ -157,6 +157,14 @@ def _parser() -> argparse.ArgumentParser:
         "step of the first N), warn once when a path's trend reaches 65504, plot it in the report (default 10; 0: off)",
     )
     parser.add_argument(
+        "--no-underflow",
+        dest="underflow",
+        action="store_false",
+        default=None,
+        help="do not measure the gradients' float16 underflow on the sampled steps (measured by default: the fraction "
+        "of gradient elements float16 holds as zero or subnormal, in the report and the amp/* metrics)",
+    )
+    parser.add_argument(
         "--on-bad-target",
         choices=ON_BAD_TARGET,
         default=None,

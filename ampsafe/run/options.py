@@ -49,7 +49,9 @@ class RunOptions:
     script builds (HF ``Trainer``, Lightning, mmengine, ultralytics, PaddleOCR / PaddleDetection:
     :mod:`ampsafe.run.loggers`); ``tensorboard``: a folder where every scaler of the run writes its ``amp/*``
     metrics at each optimizer step (a TensorBoard event file; None: none); ``headroom_every``: the float16
-    headroom of the scanned paths is sampled in every N-th step's own forward (:mod:`ampsafe.run.headroom`; 0: off).
+    headroom of the scanned paths is sampled in every N-th step's own forward (:mod:`ampsafe.run.headroom`; 0: off);
+    ``underflow``: on those sampled steps, and on a float16 step with no scaler, the gradients' float16 underflow
+    is measured too (:mod:`ampsafe.core.underflow`; a host copy of every gradient per sample).
     """
 
     on_floor: str = "heal"
@@ -63,6 +65,7 @@ class RunOptions:
     metrics: bool = True
     tensorboard: str | None = None
     headroom_every: int = 10
+    underflow: bool = True
 
     def __post_init__(self) -> None:
         if self.on_floor not in ON_FLOOR:
@@ -82,7 +85,7 @@ class RunOptions:
         every = self.headroom_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ConfigError(f"headroom_every must be an int >= 0 (0: off), got {every!r}")
-        for name in ("watch", "emulate_fp16", "quiet", "metrics"):
+        for name in ("watch", "emulate_fp16", "quiet", "metrics", "underflow"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         report = None if self.report in (None, "") else self.report

@@ -29,6 +29,9 @@ __all__ = [
     "Reload",
     "HeadroomAlert",
     "Headroom",
+    "UnderflowRecord",
+    "AddScaler",
+    "NoScaler",
     "ScalerRecord",
     "Origin",
     "GuardRecord",
@@ -218,13 +221,45 @@ class Headroom(_Record):
 
 
 @dataclass(frozen=True)
+class UnderflowRecord(_Record):
+    """Gradient underflow in float16 on the sampled steps (:mod:`ampsafe.core.underflow` says what is counted):
+    ``series``: ``(step, scale, zero, subnormal)`` per sample, the fractions of the gradient elements that float16
+    holds as zero / as subnormal at the step's loss scale; ``elements``: elements counted at the latest sample;
+    ``modules``: module path -> (zero, subnormal) at the latest sample, the worst few; ``lost_below``: ``(scale,
+    fraction)``: of the elements non-zero at the latest sample, the fraction a lower scale would flush to zero
+    (a lower bound); ``note``: why sampling stopped, if it did."""
+
+    every: int = 0
+    samples: int = 0
+    series: tuple[tuple, ...] = ()
+    elements: int = 0
+    modules: Mapping[str, tuple] = field(default_factory=dict)
+    lost_below: tuple[tuple, ...] = ()
+    note: str | None = None
+
+    @classmethod
+    def from_dict(cls, data):
+        record = super().from_dict(data)
+        return dataclasses.replace(record, modules={k: tuple(v) for k, v in (record.modules or {}).items()})
+
+    @property
+    def latest(self) -> tuple | None:
+        """The latest ``(step, scale, zero, subnormal)``, or None."""
+        return self.series[-1] if self.series else None
+
+
+@dataclass(frozen=True)
 class ScalerRecord(_Record):
     """One scaler the run built: the summary's row. ``steps``: ``(step, scale, overflow, floor hit)`` per step
     (the plot); ``island_levels``: level -> (where, advice) of the framework's levels whose island line differs;
     the counters are the scaler's ``stats``."""
 
     _KEYS: ClassVar[Mapping[str, str]] = {"class_name": "class"}
-    _ONE: ClassVar[Mapping[str, type]] = {"backoff_scan": BackoffScan, "headroom": Headroom}
+    _ONE: ClassVar[Mapping[str, type]] = {
+        "backoff_scan": BackoffScan,
+        "headroom": Headroom,
+        "underflow": UnderflowRecord,
+    }
     _MANY: ClassVar[Mapping[str, type]] = {
         "heal_records": Heal,
         "watch_backoffs": WatchBackoff,
@@ -263,6 +298,7 @@ class ScalerRecord(_Record):
     overflow_origins: tuple[OverflowOrigin, ...] = ()  # per overflowing step: where its backward went non-finite
     below_floor: tuple[BelowFloorStep, ...] = ()
     refusals: tuple[Refusal, ...] = ()
+    underflow: UnderflowRecord | None = None  # gradient underflow on the sampled steps, before the unscale
 
     @property
     def overflowed(self) -> bool:
@@ -298,10 +334,45 @@ class Origin(_Record):
 
 
 @dataclass(frozen=True)
-class GuardRecord(_Record):
-    """One framework's FP32 guard (:class:`~ampsafe.run.guard.StepGuard`): the optimizer steps it saw and skipped."""
+class AddScaler(_Record):
+    """The lines that add a loss scaler to a float16 loop without one, in the framework's own words: ``create``
+    after the optimizer is built, ``backward`` in place of ``replaces_backward``, ``step`` then ``update`` in place
+    of ``replaces_step``; ``note``: what else the change needs (float16 parameters), or ""."""
 
-    _ONE: ClassVar[Mapping[str, type]] = {"exit_origin": Origin}
+    framework: str = ""
+    create: str = ""
+    backward: str = ""
+    step: str = ""
+    update: str = ""
+    replaces_backward: str = "loss.backward()"
+    replaces_step: str = "optimizer.step()"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NoScaler(_Record):
+    """A float16 backward with no loss scaler, as the FP32 guard saw it: first at ``step``, ``why`` it is float16
+    (``"float16 autocast"`` on the step's forward, ``"float16 parameters"`` in the optimizer), the line printed,
+    the steps since with a non-finite loss or gradient (skipped by the guard; nothing else would have), the
+    underflow at scale 1 on the sampled steps, and the lines that add a scaler."""
+
+    _ONE: ClassVar[Mapping[str, type]] = {"underflow": UnderflowRecord, "lines": AddScaler}
+
+    step: int | None = None
+    why: str = ""
+    message: str = ""
+    steps: int = 0
+    nonfinite_steps: tuple[int, ...] = ()
+    underflow: UnderflowRecord | None = None
+    lines: AddScaler | None = None
+
+
+@dataclass(frozen=True)
+class GuardRecord(_Record):
+    """One framework's FP32 guard (:class:`~ampsafe.run.guard.StepGuard`): the optimizer steps it saw and skipped;
+    ``no_scaler``: its steps were a float16 backward with no loss scaler (None: they were not)."""
+
+    _ONE: ClassVar[Mapping[str, type]] = {"exit_origin": Origin, "no_scaler": NoScaler}
 
     framework: str = ""
     model: str | None = None
@@ -314,6 +385,7 @@ class GuardRecord(_Record):
     max_skips: int = 0
     restored: tuple[str, ...] = ()
     exit_origin: Origin | None = None
+    no_scaler: NoScaler | None = None
 
 
 @dataclass(frozen=True)

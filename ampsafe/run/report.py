@@ -195,6 +195,11 @@ def _guard_lines(pid, g: GuardRecord) -> list[str]:
         o = g.exit_origin
         data = f"; bad data: {_bad_sample(o)}" if o.kind == "input" else ""
         lines.append(f"  [{g.framework}, pid {pid}] the script stopped itself; {origin_text(o)}{data}")
+    if g.no_scaler is not None and g.no_scaler.step is not None:
+        lines.append(
+            f"  [{g.framework}, pid {pid}] a float16 backward with no loss scaler ({g.no_scaler.why}) from step "
+            f"{g.no_scaler.step}: the report gives the lines that add one"
+        )
     return lines
 
 
@@ -459,6 +464,9 @@ def permanent_fix(
     all_paths = [p for paths in healed.values() for p in paths]
     levels = _level_islands(report, healed)
     advice = [a for g in report.guards for a in _guard_advice(g, report.watch)]
+    from .report_underflow import no_scaler_advice
+
+    advice += no_scaler_advice(report)
     advice += [
         f"{t.where}: {t.bad_boxes} bad box(es) ({t.policy}); first: {t.first}. Fix the "
         "annotations, or keep `--on-bad-target drop`."
@@ -599,6 +607,9 @@ def to_markdown(
 
     headroom = headroom_lines(report, headroom_plot)
     lines += ["", *headroom] if headroom else [""]  # headroom's lines end with a blank one
+    from .report_underflow import underflow_lines
+
+    lines += underflow_lines(report)  # its lines end with a blank one
     lines += ["## Make the fix permanent", "", *_fix_lines(fix)]
     return "\n".join(lines).rstrip() + "\n"
 

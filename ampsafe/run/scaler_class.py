@@ -77,6 +77,13 @@ def with_floor(
             reloaded(self, before)
             return result
 
+        def unscale_(self, optimizer, *args, **kwargs):
+            """The run's samples read the gradients first, while they still carry the scale
+            (:meth:`~ampsafe.run.headroom.HeadroomSampler.before_unscale`); the framework's ``step`` and
+            ``minimize`` unscale through here too."""
+            _before_unscale(self)
+            return super().unscale_(optimizer, *args, **kwargs)
+
         def _run_scale(self) -> float | None:
             """The current scale, or None when the scaler cannot say (the report's number)."""
             try:
@@ -106,6 +113,21 @@ def with_floor(
         f"ampsafe.{framework}.GradScaler with ``ampsafe run``'s floor (the script's own arguments win)."
     )
     return shim(GradScaler, replaces)
+
+
+def _before_unscale(scaler) -> None:
+    """Hand the scaler's gradients to its headroom sampler's underflow measurement (a sample is advice: a failure
+    stops the sampling, never the step)."""
+    from .headroom import sampler_of
+
+    sampler = sampler_of(scaler)
+    if sampler is None:
+        return
+    try:
+        sampler.before_unscale(scaler)
+    except Exception as exc:  # noqa: BLE001 - training goes on without the sample
+        if sampler.underflow is not None:
+            sampler.underflow.note = f"underflow sampling stopped: {type(exc).__name__}: {exc}"[:300]
 
 
 def _through_scaler(cls: type, name: str) -> Callable:

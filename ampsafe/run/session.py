@@ -152,7 +152,9 @@ class RunSession:
                 from .headroom import HeadroomSampler
 
                 every, model = self.options.headroom_every, find_model(scaler, self.guards)
-                tracked.headroom = HeadroomSampler(scaler, every, prefix=lambda: tracked.holder_path, model=model)
+                tracked.headroom = HeadroomSampler(
+                    scaler, every, prefix=lambda: tracked.holder_path, model=model, underflow=self.options.underflow
+                )
         if self.open and self.options.watch:
             tracked.watch = ScalerWatch(self, scaler)
             tracked.watch.arm()

@@ -84,6 +84,7 @@ class RunSite:
             watch=options.watch,
             say=self.session.say,
             patches=self.session.ledger,
+            underflow_every=options.headroom_every if options.underflow else 0,
         )
         self.session.guards.append(guard)
         return guard

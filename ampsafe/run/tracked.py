@@ -227,7 +227,21 @@ class TrackedScaler:
             overflow_origins=tuple(self.origins),
             below_floor=tuple(BelowFloorStep(**b.to_dict()) for b in getattr(stats, "below_floor", ())),
             refusals=tuple(Refusal(step, why[:2000]) for step, why in getattr(stats, "refusals", ())),
+            underflow=self._underflow(),
         )
+
+    def _underflow(self):
+        """The sampler's underflow series, its module paths relative to the holder (None: not sampled)."""
+        series = getattr(self.headroom, "underflow", None)
+        if series is None:
+            return None
+        from .holder import prefixed
+
+        record = series.record()
+        if not self.holder_path or not record.modules:
+            return record
+        names = prefixed(self.holder_path, list(record.modules))
+        return dataclasses.replace(record, modules=dict(zip(names, record.modules.values())))
 
 
 def _on_floor(scaler) -> str:

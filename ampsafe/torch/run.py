@@ -151,6 +151,8 @@ def _guard_optimizers(ledger, site) -> None:
             return closure()
 
     guard.call_closure = call_closure
+    guard.low_precision = _float16_autocast
+    guard.add_scaler = _add_scaler
     guard.guard_new_optimizers(
         torch.optim.Optimizer,
         lambda cls: guard.wrap_step(cls, "step", loss_of=lambda args, kwargs: None, closure_of=_closure_of),
@@ -172,6 +174,43 @@ def _guard_optimizers(ledger, site) -> None:
     ledger.on_restore(register_optimizer_step_pre_hook(step_pre_hook).remove)
     guard.note_losses(torch.Tensor)
     site.tell(f"torch.optim.Optimizer steps guarded without a scaler (skip non-finite; max_skips={guard.max_skips})")
+
+
+def _float16_autocast() -> str | None:
+    """Why a forward starting now computes in float16 (CPU or CUDA autocast at float16), or None."""
+    import torch
+
+    for _device, enabled, dtype in BACKEND.amp.state():
+        if enabled and dtype == torch.float16:
+            return "float16 autocast"
+    return None
+
+
+def _add_scaler(optimizer) -> dict:
+    """torch's lines that add a GradScaler to a float16 loop without one (an ``AddScaler`` record as a dict), for
+    the device its parameters are on. torch's scaler refuses float16 gradients, so float16 parameters need float32
+    master weights and autocast first (the note)."""
+    import torch
+
+    params = BACKEND.optimizer_params(optimizer)
+    device = params[0].device.type if params else "cuda"
+    half = any(p.dtype == torch.float16 for p in params)
+    note = (
+        "torch's GradScaler refuses float16 gradients ('Attempting to unscale FP16 gradients'): keep the parameters "
+        f'float32 (no `.half()`) and run the forward under `torch.autocast("{device}", dtype=torch.float16)`'
+        if half
+        else ""
+    )
+    return {
+        "framework": "torch",
+        "create": f'scaler = torch.amp.GradScaler("{device}")',
+        "backward": "scaler.scale(loss).backward()",
+        "step": "scaler.step(optimizer)",
+        "update": "scaler.update()",
+        "replaces_backward": "loss.backward()",
+        "replaces_step": "optimizer.step()",
+        "note": note,
+    }
 
 
 def _check_targets(generalized_rcnn, policy: str, ledger, site) -> None:

@@ -26,7 +26,13 @@ def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return found
 
 
-SAMPLED = ("amp/grad_norm_unscaled", "amp/min_headroom_bits", "amp/headroom_bits/")
+SAMPLED = (
+    "amp/grad_norm_unscaled",
+    "amp/min_headroom_bits",
+    "amp/headroom_bits/",
+    "amp/grad_zero_frac",
+    "amp/grad_subnormal_frac",
+)
 
 
 def last(series: dict[str, list[tuple[int, float]]], prefix: str = "", sampled: bool = False) -> dict[str, float]:
