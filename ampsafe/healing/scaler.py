@@ -40,6 +40,7 @@ from ..core.scale import (
 )
 from ..core.sentinel import BadInput, nonfinite_input
 from ..core.swaps import protection_of
+from ..core.underflow import LOST_LIMIT, measure_underflow, model_grads
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError, LossScaleFloorError
 from .evidence import repair_running_stats
@@ -328,6 +329,11 @@ class HealingScaler(ScalerBase):
         if moved is None:
             raise floor_error(info, self._core.policy, heal_failed=self._tried(origin))
         self._refresh_scale()
+        lost = ""
+        if moved.lost is not None:
+            lost = f"; {moved.lost:.2%} of the gradient's non-zero elements flush to zero at {moved.scale:g}"
+            if moved.lost > LOST_LIMIT:
+                lost += f", more than the {LOST_LIMIT:.0%} a scale may lose: the gradient underflows there"
         log.warning(
             "ampsafe: step %s: the scale goes below the floor, %g -> %g: %s (the framework's own scaler would back off "
             "the same way)%s",
@@ -335,9 +341,7 @@ class HealingScaler(ScalerBase):
             moved.floor,
             moved.scale,
             reason,
-            f"; {moved.lost:.2%} of the gradient's non-zero elements flush to zero at {moved.scale:g}"
-            if moved.lost is not None
-            else "",
+            lost,
         )
         return True
 
@@ -356,8 +360,14 @@ class HealingScaler(ScalerBase):
         )
 
     def _lost_at(self, scale: float) -> Optional[float]:
-        """The fraction of the gradient that flushes to zero at ``scale`` (None: not measured)."""
-        return None
+        """The fraction of the step's non-zero parameter-gradient elements (unscaled, as they are at ``update()``)
+        that flush to zero in float16 at ``scale`` (:meth:`ampsafe.core.underflow.Underflow.lost_at`); None
+        without a model. Measured once per move below the floor."""
+        model = self._resolved
+        if model is None:
+            return None
+        backend = self._backend()
+        return measure_underflow(backend, model_grads(backend, model), 1.0, self._core.stats.total_steps).lost_at(scale)
 
     def _backward_healer(self) -> Optional[Healer]:
         """The Healer that heals this scaler (``ampsafe.heal``'s or the built-in one); None under a hook of the
