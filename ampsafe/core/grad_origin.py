@@ -17,6 +17,7 @@ Framework-neutral: hooks and tensor facts come from the model's :class:`~ampsafe
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -51,19 +52,28 @@ class BackwardTrace:
 
     def __init__(self, backend, model) -> None:
         self.backend = backend
-        self.model = model
+        try:  # the scaler that holds this trace must not keep the script's model alive (as its InputCapture)
+            self._model = weakref.ref(model)
+        except TypeError:  # an object that takes no weak reference: held as it is
+            self._model = lambda model=model: model
         self._handles: list = []
         self._order: dict[str, int] = {}
         self._events: list[tuple[int, str, str, bool]] = []  # (tensor key, module, "in"/"out", finite)
+
+    @property
+    def model(self):
+        """The traced model, or None once it was freed."""
+        return self._model()
 
     @property
     def armed(self) -> bool:
         return bool(self._handles)
 
     def arm(self) -> None:
-        if self.armed:
+        model = self.model
+        if self.armed or model is None:
             return
-        modules = self.backend.modules(self.model)
+        modules = self.backend.modules(model)
         self._order = {path: i for i, path in enumerate(modules)}
         for path, module in modules.items():
             if path == "":

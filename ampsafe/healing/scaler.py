@@ -185,7 +185,7 @@ class HealingScaler(ScalerBase):
         clean step disarms it. Every rank dispatches an overflowing step alike (found_inf is reduced), so the
         all-gather here is met by all of them."""
         trace = self._trace
-        if trace is None:
+        if trace is None or trace.model is None:
             return decision
         if not decision.overflow:
             trace.disarm()
