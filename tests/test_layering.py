@@ -265,9 +265,12 @@ LAB = "ampsafe_lab"
 
 
 def _library_files() -> list[Path]:
+    """The library's modules: ``ampsafe/`` and ``ampsafe.patches`` (the checkout's ``patches/`` beside it, else the
+    installed one)."""
     import ampsafe.patches
 
-    patches = Path(ampsafe.patches.__file__).parent
+    patches = PACKAGE.parent / "patches"
+    patches = patches if (patches / "register.py").is_file() else Path(ampsafe.patches.__file__).parent
     return sorted(p for root in {PACKAGE, patches} for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 

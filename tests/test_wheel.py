@@ -186,6 +186,7 @@ def _fresh_env(env_dir: Path, *wheel_files: Path) -> tuple[Path, Path]:
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, wheel_files)],
         check=True,
         timeout=300,
+        env=_clean_env(),  # a PYTHONPATH's packages would count as installed already
     )
     site = Path(
         subprocess.check_output(
