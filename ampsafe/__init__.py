@@ -55,7 +55,7 @@ _LAZY = {
     "Rescale": ".policies.rescale",
     "Rewrite": ".policies.rewrite",
 }
-_SUBPACKAGES = ("torch", "paddle", "workloads", "patches", "core", "policies", "deepspeed")
+_SUBPACKAGES = ("torch", "paddle", "patches", "core", "policies", "deepspeed")
 
 
 def _heal_fronts():

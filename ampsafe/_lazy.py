@@ -1,6 +1,6 @@
 """Module attributes read from another module on first use: names whose defining module imports a framework.
 
-Why: ``import ampsafe``, ``import ampsafe.torch`` and ``import ampsafe.workloads.dbnet`` must stay light (no torch,
+Why: ``import ampsafe``, ``import ampsafe.torch`` and the lab's ``workloads.dbnet`` must stay light (no torch,
 no paddle, none of the scan or heal machinery) yet offer their public names, which are defined in modules that
 import a framework. A module-level ``__getattr__`` (PEP 562) imports the defining module the first time one of
 them is read and caches the value in the module, so later reads are plain attribute reads. Every package

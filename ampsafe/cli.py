@@ -1,20 +1,26 @@
-"""``ampsafe`` command line: one subcommand per job, each implemented by a module's ``main(argv) -> int``."""
+"""``ampsafe`` command line: one subcommand per job, each implemented by a module's ``main(argv) -> int``.
+
+``demo`` and ``bench`` are the lab's (``ampsafe-lab``): their ``main`` is the lab's entry point of that name
+(:mod:`ampsafe._lab`); without the lab they say in one line what to install and exit with status 1.
+"""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-# subcommand -> (module with main(argv), one-line help)
+# the commands whose main(argv) is the lab's entry point of the command's name
+LAB = "the lab"
+# subcommand -> (module with main(argv), or LAB; one-line help)
 COMMANDS = {
-    "demo": ("ampsafe.demo", "the main job: the seed's AMP failure and its fix, side by side"),
+    "demo": (LAB, "the main job: the seed's AMP failure and its fix, side by side (needs ampsafe-lab)"),
     "scan": ("ampsafe.scan_cli", "scan WORKLOAD|module:factory for unnormalized / risky float16 paths"),
     "swap-neck": ("ampsafe.patches.swap", "rewrite a PaddleOCR/PaddleDetection config to an AMP-safe neck"),
     "run": (
         "ampsafe.run.launcher",
         "run an unmodified training script with ampsafe's scalers: ampsafe run -- python train.py",
     ),
-    "bench": ("ampsafe.benchcmd", "run the benchmark suite (quick|full) and write bench/results"),
+    "bench": (LAB, "run the benchmark suite (quick|full) and write bench/results (needs ampsafe-lab)"),
 }
 
 
@@ -33,11 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"ampsafe: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    from ._lab import LabNotInstalled, load
     from .errors import AmpSafeError
 
-    module = importlib.import_module(COMMANDS[name][0])
+    where = COMMANDS[name][0]
     try:
-        return int(module.main(rest) or 0)
+        command = load(name, f"ampsafe {name}") if where is LAB else importlib.import_module(where).main
+        return int(command(rest) or 0)
+    except LabNotInstalled as exc:  # one line: what to install
+        print(exc, file=sys.stderr)
+        return 1
     except AmpSafeError as exc:
         print(f"ampsafe {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,8 @@
 """``ampsafe scan WORKLOAD|module:factory``: :func:`ampsafe.scan` on a named workload or a factory, as a table.
 
+A workload name and ``--paddle-inference`` build the lab's workloads (``ampsafe-lab``, reached through its
+``workloads`` entry point); ``module:factory`` needs only the library.
+
 ``ampsafe scan --paddle-inference DIR``: a user's own PaddleOCR PP-OCRv4 mobile det inference folder
 (``inference.pdmodel`` / ``.pdiparams`` / ``.pdiparams.info``, as ``tools/export_model.py`` writes it), its
 weights in the ``ppocrv4_det`` workload's network, scanned on a rendered text page (``--size`` px).
@@ -19,6 +22,13 @@ from .scanner import scan
 __all__ = ["main"]
 
 
+def _lab_build(needed_by: str):
+    """The lab's ``workloads.build``; without the lab a ``ConfigError`` that says what to install."""
+    from ._lab import load
+
+    return load("workloads", needed_by)
+
+
 def _load_target(spec: str):
     """``(model, example_inputs, loss_fn)`` for a workload name or ``package.module:factory``."""
     if ":" in spec:
@@ -29,9 +39,7 @@ def _load_target(spec: str):
             raise ConfigError(f"cannot load {spec!r}: {exc}") from exc
         made = factory()
     else:
-        from . import workloads
-
-        made = workloads.build(spec)
+        made = _lab_build(f"ampsafe scan {spec}")(spec)
     if hasattr(made, "model") and hasattr(made, "example_inputs"):
         return made.model, made.example_inputs
     if isinstance(made, tuple) and len(made) == 2:
@@ -108,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     if (args.target is None) == (args.paddle_inference is None):
         parser.error("give a WORKLOAD|module:factory or --paddle-inference DIR (one of them)")
     if args.paddle_inference:
-        from . import workloads
-
-        made = workloads.build("ppocrv4_det", model_dir=args.paddle_inference, image_size=args.size)
+        build = _lab_build("ampsafe scan --paddle-inference")
+        made = build("ppocrv4_det", model_dir=args.paddle_inference, image_size=args.size)
         model, inputs = made.model, made.example_inputs
     else:
         model, inputs = _load_target(args.target)

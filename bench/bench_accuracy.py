@@ -7,7 +7,7 @@
   float16 + torch GradScaler / float16 + ampsafe (island policy + floored scaler).
 - ``ppyolo`` (Paddle, emulated float16): the loss trajectory only (FP32 / float16 native / float16 + island).
 
-The training loops are ``ampsafe.demo.run_paddle`` / ``run_torch`` (one loop for demo and bench). Metrics are
+The training loops are ``ampsafe_lab.demo.run_paddle`` / ``run_torch`` (one loop for demo and bench). Metrics are
 computed in FP32 on the trained weights. ``quick`` (topic ``accuracy``) is one seed and fewer modes, sized for
 the 20-minute quick suite on 2 CPU cores; ``full`` (topic ``accuracy-full``) is the 3-seed table.
 """
@@ -196,7 +196,7 @@ def _steps(cfg: dict, suite: dict, name: str) -> int:
 
 def _one(name: str, mode: str, seed: int, cfg: dict, steps: int, eval_images: int | None, metric: str | None) -> dict:
     """One training run through the demo loops; failures are recorded, not raised (the table shows them)."""
-    from ampsafe.demo import run_paddle, run_torch
+    from ampsafe_lab.demo import run_paddle, run_torch
 
     record = {"workload": name, "mode": mode, "seed": seed, "steps": steps, "metric": None}
     out: list = []

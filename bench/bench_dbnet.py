@@ -25,8 +25,8 @@ SUITES = {
 def _reference_diffs() -> dict | None:
     import paddle
 
-    from ampsafe.workloads.dbnet import build_loss, build_model
-    from ampsafe.workloads.dbnet.config import load_config
+    from ampsafe_lab.workloads.dbnet import build_loss, build_model
+    from ampsafe_lab.workloads.dbnet.config import load_config
 
     # the reference run is test data beside the checkout (not shipped in the package): shared/upstream/PaddleOCR
     shared = Path(os.environ.get("AMPSAFE_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -59,7 +59,7 @@ def _reference_diffs() -> dict | None:
 
 
 def _train(suite: dict) -> dict:
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     w = build("dbnet", seed=0, image_size=128, batch_size=8)
     optimizer = w.make_optimizer(1e-3)
@@ -96,7 +96,7 @@ def _train(suite: dict) -> dict:
 
 
 def _brink() -> dict:
-    from ampsafe.workloads.dbnet import brink
+    from ampsafe_lab.workloads.dbnet import brink
 
     cached = brink.cache_path(0).is_file()
     rec = brink.brink_record(0)

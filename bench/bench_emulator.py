@@ -41,7 +41,7 @@ def _small_convnet():
 
 
 def _dbnet():
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     work = build("dbnet", seed=0, image_size=128, batch_size=8)
     batch = work.batch(0)
@@ -76,7 +76,7 @@ def run(suite: str = "quick") -> dict:
     repeats = 3 if suite == "quick" else 7
     cases = {"small_convnet_8x3x64x64": _small_convnet}
     try:
-        import ampsafe.workloads.dbnet  # noqa: F401
+        import ampsafe_lab.workloads.dbnet  # noqa: F401
 
         cases["dbnet_step_128px_batch8"] = _dbnet
     except ImportError:

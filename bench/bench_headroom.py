@@ -110,11 +110,11 @@ def resnet18(rounds: int) -> dict:
 
 
 def dbnet(rounds: int) -> dict:
-    import ampsafe.workloads
+    import ampsafe_lab.workloads
     from ampsafe.paddle import GradScaler
     from ampsafe.run.headroom import HeadroomSampler
 
-    w = ampsafe.workloads.build("dbnet", seed=0, image_size=128, batch_size=8)
+    w = ampsafe_lab.workloads.build("dbnet", seed=0, image_size=128, batch_size=8)
     opt = w.make_optimizer(1e-3)
     scaler = GradScaler(init_loss_scaling=256.0, emulated=True)
     batch = w.batch(0)

@@ -9,7 +9,7 @@ says nothing about a GPU), the ``frcnn`` brink and ``GrowNet`` (below) under rea
 
 ``GrowNet`` is the torch analogue of DBNet's failure (an unnormalized conv chain whose output grows past 65504
 under Adam at a high learning rate); it, its training run and the frcnn heal run live in
-:mod:`ampsafe.workloads.heal_runs`, shared with the heal tests.
+:mod:`ampsafe_lab.workloads.heal_runs`, shared with the heal tests.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ampsafe.workloads.heal_runs import GROW_RECIPE as TORCH_RECIPE  # noqa: E402
-from ampsafe.workloads.heal_runs import (  # noqa: E402
+from ampsafe_lab.workloads.heal_runs import GROW_RECIPE as TORCH_RECIPE  # noqa: E402
+from ampsafe_lab.workloads.heal_runs import (  # noqa: E402
     fp16_step,
     grow_batch,
     grow_loss,
@@ -123,7 +123,7 @@ def _frcnn_stepper(model, batch, lr: float):
     import torch
 
     from ampsafe.torch import GradScaler
-    from ampsafe.workloads import frcnn_brink
+    from ampsafe_lab.workloads import frcnn_brink
 
     opt, _ = frcnn_brink.recipe_optimizer(model, lr=lr, warmup_steps=0)
     scaler = GradScaler("cpu", init_scale=4.0, min_scale=1.0, on_floor="clamp")
@@ -139,7 +139,7 @@ def bench_frcnn(repeats: int, steps: int = 4, lr: float = 1e-4) -> dict:
     """frcnn brink (real CPU float16 autocast): heal during training (:func:`train_frcnn_heal`, with Adam at lr
     1e-4 so the timed steps stay in range), then time healed vs islanded up front."""
     import ampsafe
-    from ampsafe.workloads import frcnn_brink
+    from ampsafe_lab.workloads import frcnn_brink
 
     run = train_frcnn_heal(steps, lr)
     w, scaler, healer, overflowed = run["workload"], run["scaler"], run["healer"], run["skipped"]
@@ -190,8 +190,9 @@ def bench_paddle(repeats: int, steps: int = 12) -> dict:
     import logging
 
     import ampsafe
-    from ampsafe.demo import run_paddle
+    import ampsafe_lab.workloads
     from ampsafe.paddle import emulate_fp16
+    from ampsafe_lab.demo import run_paddle
 
     logged: list = []
     handler = logging.Handler(logging.WARNING)
@@ -217,7 +218,7 @@ def bench_paddle(repeats: int, steps: int = 12) -> dict:
         raise RuntimeError("dbnet did not overflow within the steps: no heal to measure")
     healed = built[0]
     patched = ampsafe.patching.patched_modules(healed.model)
-    fresh = ampsafe.workloads.build("dbnet", seed=0, image_size=128, batch_size=8)
+    fresh = ampsafe_lab.workloads.build("dbnet", seed=0, image_size=128, batch_size=8)
     fresh.model.set_state_dict(healed.model.state_dict())  # same values: only the way the islands came differs
     ampsafe.patch(fresh.model, policy="island", paths=sorted(patched))
     assert ampsafe.patching.patched_modules(fresh.model) == patched

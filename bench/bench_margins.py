@@ -38,7 +38,7 @@ ISA = {
 CASES = ("reference", "dbnet_brink", "frcnn_brink", "demo", "monitor", "frcnn_heal")
 SEEDLESS = ("reference",)
 # The horizons of the tests these cases stand for (tests/test_demo.py, tests/sentinel/test_dbnet_monitor_n10.py,
-# tests/heal/test_heal_frcnn.py): the demo's recipe (ampsafe.demo) over 24 steps, 40 monitor steps, 10 heal steps.
+# tests/heal/test_heal_frcnn.py): the demo's recipe (ampsafe_lab.demo) over 24 steps, 40 monitor steps, 10 heal steps.
 DEMO_RECIPE = {"steps": 24, "lr": 1e-2, "level": "O1", "image_size": 128, "batch_size": 8}
 MONITOR_STEPS = 40
 FRCNN_HEAL = {"steps": 10, "init_scale": 4.0}
@@ -48,8 +48,8 @@ def case_reference(seed: int) -> dict:
     import numpy as np
     import paddle
 
-    from ampsafe.workloads.dbnet import build_model
-    from ampsafe.workloads.dbnet.config import load_config
+    from ampsafe_lab.workloads.dbnet import build_model
+    from ampsafe_lab.workloads.dbnet.config import load_config
 
     upstream = Path(os.environ.get("AMPSAFE_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "upstream"
     ref = upstream / "PaddleOCR" / "reference" / "det_mv3_db"
@@ -70,14 +70,14 @@ def case_reference(seed: int) -> dict:
 
 
 def case_dbnet_brink(seed: int) -> dict:
-    from ampsafe.workloads.dbnet import brink
+    from ampsafe_lab.workloads.dbnet import brink
 
     rec = brink.brink_record(seed)
     return _brink_summary(rec, brink.RECIPE["max_steps"])
 
 
 def case_frcnn_brink(seed: int) -> dict:
-    from ampsafe.workloads import frcnn_brink
+    from ampsafe_lab.workloads import frcnn_brink
 
     rec = frcnn_brink.brink_record(seed)
     return _brink_summary(rec, frcnn_brink.RECIPE["max_steps"])
@@ -95,7 +95,7 @@ def _brink_summary(rec: dict, horizon: int) -> dict:
 
 
 def case_demo(seed: int) -> dict:
-    from ampsafe.demo import run_paddle
+    from ampsafe_lab.demo import run_paddle
 
     out = {}
     for mode in ("native", "island"):
@@ -110,7 +110,7 @@ def case_demo(seed: int) -> dict:
 
 
 def case_monitor(seed: int) -> dict:
-    from ampsafe.workloads.dbnet.brink import FP16_MAX, train_monitor_recipe
+    from ampsafe_lab.workloads.dbnet.brink import FP16_MAX, train_monitor_recipe
 
     peaks = [max(a.values()) for a in train_monitor_recipe(seed, MONITOR_STEPS, stop_after=5)]
     crossed = next((i for i, p in enumerate(peaks) if p > FP16_MAX), None)
@@ -118,7 +118,7 @@ def case_monitor(seed: int) -> dict:
 
 
 def case_frcnn_heal(seed: int) -> dict:
-    from ampsafe.workloads.heal_runs import train_frcnn_heal
+    from ampsafe_lab.workloads.heal_runs import train_frcnn_heal
 
     run = train_frcnn_heal(**FRCNN_HEAL, seed=seed)
     heals = run["scaler"].stats.heals

@@ -25,9 +25,10 @@ def _frcnn(suite: str) -> dict:
     import torch
 
     import ampsafe
+    import ampsafe_lab.workloads
 
     repeats = 2 if suite == "quick" else 5
-    work = ampsafe.workloads.build("frcnn", seed=0)
+    work = ampsafe_lab.workloads.build("frcnn", seed=0)
     model, inputs = work.model, work.example_inputs
     out: dict = {"frcnn_image_size": work.image_size, "frcnn_batch_size": work.batch_size}
     scan_times, own_times = [], []
@@ -48,7 +49,7 @@ def _frcnn(suite: str) -> dict:
         out[f"patch_{policy}_modules"] = len(ampsafe.patching.patched_modules(model))
     ampsafe.unpatch(model)
 
-    small = ampsafe.workloads.build("frcnn", seed=0, image_size=160, batch_size=1)
+    small = ampsafe_lab.workloads.build("frcnn", seed=0, image_size=160, batch_size=1)
     batch = small.batch(0)
 
     def step():
@@ -78,7 +79,7 @@ def _dbnet(suite: str) -> dict:
     import paddle
 
     import ampsafe
-    from ampsafe.workloads.dbnet.brink import brink_workload
+    from ampsafe_lab.workloads.dbnet.brink import brink_workload
 
     repeats = 3 if suite == "quick" else 7
     work = brink_workload(seed=0)

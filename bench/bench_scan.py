@@ -66,9 +66,9 @@ def _frcnn_case():
 
 
 def _dbnet_case():
-    import ampsafe
+    import ampsafe_lab.workloads
 
-    w = ampsafe.workloads.build("dbnet", seed=0)
+    w = ampsafe_lab.workloads.build("dbnet", seed=0)
     batch = w.batch(0)
     inputs = (batch[0],)
 

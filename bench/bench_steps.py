@@ -40,7 +40,7 @@ def _sizes(w) -> str:
 
 def time_steps(name: str, options: dict, *, warmup: int, repeats: int) -> dict:
     """Build workload ``name`` and time ``warmup + repeats`` training steps on distinct batches."""
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     sync = None
     if name == "frcnn":

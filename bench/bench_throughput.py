@@ -56,7 +56,7 @@ class Case:
 
 def frcnn_case(name: str, backbone: str, image_size: int, batch_size: int, device: str, n_batches: int = 4) -> Case:
     def build():
-        from ampsafe.workloads import build as build_workload
+        from ampsafe_lab.workloads import build as build_workload
 
         w = build_workload(
             "frcnn", seed=0, backbone=backbone, image_size=image_size, batch_size=batch_size, device=device

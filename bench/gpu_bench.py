@@ -10,7 +10,7 @@ results are rewritten after every section so a timeout still leaves them):
 2. the emulator fidelity test's CUDA half: ``tests/paddle/fidelity_case.py``'s torch run under CUDA float16
    autocast (Paddle cannot run here, so the emulator's side is the CPU test's): step and layer of the first
    overflow, compared with the same run under CPU float16 autocast;
-3. accuracy: ``frcnn`` COCO mAP@0.5 per mode with ``bench_accuracy``'s recipe (``ampsafe.demo.run_torch``).
+3. accuracy: ``frcnn`` COCO mAP@0.5 per mode with ``bench_accuracy``'s recipe (``ampsafe_lab.demo.run_torch``).
 
 ``--dry-run`` runs every section at toy sizes on whatever device there is (CPU included) to prove the script
 executes; its numbers mean nothing. Results: ``gpu-bench.json`` / ``.md`` (``gpu-dry-run.*`` for a dry run)
@@ -192,7 +192,7 @@ def _overflow_summary(records: list[dict]) -> dict:
 
 
 def section_accuracy(plan: dict, device: str, budget: Budget, out: dict) -> None:
-    from ampsafe.demo import run_torch
+    from ampsafe_lab.demo import run_torch
     from bench.bench_accuracy import TORCH_LABELS, mode_table
 
     recipe = dict(GPU_FRCNN, **plan.get("accuracy_recipe", {}))

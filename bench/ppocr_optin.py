@@ -199,10 +199,10 @@ def write_shim(folder: Path) -> Path:
 
 
 def write_dataset(root: Path, count: int = STEPS * BATCH, size: int = 160, seed: int = 0) -> Path:
-    """``count`` synthetic text images (ampsafe.workloads.dbnet.data) and PaddleOCR's det label file; returns it."""
+    """``count`` synthetic text images (ampsafe_lab.workloads.dbnet.data) and PaddleOCR's det label file; returns it."""
     import cv2
 
-    from ampsafe.workloads.dbnet.data import TRAIN_STREAM, sample_rng, synth_text_image
+    from ampsafe_lab.workloads.dbnet.data import TRAIN_STREAM, sample_rng, synth_text_image
 
     images = root / "images"
     images.mkdir(parents=True, exist_ok=True)

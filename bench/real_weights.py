@@ -7,9 +7,9 @@ The first runs the student config's recipe as it is (BatchNorm in train mode, pa
 The second fine-tunes on dark-mode screens (light text on near-black, where the shipped head conv passes 65504
 in inference) with every BatchNorm frozen, for 96 steps: results/real_weights-frozen-screens.
 
-Every mode of :mod:`ampsafe.workloads.ppocrv4.finetune` (fp32, native, fix_nan, heal, island, convbn) runs the
+Every mode of :mod:`ampsafe_lab.workloads.ppocrv4.finetune` (fp32, native, fix_nan, heal, island, convbn) runs the
 same recipe on the same pages for each seed; hmean is PaddleOCR's own ``DBPostProcess`` + ``DetMetric`` on
-held-out pages (:mod:`ampsafe.workloads.ppocrv4.metric`), before and after, and after once more with the
+held-out pages (:mod:`ampsafe_lab.workloads.ppocrv4.metric`), before and after, and after once more with the
 shipped BatchNorm running statistics put back: the trained weights apart from what the run folded into the
 statistics (in train mode, a batch of two folds its spikes in, in FP32 as in float16). Writes
 ``bench/results/<topic>.json|md`` after every seed, so an interrupted bench keeps the seeds it finished. Not a
@@ -49,7 +49,7 @@ def _statistics(model) -> dict:
 def _hmean_with_statistics(w, statistics: dict, eval_pages: int) -> float:
     """hmean with ``statistics`` put in place of the model's own, which are restored afterwards: the trained
     weights judged apart from what their training folded into the running statistics."""
-    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+    from ampsafe_lab.workloads.ppocrv4.metric import paddleocr_hmean
 
     state, own = w.model.state_dict(), _statistics(w.model)
     for name, value in statistics.items():
@@ -62,8 +62,8 @@ def _hmean_with_statistics(w, statistics: dict, eval_pages: int) -> float:
 
 
 def one_seed(seed: int, modes: list[str], recipe, eval_pages: int = EVAL_PAGES) -> list[dict]:
-    from ampsafe.workloads.ppocrv4.finetune import finetune
-    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+    from ampsafe_lab.workloads.ppocrv4.finetune import finetune
+    from ampsafe_lab.workloads.ppocrv4.metric import paddleocr_hmean
 
     rows, before = [], None
     for mode in modes:
@@ -145,7 +145,7 @@ def markdown(data: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ampsafe.workloads.ppocrv4.finetune import MODES, FineTuneRecipe
+    from ampsafe_lab.workloads.ppocrv4.finetune import MODES, FineTuneRecipe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
@@ -189,7 +189,7 @@ def _topic(args) -> str:
 
 def torch_trajectory(seed: int, recipe, topic: str = f"{TOPIC}-torch") -> int:
     """results/<topic>.json|md: the recipe in torch, FP32 against native CPU autocast (CUDA's lists)."""
-    from ampsafe.workloads.ppocrv4.finetune import TORCH_MODES, finetune_torch
+    from ampsafe_lab.workloads.ppocrv4.finetune import TORCH_MODES, finetune_torch
 
     runs = {mode: finetune_torch(mode, recipe, seed=seed) for mode in TORCH_MODES}
     data = {"seed": seed, "recipe": vars(recipe), "runs": {m: {k: v for k, v in vars(r).items() if k != "workload"}

@@ -91,7 +91,7 @@ def register_paddleocr() -> dict:
 def registered_in_ppocr() -> list[str] | None:
     """The safe necks PaddleOCR's own ``ppocr.modeling.necks.build_neck`` builds through ampsafe, read back
     from ppocr itself (``[]`` before :func:`register_paddleocr`); None when ``ppocr`` is not importable. Names
-    registered only in ampsafe's own DBNet builder (``ampsafe.workloads.dbnet``) are never in it."""
+    registered only in the lab's DBNet builder (its dbnet workload) are never in it."""
     try:
         import ppocr.modeling.necks as ppocr_necks
     except ImportError:

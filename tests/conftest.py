@@ -27,7 +27,7 @@ PADDLEOCR_IMPORTS = {"skimage": "scikit-image", "imgaug": "imgaug", "lmdb": "lmd
 
 
 class _PackagedUpstream(type(Path())):
-    """The package's own copy of the upstream configs (``ampsafe/workloads/data/upstream``), standing in for
+    """The package's own copy of the upstream configs (``ampsafe_lab/workloads/data/upstream``), standing in for
     shared/upstream in a clone without it: a path into it that the package does not ship skips the test, saying
     what to set."""
 
@@ -40,7 +40,7 @@ class _PackagedUpstream(type(Path())):
 
 
 def _packaged() -> Path:
-    from ampsafe.workloads.upstream import PACKAGED
+    from ampsafe_lab.workloads.upstream import PACKAGED
 
     return PACKAGED
 

@@ -23,7 +23,7 @@ COLLAPSE = 2.0**5  # native ends at least this far below its starting scale, and
 
 def test_paddle_demo_native_collapses_and_island_trains_without_overflow(tmp_path, brink_seed):
     pytest.importorskip("paddle")
-    from ampsafe.demo import main
+    from ampsafe_lab.demo import main
 
     args = ["--modes", "native", "island", "--steps", str(STEPS), "--seed", str(brink_seed), "--out", str(tmp_path)]
     assert main(args) == 0
@@ -48,7 +48,7 @@ T5_STEPS = 16
 
 def test_t5_demo_native_collapses_at_wo_and_island_keeps_its_scale(tmp_path, brink_seed):
     pytest.importorskip("transformers")
-    from ampsafe.demo import main
+    from ampsafe_lab.demo import main
 
     args = ["--workload", "t5", "--modes", "native", "island", "--steps", str(T5_STEPS), "--seed", str(brink_seed)]
     assert main([*args, "--out", str(tmp_path)]) == 0

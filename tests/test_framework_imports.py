@@ -1,13 +1,15 @@
 """Outside ``ampsafe/torch/`` and ``ampsafe/paddle/``, no module imports a framework when it is imported.
 
-Both checks cover every module of the ``ampsafe`` package and of ``ampsafe.patches`` (the repository's
-``patches/`` folder, installed under that name):
+Both checks cover every module of the ``ampsafe`` package, of ``ampsafe.patches`` (the repository's ``patches/``
+folder, installed under that name) and of the lab (``ampsafe_lab``, ``lab/``), whose networks (``ampsafe_lab.nets``)
+are its framework packages:
 
 - read with ``ast``: no module-level ``import`` / ``from`` of a framework or a library built on one (torch,
   paddle, ppdet, transformers, ...). Module level is what runs on import: the module body and the bodies of its
   top-level ``if`` / ``try`` / ``with`` blocks and classes. An ``if TYPE_CHECKING:`` block never runs.
 - run: each of those modules imports in a fresh interpreter where importing a framework raises. This also catches
-  a framework reached through another module at import time (a top-level ``from ampsafe.paddle.nets import dbnet``).
+  a framework reached through another module at import time (a top-level ``from ampsafe_lab.nets.paddle import
+  dbnet``).
 
 Why: ``import ampsafe``, its CLI and ``ampsafe swap-neck`` work with either framework missing, and framework code
 has one home a reader can find: the framework's own package.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import ampsafe
 import ampsafe.patches
+import ampsafe_lab
 
 FRAMEWORKS = frozenset(
     {
@@ -46,7 +49,7 @@ FRAMEWORKS = frozenset(
     }
 )
 # where framework code lives: these packages (and their subpackages) may import a framework at top level
-FRAMEWORK_PACKAGES = ("ampsafe.torch", "ampsafe.paddle")
+FRAMEWORK_PACKAGES = ("ampsafe.torch", "ampsafe.paddle", "ampsafe_lab.nets")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -98,11 +101,12 @@ def modules(package: Path, name: str) -> dict[str, Path]:
 
 
 def checked_modules() -> dict[str, Path]:
-    """Every module of ampsafe and of ampsafe.patches outside the framework packages (in a checkout,
+    """Every module of ampsafe, of ampsafe.patches and of the lab outside the framework packages (in a checkout,
     ``ampsafe.patches`` is the repository's ``patches/``; in an installed wheel it sits inside ``ampsafe/``)."""
     found = {
         **modules(Path(ampsafe.__file__).parent, "ampsafe"),
         **modules(Path(ampsafe.patches.__file__).parent, "ampsafe.patches"),
+        **modules(Path(ampsafe_lab.__file__).parent, "ampsafe_lab"),
     }
     return {
         name: path
@@ -121,7 +125,10 @@ def violations(found: dict[str, Path]) -> list[str]:
 
 def test_no_module_outside_the_framework_packages_imports_a_framework_at_top_level():
     found = checked_modules()
-    assert {"ampsafe.workloads.dbnet", "ampsafe.patches.paddleocr_necks", "ampsafe.patches.ppdet_necks"} <= set(found)
+    assert {"ampsafe_lab.workloads.dbnet", "ampsafe.patches.paddleocr_necks", "ampsafe.patches.ppdet_necks"} <= set(
+        found
+    )
+    assert "ampsafe_lab.nets.paddle.dbnet" not in found and "ampsafe.paddle.nets.paddleocr_necks" not in found
     assert len(found) >= 60
     assert violations(found) == []
 
@@ -159,7 +166,7 @@ def test_the_check_finds_a_planted_framework_import(tmp_path):
     ]
     # and through the file scan: outside the framework packages only
     package = tmp_path / "ampsafe"
-    for rel, text in {"paddle/nets/x.py": "import paddle\n", "workloads/w.py": "import paddle\n", "ok.py": ""}.items():
+    for rel, text in {"paddle/nets/x.py": "import paddle\n", "run/w.py": "import paddle\n", "ok.py": ""}.items():
         (package / rel).parent.mkdir(parents=True, exist_ok=True)
         (package / rel).write_text(text)
     found = {
@@ -167,7 +174,7 @@ def test_the_check_finds_a_planted_framework_import(tmp_path):
         for name, path in modules(package, "ampsafe").items()
         if not any(name.startswith(pkg + ".") for pkg in FRAMEWORK_PACKAGES)
     }
-    assert violations(found) == [f"ampsafe.workloads.w ({package / 'workloads/w.py'}:1) imports paddle at top level"]
+    assert violations(found) == [f"ampsafe.run.w ({package / 'run/w.py'}:1) imports paddle at top level"]
 
 
 def test_every_module_outside_the_framework_packages_imports_with_the_frameworks_blocked(tmp_path):

@@ -176,7 +176,6 @@ REGISTRY_IMPORTERS = {
     "ampsafe.sentinel",
     "ampsafe.healing.attach",
     "ampsafe.policies.rewrite",  # the registered framework names only: their classes are never rewritten
-    "ampsafe.demo",
     "ampsafe.cli",
 }
 
@@ -184,9 +183,7 @@ REGISTRY_IMPORTERS = {
 def test_only_the_fronts_import_the_framework_registry():
     graph = _full_graph()
     importers = {name for name, targets in graph.items() if "ampsafe._framework" in targets}
-    below = sorted(
-        n for n in importers if n not in REGISTRY_IMPORTERS and not n.startswith(("ampsafe.run", "ampsafe.workloads"))
-    )
+    below = sorted(n for n in importers if n not in REGISTRY_IMPORTERS and not n.startswith("ampsafe.run"))
     assert not below, f"modules below the fronts import the registry: {below}"
 
 
@@ -199,7 +196,7 @@ def test_the_cycle_finder_finds_a_cycle():
 # is the registry (it may import the backends). What a lower layer needs from a front (healing: scan and patch;
 # a policy: scan) is handed down to it, never imported, not even inside a function.
 LOWER_LAYERS = ("core", "torch", "paddle", "policies", "healing")
-FRONTS = ("scanner", "patching", "sentinel", "run", "demo", "cli", "auto", "scan_cli", "benchcmd")
+FRONTS = ("scanner", "patching", "sentinel", "run", "cli", "auto", "scan_cli")
 
 
 def _all_imports(name: str, source: str, known: dict) -> set[str]:
@@ -258,3 +255,52 @@ def test_every_registered_framework_package_has_the_shared_module_names():
     for name in REGISTRY:
         found = {p.stem for p in (PACKAGE / name).glob("*.py")}
         assert SHARED_MODULES <= found, f"ampsafe/{name}/ lacks {sorted(SHARED_MODULES - found)}"
+
+
+# The lab (``lab/``: package ``ampsafe_lab``, distribution ``ampsafe-lab``) stands above the library: it imports
+# ``ampsafe``, never the other way. The library reaches ``ampsafe demo`` / ``bench`` / a workload by name through
+# the lab's entry points (``ampsafe/_lab.py``), so no library module names the lab's package, not even in a string
+# (``importlib.import_module("ampsafe_lab...")``) or a docstring.
+LAB = "ampsafe_lab"
+
+
+def _library_files() -> list[Path]:
+    """The library's modules: ``ampsafe/`` and ``ampsafe.patches`` (the checkout's ``patches/`` beside it, else the
+    installed one)."""
+    import ampsafe.patches
+
+    patches = PACKAGE.parent / "patches"
+    patches = patches if (patches / "register.py").is_file() else Path(ampsafe.patches.__file__).parent
+    return sorted(p for root in {PACKAGE, patches} for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_library_module_imports_or_names_the_lab():
+    files = _library_files()
+    assert len(files) > 40 and any(p.name == "cli.py" for p in files)
+    imports = {}
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            found = [n for n in names if n.split(".")[0] == LAB]
+            if found:
+                imports[str(path)] = found
+    assert not imports, f"library modules import the lab: {imports}"
+    named = [str(p) for p in files if LAB in p.read_text(encoding="utf-8")]
+    assert not named, f"library modules name the lab's package: {named}"
+
+
+def test_the_library_has_no_lab_module_left():
+    assert not (PACKAGE / "workloads").exists() and not (PACKAGE / "demo.py").exists()
+    assert not (PACKAGE / "torch" / "nets").exists()
+    shipped = {p.stem for p in (PACKAGE / "paddle" / "nets").glob("*.py")}
+    assert shipped == {"__init__", "paddleocr_necks", "ppdet_necks"}, shipped  # the necks ampsafe.patches swaps in
+
+
+def test_the_lab_imports_the_library_it_stands_on():
+    import ampsafe_lab
+
+    lab = Path(ampsafe_lab.__file__).parent
+    source = (lab / "workloads" / "dbnet" / "__init__.py").read_text(encoding="utf-8")
+    assert "ampsafe.errors" in _all_imports("ampsafe_lab.workloads.dbnet", source, {})

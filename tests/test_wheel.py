@@ -22,10 +22,12 @@ import pytest
 import yaml
 
 import ampsafe
-from ampsafe.workloads.upstream import PACKAGED
+import ampsafe_lab
+from ampsafe_lab.workloads.upstream import PACKAGED
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(ampsafe.__file__).resolve().parent
+LAB = Path(ampsafe_lab.__file__).resolve().parent
 SHIPPED = sorted(p.relative_to(PACKAGED).as_posix() for p in PACKAGED.rglob("*.yml"))
 
 
@@ -57,8 +59,8 @@ def _bases(path: Path) -> list[Path]:
 
 
 def test_workload_defaults_resolve_inside_the_package(monkeypatch):
-    from ampsafe.workloads import ppyolo
-    from ampsafe.workloads.dbnet import config
+    from ampsafe_lab.workloads import ppyolo
+    from ampsafe_lab.workloads.dbnet import config
 
     monkeypatch.delenv("AMPSAFE_SHARED", raising=False)
     assert config.default_config_path() == PACKAGED / "PaddleOCR/configs/det/det_mv3_db.yml"
@@ -70,7 +72,7 @@ def test_workload_defaults_resolve_inside_the_package(monkeypatch):
 
 
 def test_workload_cache_defaults_outside_the_checkout(monkeypatch, tmp_path):
-    from ampsafe.workloads.cache import cache_dir
+    from ampsafe_lab.workloads.cache import cache_dir
 
     monkeypatch.delenv("AMPSAFE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -83,15 +85,15 @@ def test_workload_cache_defaults_outside_the_checkout(monkeypatch, tmp_path):
 
 def test_library_never_imports_bench_nor_reaches_for_shared():
     imports_bench = re.compile(r"^\s*(from|import)\s+bench\b|import_module\(\s*[\"']bench", re.M)
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")]):
         text = path.read_text(encoding="utf-8")
         assert not imports_bench.search(text), f"{path} imports bench"
         assert '/ "shared"' not in text and "parents[3]" not in text and "parents[4]" not in text, path
 
 
 def test_ampsafe_bench_outside_a_checkout_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    from ampsafe.benchcmd import find_checkout
     from ampsafe.cli import main
+    from ampsafe_lab.benchcmd import find_checkout
 
     assert find_checkout(REPO / "tests") == REPO
     monkeypatch.chdir(tmp_path)
@@ -100,16 +102,35 @@ def test_ampsafe_bench_outside_a_checkout_is_a_clear_error(tmp_path, monkeypatch
     assert "not inside a source checkout of ampsafe" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------------------------- the wheel
+# ------------------------------------------------------------------------------------------------- the wheels
 
 _SKIP = {".git", ".venv", "build", "dist", ".cache", ".pytest_cache", ".ruff_cache", ".hypothesis", "__pycache__"}
 _DEMO = ["demo", "--modes", "native", "--steps", "1", "--out", "out"]
 PROBE = """
 import json, sys, ampsafe
-from ampsafe.workloads import ppyolo
-from ampsafe.workloads.dbnet import config
+from ampsafe_lab.workloads import ppyolo
+from ampsafe_lab.workloads.dbnet import config
 print(json.dumps({"ampsafe": ampsafe.__file__, "dbnet": str(config.default_config_path()),
                   "ppyolo": str(ppyolo.upstream_dir()), "bench": "bench" in sys.modules}))
+"""
+# the library alone: ampsafe.patch on a torch model, and the lab is not there
+LIBRARY_PROBE = """
+import json, torch, ampsafe
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3))
+report = ampsafe.patch(model, (torch.randn(1, 3, 16, 16),), policy="island")
+try:
+    import ampsafe_lab
+    lab = ampsafe_lab.__file__
+except ImportError:
+    lab = None
+print(json.dumps({"ampsafe": ampsafe.__file__, "patched": list(report.patched), "lab": lab}))
+"""
+FACTORY = """
+import torch
+
+def make():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3))
+    return model, (torch.randn(1, 3, 16, 16),)
 """
 
 
@@ -117,7 +138,7 @@ def _ignore(folder: str, names: list[str]) -> set[str]:
     rel = Path(folder).resolve().relative_to(REPO).as_posix()
     skipped = {n for n in names if n in _SKIP or n.endswith(".egg-info")}
     if rel == ".":
-        skipped |= {"tmp", "ampsafe-demo"}
+        skipped |= {"tmp", "ampsafe-demo", "ampsafe-run"}
     if rel == "bench":
         skipped.add("results")
     return skipped
@@ -134,32 +155,38 @@ def _first_loss(folder: Path) -> tuple[float, str]:
     return data["traces"][0]["losses"][0], data["setup"]
 
 
-@pytest.mark.slow
-def test_wheel_installed_elsewhere_runs_the_demo_as_the_checkout_does(tmp_path):
-    pytest.importorskip("paddle")
-    # build from a copy of the working tree, so no stale build/ folder leaks in and the checkout stays clean
-    src, wheels = tmp_path / "src", tmp_path / "wheels"
-    shutil.copytree(REPO, src, ignore=_ignore)
+def _pip_wheel(src: Path, wheels: Path, pattern: str) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
         check=True,
         timeout=300,
     )
-    (wheel,) = wheels.glob("ampsafe-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    for rel in ("ampsafe/patches/__init__.py", "ampsafe/patches/swap.py", "ampsafe/workloads/heal_runs.py"):
-        assert rel in names, rel
-    data = {"ampsafe/workloads/data/upstream/" + rel for rel in [*SHIPPED, "SOURCES.md"]}
-    assert data <= names, sorted(data - names)
-    assert not any(n.startswith(("bench/", "tests/", "patches/")) for n in names)
+    (wheel,) = wheels.glob(pattern)
+    return wheel
 
-    # a fresh environment with the wheel, then the repository venv's site-packages appended for the frameworks
-    # (a .pth line only extends sys.path: the editable install's finder there is not run, so it shadows nothing)
-    env_dir = tmp_path / "env"
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> tuple[Path, Path]:
+    """(the library's wheel, the lab's wheel), built from a copy of the working tree, so no stale build/ folder
+    leaks in and the checkout stays clean."""
+    tmp = tmp_path_factory.mktemp("wheels")
+    src = tmp / "src"
+    shutil.copytree(REPO, src, ignore=_ignore)
+    return _pip_wheel(src, tmp / "library", "ampsafe-*.whl"), _pip_wheel(src / "lab", tmp / "lab", "ampsafe_lab-*.whl")
+
+
+def _fresh_env(env_dir: Path, *wheel_files: Path) -> tuple[Path, Path]:
+    """A fresh environment with ``wheel_files`` installed, then the repository venv's site-packages appended for the
+    frameworks (a .pth line only extends sys.path: the editable installs' finders and .pth files there are not run,
+    so they shadow nothing; their metadata is visible, which is why a missing lab must be told by its import).
+    Returns (its python, its site-packages)."""
     venv.create(env_dir, with_pip=True, symlinks=True)
     python = env_dir / "bin" / "python"
     subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, wheel_files)],
+        check=True,
+        timeout=300,
+        env=_clean_env(),  # a PYTHONPATH's packages would count as installed already
     )
     site = Path(
         subprocess.check_output(
@@ -168,23 +195,93 @@ def test_wheel_installed_elsewhere_runs_the_demo_as_the_checkout_does(tmp_path):
     )
     frameworks = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     (site / "zz_ampsafe_test_frameworks.pth").write_text("".join(f"{p}\n" for p in frameworks))
+    return python, site
 
+
+def test_the_library_wheel_holds_no_lab_file_and_the_lab_wheel_holds_the_lab(wheels):
+    library, lab = (set(zipfile.ZipFile(w).namelist()) for w in wheels)
+    for rel in ("ampsafe/patches/__init__.py", "ampsafe/patches/swap.py", "ampsafe/cli.py", "ampsafe/_lab.py"):
+        assert rel in library, rel
+    # the necks ampsafe.patches swaps in are the library's; the networks the workloads build are the lab's
+    assert {n for n in library if n.startswith("ampsafe/paddle/nets/")} == {
+        f"ampsafe/paddle/nets/{m}.py" for m in ("__init__", "paddleocr_necks", "ppdet_necks")
+    }
+    lab_roots = ("ampsafe_lab/", "lab/", "ampsafe/workloads/", "ampsafe/torch/nets/", "bench/", "tests/", "patches/")
+    assert not [n for n in library if n.startswith(lab_roots)]
+    assert not {"ampsafe/demo.py", "ampsafe/benchcmd.py"} & library
+    assert not [n for n in library if n.endswith(".yml")]
+    (library_entry_points,) = [n for n in library if n.endswith(".dist-info/entry_points.txt")]
+    assert "ampsafe.lab" not in zipfile.ZipFile(wheels[0]).read(library_entry_points).decode()
+
+    code = {n for n in lab if not n.startswith("ampsafe_lab-")}  # the lab's files, less its metadata
+    assert code and all(n.startswith("ampsafe_lab/") for n in code), sorted(code)[:5]
+    for rel in ("ampsafe_lab/demo.py", "ampsafe_lab/workloads/heal_runs.py", "ampsafe_lab/nets/paddle/dbnet.py"):
+        assert rel in lab, rel
+    data = {"ampsafe_lab/workloads/data/upstream/" + rel for rel in [*SHIPPED, "SOURCES.md"]}
+    assert data <= lab, sorted(data - lab)
+    (lab_entry_points,) = [n for n in lab if n.endswith(".dist-info/entry_points.txt")]
+    entries = zipfile.ZipFile(wheels[1]).read(lab_entry_points).decode()
+    assert "[ampsafe.lab]" in entries and "demo = ampsafe_lab.demo:main" in entries
+
+
+@pytest.mark.slow
+def test_a_fresh_env_with_only_the_library_scans_runs_patches_and_says_the_demo_needs_the_lab(wheels, tmp_path):
+    pytest.importorskip("torch")
+    python, site = _fresh_env(tmp_path / "env", wheels[0])
+    cli = python.parent / "ampsafe"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "tiny_factory.py").write_text(FACTORY)
+    env = _clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=str(outside))
+
+    def run(*args, timeout=300):
+        return subprocess.run([*args], cwd=outside, env=env, capture_output=True, text=True, timeout=timeout)
+
+    probe = run(python, "-c", LIBRARY_PROBE)
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    assert Path(found["ampsafe"]).is_relative_to(site / "ampsafe") and found["lab"] is None, found
+    assert found["patched"], found  # ampsafe.patch islanded the unnormalized convs
+
+    for command in (["demo"], ["bench"], ["scan", "dbnet"]):
+        proc = run(cli, *command)
+        assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
+        (line,) = proc.stderr.strip().splitlines()  # one line: what to install
+        assert "pip install ampsafe-lab" in line and "pip install -e lab" in line, line
+
+    scanned = run(cli, "scan", "tiny_factory:make")
+    assert scanned.returncode == 0, scanned.stderr
+    assert "ampsafe scan (torch" in scanned.stdout and "unnormalized" in scanned.stdout
+
+    script = REPO / "tests" / "run" / "scripts" / "train_torch.py"
+    trained = run(cli, "run", "--", str(python), str(script), "--steps", "2")
+    assert trained.returncode == 0, trained.stderr
+    assert "ampsafe.torch.scaler.GradScaler: 2 steps" in trained.stdout, trained.stdout
+
+
+@pytest.mark.slow
+def test_the_lab_wheel_beside_the_library_runs_the_demo_as_the_checkout_does(wheels, tmp_path):
+    pytest.importorskip("paddle")
+    python, site = _fresh_env(tmp_path / "env", *wheels)
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     env = _clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
     probe = json.loads(subprocess.check_output([python, "-c", PROBE], cwd=outside, env=env, text=True, timeout=300))
-    for key in ("ampsafe", "dbnet", "ppyolo"):
-        assert Path(probe[key]).is_relative_to(site / "ampsafe"), (key, probe[key], site)
+    assert Path(probe["ampsafe"]).is_relative_to(site / "ampsafe"), (probe, site)
+    for key in ("dbnet", "ppyolo"):
+        assert Path(probe[key]).is_relative_to(site / "ampsafe_lab"), (key, probe[key], site)
     assert not probe["bench"]
 
-    # the wheel's console script, run from a folder outside the checkout
-    subprocess.run([env_dir / "bin" / "ampsafe", *_DEMO], cwd=outside, env=env, check=True, timeout=300)
-    # the checkout's run, as `make demo` runs it (.venv's console script, from the repository root)
+    # the library's console script reaches the lab's demo through its entry point, run outside the checkout
+    subprocess.run([python.parent / "ampsafe", *_DEMO], cwd=outside, env=env, check=True, timeout=300)
+    # the checkout's run, as `make demo` runs it (.venv's console script, from the repository root; a PYTHONPATH
+    # that points at the checkout stays)
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     repo_cli = Path(sys.executable).parent / "ampsafe"
     command = [repo_cli] if repo_cli.is_file() else [sys.executable, "-m", "ampsafe.cli"]
-    subprocess.run([*command, *_DEMO[:-1], checkout / "out"], cwd=REPO, env=_clean_env(), check=True, timeout=300)
+    kept = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+    subprocess.run([*command, *_DEMO[:-1], checkout / "out"], cwd=REPO, env=_clean_env(**kept), check=True, timeout=300)
     (wheel_loss, wheel_setup), (repo_loss, repo_setup) = _first_loss(outside), _first_loss(checkout)
     print(f"first-step loss: checkout {repo_loss!r}, wheel {wheel_loss!r}")
     assert wheel_setup == repo_setup

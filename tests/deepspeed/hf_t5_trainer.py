@@ -26,7 +26,7 @@ from pathlib import Path
 import ds_cpu
 import torch
 
-from ampsafe.workloads import t5_brink
+from ampsafe_lab.workloads import t5_brink
 
 CONFIG = {
     "train_micro_batch_size_per_gpu": "auto",

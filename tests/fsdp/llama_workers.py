@@ -1,4 +1,4 @@
-"""Process bodies for the 2-rank FSDP2 pure-float16 runs of the llama brink (``ampsafe.workloads.llama_brink``,
+"""Process bodies for the 2-rank FSDP2 pure-float16 runs of the llama brink (``ampsafe_lab.workloads.llama_brink``,
 gloo, CPU): each decoder layer and the model ``fully_shard``-ed with ``param_dtype=torch.float16``."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _run(mode: str, mesh, rank: int, world: int, fix: str) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from ampsafe.torch import GradScaler
-    from ampsafe.workloads import llama_brink
+    from ampsafe_lab.workloads import llama_brink
 
     workload, _, first = llama_brink.brink_start(0)
     model = workload.model

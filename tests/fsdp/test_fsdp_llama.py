@@ -1,4 +1,4 @@
-"""The llama brink (``ampsafe.workloads.llama_brink``: HF ``LlamaForCausalLM``, its residual stream and
+"""The llama brink (``ampsafe_lab.workloads.llama_brink``: HF ``LlamaForCausalLM``, its residual stream and
 ``layers.0.mlp.down_proj`` past 65504 by training) under FSDP2 in pure float16, each decoder layer and the model
 ``fully_shard``-ed with ``param_dtype=torch.float16``, 2 gloo ranks.
 
@@ -28,7 +28,7 @@ def test_fsdp2_pure_float16_llama_brink_heals_or_ends_with_the_stream_verdict_on
     import torch
 
     pytest.importorskip("transformers")
-    from ampsafe.workloads import llama_brink
+    from ampsafe_lab.workloads import llama_brink
 
     llama_brink.brink_state(0)  # built once here, not by both ranks at once
     workers = worker_module("llama_workers")

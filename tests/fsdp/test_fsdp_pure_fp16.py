@@ -4,11 +4,11 @@ training. torch's scaler skips every step from then on; ampsafe's heals at its f
 runs float32 under FSDP2's float16 policy), and the ``fully_shard`` lines it prints, run before the model's own,
 train without an overflow.
 
-Why not the t5 brink (``ampsafe.workloads.t5_brink``), measured with transformers 5.24: in pure float16 its
+Why not the t5 brink (``ampsafe_lab.workloads.t5_brink``), measured with transformers 5.24: in pure float16 its
 ``DenseReluDense.wo`` output is inf, but HF's T5Block clamps float16 hidden states ("clamp inf values to enable
 fp16 training") to 64512, so the loss (4.04) and every gradient stay finite; under FSDP2 on 2 ranks from the brink
 the scale never dropped in 5 steps: nothing reaches a scaler to heal. A decoder LLM does overflow: the llama
-brink (``ampsafe.workloads.llama_brink``) in ``test_fsdp_llama.py``."""
+brink (``ampsafe_lab.workloads.llama_brink``) in ``test_fsdp_llama.py``."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ def torch_worker(rank: int, world: int, port: int, out: str) -> None:
 
     import ampsafe
     from ampsafe.torch import GradScaler
-    from ampsafe.workloads.heal_runs import fp16_step, grow_batch, grow_loss, grow_net
+    from ampsafe_lab.workloads.heal_runs import fp16_step, grow_batch, grow_loss, grow_net
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -149,7 +149,7 @@ def torch_bare_worker(rank: int, world: int, port: int, out: str) -> None:
 
     import ampsafe
     from ampsafe.torch import GradScaler
-    from ampsafe.workloads.heal_runs import fp16_step, grow_batch, grow_loss, grow_net
+    from ampsafe_lab.workloads.heal_runs import fp16_step, grow_batch, grow_loss, grow_net
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)

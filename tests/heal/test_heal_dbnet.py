@@ -1,6 +1,6 @@
 """The demo's DBNet recipe under emulated float16, unpatched, with GradScaler(on_floor="heal"): it heals itself.
 
-Recipe (ampsafe.demo.run_paddle): random init, 128x128 synthetic text, batch 8, Adam lr 1e-2, O1, loss scale from
+Recipe (ampsafe_lab.demo.run_paddle): random init, 128x128 synthetic text, batch 8, Adam lr 1e-2, O1, loss scale from
 1024, ``GradScaler(min_loss_scaling=1.0, on_floor="heal")`` + ``ampsafe.heal(model, scaler=scaler, patience=2)``.
 The head's first convs leave float16's range at step 8 (a forward overflow: every step is skipped whatever the
 scale), so the healer acts after two overflowing steps instead of halving 1024 down to the floor.
@@ -26,7 +26,7 @@ RECIPE = {"steps": STEPS, "lr": 1e-2, "level": "O1", "seed": 0, "image_size": 12
 def runs():
     pytest.importorskip("paddle")
     import ampsafe
-    from ampsafe.demo import run_paddle
+    from ampsafe_lab.demo import run_paddle
 
     attached: list = []
     heal_attach = ampsafe.heal

@@ -1,6 +1,6 @@
 """Self-healing on torchvision Faster R-CNN under real CPU float16 autocast (issue 11's frcnn case).
 
-Starts from the frcnn brink (``ampsafe.workloads.frcnn_brink``: Adam lr 1e-2 with warmup from random init drove
+Starts from the frcnn brink (``ampsafe_lab.workloads.frcnn_brink``: Adam lr 1e-2 with warmup from random init drove
 the RoI box head past 65504) and keeps training with the recipe's Adam under ``torch.autocast("cpu", float16)``
 and ``ampsafe.torch.GradScaler(on_floor="heal")``. A small initial scale reaches the floor in a few steps.
 """
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
 import ampsafe  # noqa: E402
-from ampsafe.workloads.heal_runs import train_frcnn_heal  # noqa: E402
+from ampsafe_lab.workloads.heal_runs import train_frcnn_heal  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.trajectory]
 

@@ -11,7 +11,7 @@ from heal_counts import heal_costs
 
 import ampsafe
 from ampsafe.errors import ConfigError, LossScaleFloorError
-from ampsafe.workloads.heal_runs import train_grow
+from ampsafe_lab.workloads.heal_runs import train_grow
 
 SMALL = {"init_scale": 4.0}  # floor (1.0) two backoffs after the first overflow
 
@@ -115,7 +115,7 @@ def test_gives_up_after_max_heals():
 
 
 def test_heal_now_on_a_batch_returns_the_islanded_modules():
-    from ampsafe.workloads.heal_runs import grow_net
+    from ampsafe_lab.workloads.heal_runs import grow_net
 
     model = grow_net(0, channels=8, neck_convs=2)
     x = torch.randn(2, 3, 16, 16) * 1e5
@@ -124,7 +124,7 @@ def test_heal_now_on_a_batch_returns_the_islanded_modules():
 
 
 def test_heal_rejects_bad_arguments_and_changes_nothing():
-    from ampsafe.workloads.heal_runs import grow_net
+    from ampsafe_lab.workloads.heal_runs import grow_net
 
     model = grow_net(0, channels=8, neck_convs=2)
     with pytest.raises(ConfigError, match="needs a scaler"):

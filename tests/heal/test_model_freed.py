@@ -19,7 +19,7 @@ import torch
 import ampsafe
 from ampsafe.core import attr_patches
 from ampsafe.torch import GradScaler
-from ampsafe.workloads.heal_runs import train_grow
+from ampsafe_lab.workloads.heal_runs import train_grow
 
 
 def _callhooks_classes() -> list:

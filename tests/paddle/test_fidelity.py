@@ -61,7 +61,7 @@ def test_dbnet_overflows_every_step_at_any_scale_under_O2_and_not_under_O1():
     import paddle
 
     from ampsafe.paddle import emulate_fp16
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     work = build("dbnet", seed=0, image_size=64, batch_size=2)
     model, batch = work.model, work.batch(0)

@@ -103,7 +103,7 @@ class _FirstNonFinite(OpMode):
 def program_loop(level, steps, *, image_size, batch_size, lr=1e-2, seed=0, use_promote=True, ppocr_head=True):
     """PaddleOCR's train step, ``steps`` times; one record per step: first non-finite op (and module) in the
     forward, whether Paddle's scaler found inf/nan, the ops the emulator ran in float16 / float32."""
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     amp_emulation.install()
     try:
@@ -220,7 +220,7 @@ def test_rebuilt_head_and_ppocr_head_emulate_the_same_at_O2():
 
 
 def test_demo_O2_wraps_the_forward_only_and_overflows_at_step_0():
-    from ampsafe.demo import run_paddle
+    from ampsafe_lab.demo import run_paddle
 
     trace = run_paddle("native", steps=2, lr=1e-2, level="O2", seed=0, image_size=64, batch_size=2)
     assert trace.overflowed == [True, True]

@@ -10,7 +10,7 @@ import pytest
 
 import ampsafe
 from ampsafe.paddle import emulate_fp16
-from ampsafe.workloads.dbnet.brink import brink_workload
+from ampsafe_lab.workloads.dbnet.brink import brink_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.trajectory]
 

@@ -1,4 +1,4 @@
-"""``island`` on torchvision Faster R-CNN at the brink (``ampsafe.workloads.frcnn_brink``), real CPU float16 autocast.
+"""``island`` on torchvision Faster R-CNN at the brink (``ampsafe_lab.workloads.frcnn_brink``), real CPU float16 autocast.
 
 The brink is reached by a realistic recipe (Adam lr 1e-2 with linear warmup, random init) that drives the
 unnormalized RoI box head past 65504 in FP32 training; see the module's docstring. Built once and cached.
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
 import ampsafe  # noqa: E402
-from ampsafe.workloads import frcnn_brink  # noqa: E402
+from ampsafe_lab.workloads import frcnn_brink  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.trajectory]
 

@@ -57,7 +57,7 @@ CONFIG_COPIES = ("PaddleOCR", "PaddleDetection")  # the config copies; PaddleOCR
 def all_configs() -> list[str]:
     """Every config of the upstream config copies (not of the source trees beside them, whose hundreds of configs
     the trainer tests read); without shared/, those the package ships."""
-    from ampsafe.workloads.upstream import PACKAGED
+    from ampsafe_lab.workloads.upstream import PACKAGED
 
     root = UPSTREAM if UPSTREAM.is_dir() else PACKAGED
     return sorted(str(p.relative_to(root)) for top in CONFIG_COPIES for p in (root / top).rglob("*.yml"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import paddle
 import pytest
 
-import ampsafe.workloads as workloads
+import ampsafe_lab.workloads as workloads
 from ampsafe.patches import swap_neck
 from ampsafe.patches.paddleocr_necks import AmpSafeDBFPN
 
@@ -20,8 +20,8 @@ DB_CONFIGS = {
 
 
 def test_dbnet_builder_builds_every_patches_neck_with_nothing_registered():
-    from ampsafe.paddle.nets import dbnet as builder
     from ampsafe.patches.register import paddleocr_classes
+    from ampsafe_lab.nets.paddle import dbnet as builder
 
     before = dict(builder.NECKS)
     necks = builder._necks()

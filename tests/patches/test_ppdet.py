@@ -84,7 +84,9 @@ def test_swapped_faster_rcnn_builds_through_ppdet_create_and_trains(upstream, tm
 
 @pytest.mark.parametrize("name", ["tiny", "mbv3_small"])
 def test_ppyolo_necks_built_by_ppdet_have_every_conv_normalized(name):
-    w = ampsafe.workloads.build("ppyolo", config=name, image_size=64, batch_size=1)
+    import ampsafe_lab.workloads
+
+    w = ampsafe_lab.workloads.build("ppyolo", config=name, image_size=64, batch_size=1)
     report = normalized_conv_report(w.model.yolo_neck if hasattr(w.model, "yolo_neck") else w.model.neck)
     assert report and all(report.values()), [k for k, v in report.items() if not v]
     # the unnormalized convs of a YOLO model are the head's outputs, which feed the loss by design

@@ -112,8 +112,10 @@ def test_paddle_model_is_unchanged_after_scan_and_after_raising_forward(tiny):
 
 @pytest.fixture(scope="module")
 def dbnet():
+    import ampsafe_lab.workloads
+
     try:
-        return ampsafe.workloads.build("dbnet")
+        return ampsafe_lab.workloads.build("dbnet")
     except ImportError as exc:  # pragma: no cover - the workload is part of the package
         pytest.skip(f"dbnet workload not available: {exc}")
 
@@ -152,7 +154,7 @@ def test_dbnet_o2_step_function_exp_is_a_risky_op(dbnet):
 @pytest.mark.slow
 @pytest.mark.trajectory
 def test_dbnet_brink_checkpoint_dbfpn_paths_overflow_in_the_forward_pass(brink_seed):
-    from ampsafe.workloads.dbnet import brink
+    from ampsafe_lab.workloads.dbnet import brink
 
     w = brink.brink_workload(seed=brink_seed)  # trained once (~1 min), then cached
     report = ampsafe.scan(w.model, w.example_inputs)
@@ -165,8 +167,10 @@ def test_dbnet_brink_checkpoint_dbfpn_paths_overflow_in_the_forward_pass(brink_s
 def test_ppyolo_only_yolo_outputs_and_se_squeeze_convs_are_unnormalized():
     """ppdet's YOLOv3Head adds its output convs as ``yolo_output.{i}`` (plain Conv2D with bias, straight into
     YOLOv3Loss); every other conv in PP-YOLO tiny is a ConvBNLayer except MobileNetV3's SE squeeze convs."""
+    import ampsafe_lab.workloads
+
     pytest.importorskip("ppdet")
-    w = ampsafe.workloads.build("ppyolo", config="tiny")
+    w = ampsafe_lab.workloads.build("ppyolo", config="tiny")
     report = ampsafe.scan(w.model, w.example_inputs)
     heads = {f"yolo_head.yolo_output.{i}" for i in range(3)}
     unnorm = {p.start for p in report.unnormalized}

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.trajectory
 
 @pytest.fixture(scope="module")
 def brink(brink_seed):
-    from ampsafe.workloads.dbnet.brink import brink_record, brink_workload
+    from ampsafe_lab.workloads.dbnet.brink import brink_record, brink_workload
 
     return brink_workload(brink_seed), brink_record(brink_seed)
 
@@ -41,8 +41,8 @@ def test_brink_overflow_is_named_at_the_heads_first_conv(brink, level):
 def test_monitor_warns_before_dbnet_training_leaves_float16_range(brink_seed):
     """The brink recipe (Adam lr 1e-2) crosses 65504 at step 10 (recorded); the margin at step 3. Monitoring
     every 5 steps warns at step 5; every 10 would see steps 0 and 10 only, i.e. after the crossing."""
-    from ampsafe.workloads.dbnet import build
-    from ampsafe.workloads.dbnet.brink import RECIPE, brink_record, layer_amax
+    from ampsafe_lab.workloads.dbnet import build
+    from ampsafe_lab.workloads.dbnet.brink import RECIPE, brink_record, layer_amax
 
     record = brink_record(brink_seed)
     crossed = record["crossed_step"]

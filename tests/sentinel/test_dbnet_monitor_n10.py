@@ -1,7 +1,7 @@
 """The issue's claim for the headroom monitor: DBNet's activations jump within 20-40 Adam steps, and
 ``watch(model, monitor_every=10)`` still warns before float16 overflows.
 
-The recipe is ``MONITOR_RECIPE`` in :mod:`ampsafe.workloads.dbnet.brink` (Adam's lr ramped from 0 to 2e-2 over
+The recipe is ``MONITOR_RECIPE`` in :mod:`ampsafe_lab.workloads.dbnet.brink` (Adam's lr ramped from 0 to 2e-2 over
 30 steps): recipes at a constant lr plateau just below 65504 and cross on one CPU but not the next. Its measured
 margins (crossing at steps 25-28, warning at step 20; bench/results/margins.md) are written beside the recipe.
 """
@@ -22,7 +22,7 @@ HEAD_FIRST_CONVS = ("head.binarize.conv1", "head.thresh.conv1")
 
 
 def test_monitor_every_10_warns_before_dbnet_training_leaves_float16_range(brink_seed):
-    from ampsafe.workloads.dbnet.brink import FP16_MAX, train_monitor_recipe
+    from ampsafe_lab.workloads.dbnet.brink import FP16_MAX, train_monitor_recipe
 
     watches, called = [], []
 

@@ -11,9 +11,10 @@ pytest.importorskip("paddle")
 
 
 def _first_nonfinite(level: str):
+    import ampsafe_lab.workloads
     from ampsafe.paddle import emulate_fp16
 
-    w = ampsafe.workloads.build("dbnet", seed=0, image_size=64, batch_size=2)
+    w = ampsafe_lab.workloads.build("dbnet", seed=0, image_size=64, batch_size=2)
     batch = w.batch(0)
     with emulate_fp16(w.model, level=level), ampsafe.watch(w.model):
         w.loss(batch).backward()

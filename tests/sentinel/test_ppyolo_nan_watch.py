@@ -16,7 +16,7 @@ paddle = pytest.importorskip("paddle")
 
 @pytest.fixture(scope="module")
 def ppyolo():
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     workload = build("ppyolo", seed=0, config="tiny")
     layers = dict(workload.model.named_sublayers())

@@ -18,21 +18,21 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def det_frcnn():
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     return build("frcnn", seed=0, image_size=256, batch_size=2)
 
 
 @pytest.fixture(scope="session")
 def det_ppyolo_tiny():
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     return build("ppyolo", seed=0, config="tiny")
 
 
 @pytest.fixture(scope="session")
 def det_ppyolo_r50():
-    from ampsafe.workloads import build
+    from ampsafe_lab.workloads import build
 
     return build("ppyolo", seed=0, config="r50vd_dcn")
 

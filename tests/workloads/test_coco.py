@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ampsafe.workloads.coco import coco_map
-from ampsafe.workloads.shapes import MAX_CLASSES, make_sample, make_samples
+from ampsafe_lab.workloads.coco import coco_map
+from ampsafe_lab.workloads.shapes import MAX_CLASSES, make_sample, make_samples
 
 
 @pytest.fixture(scope="module")

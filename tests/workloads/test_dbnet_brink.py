@@ -7,7 +7,7 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from ampsafe.workloads.dbnet import brink  # noqa: E402
+from ampsafe_lab.workloads.dbnet import brink  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

@@ -8,9 +8,9 @@ paddle = pytest.importorskip("paddle")
 
 from ampsafe.errors import ConfigError  # noqa: E402
 from ampsafe.paddle.nets.paddleocr_necks import DBFPN  # noqa: E402
-from ampsafe.workloads import build  # noqa: E402
-from ampsafe.workloads.dbnet import NECKS, build_model, register_neck  # noqa: E402
-from ampsafe.workloads.dbnet.config import BUILTIN_DET_MV3_DB, load_config  # noqa: E402
+from ampsafe_lab.workloads import build  # noqa: E402
+from ampsafe_lab.workloads.dbnet import NECKS, build_model, register_neck  # noqa: E402
+from ampsafe_lab.workloads.dbnet.config import BUILTIN_DET_MV3_DB, load_config  # noqa: E402
 
 CONFIGS = {
     "det_mv3_db.yml": ("MobileNetV3", [16, 24, 56, 480], 256),

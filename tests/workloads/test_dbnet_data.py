@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from shapely.geometry import Polygon
 
-from ampsafe.workloads.dbnet.data import (
+from ampsafe_lab.workloads.dbnet.data import (
     make_batch,
     make_border_map,
     make_shrink_map,
     shrink_distance,
     shrink_polygon,
 )
-from ampsafe.workloads.dbnet.postprocess import boxes_from_map, detection_metrics, polygon_iou
+from ampsafe_lab.workloads.dbnet.postprocess import boxes_from_map, detection_metrics, polygon_iou
 
 
 def _rect(x0, y0, w, h):

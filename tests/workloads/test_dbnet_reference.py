@@ -11,8 +11,8 @@ paddle = pytest.importorskip("paddle")
 
 pytestmark = pytest.mark.trajectory  # float32 tolerances: make test-isa reruns them on other kernels
 
-from ampsafe.workloads.dbnet import build_loss, build_model  # noqa: E402
-from ampsafe.workloads.dbnet.config import load_config  # noqa: E402
+from ampsafe_lab.workloads.dbnet import build_loss, build_model  # noqa: E402
+from ampsafe_lab.workloads.dbnet.config import load_config  # noqa: E402
 
 # Tolerances from float32 noise measured across instruction sets (bench/results/margins.md): the reference was
 # made on an AVX-512 Xeon; an AVX2-only AMD EPYC (default kernels, and ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 or

@@ -8,7 +8,7 @@ import pytest
 paddle = pytest.importorskip("paddle")
 
 from ampsafe.errors import ConfigError  # noqa: E402
-from ampsafe.workloads import build  # noqa: E402
+from ampsafe_lab.workloads import build  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_twenty_fp32_steps_on_distinct_batches_lower_the_loss():
 
 
 def test_bce_main_loss_keeps_positives_and_three_times_as_many_hardest_negatives():
-    from ampsafe.paddle.nets.loss import BalanceLoss
+    from ampsafe_lab.nets.paddle.loss import BalanceLoss
 
     rng = np.random.default_rng(0)
     pred = rng.uniform(0.01, 0.99, size=(2, 16, 16)).astype(np.float32)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import ampsafe
-from ampsafe.workloads import build
+from ampsafe_lab.workloads import build
 
 torch = pytest.importorskip("torch")
 
@@ -86,7 +86,7 @@ def test_frcnn_without_torchvision_raises_missing_framework_error():
         sys.meta_path.insert(0, _Block())
         import ampsafe
         try:
-            ampsafe.workloads.build("frcnn")
+            ampsafe_lab.workloads.build("frcnn")
         except ampsafe.errors.MissingFrameworkError as exc:
             print("MISSING:", exc)
         """

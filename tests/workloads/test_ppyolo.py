@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ampsafe
-from ampsafe.workloads import build
+from ampsafe_lab.workloads import build
 
 paddle = pytest.importorskip("paddle")
 pytest.importorskip("ppdet")
@@ -36,7 +36,7 @@ def test_ppyolo_tiny_is_built_from_the_upstream_config(det_ppyolo_tiny, upstream
 
 
 def test_ppyolo_overrides_sync_bn_to_bn_on_cpu_and_says_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="ampsafe.workloads.ppyolo"):
+    with caplog.at_level(logging.WARNING, logger="ampsafe_lab.workloads.ppyolo"):
         w = build("ppyolo", config="tiny", image_size=128)
     assert w.overrides["norm_type"] == ("sync_bn", "bn") and w.config["norm_type"] == "bn"
     assert "sync_bn -> bn" in caplog.text
@@ -47,7 +47,7 @@ def test_ppyolo_overrides_sync_bn_to_bn_on_cpu_and_says_so(caplog):
 def test_ppyolo_targets_come_from_ppdet_gt2yolotarget(det_ppyolo_tiny):
     from ppdet.data.transform.batch_operators import Gt2YoloTarget
 
-    from ampsafe.workloads.shapes import make_samples
+    from ampsafe_lab.workloads.shapes import make_samples
 
     w = det_ppyolo_tiny
     assert any(type(op) is Gt2YoloTarget for op in w.batch_transforms.transforms_cls)
@@ -146,7 +146,7 @@ def test_ppyolo_without_ppdet_raises_missing_framework_error():
         sys.meta_path.insert(0, _Block())
         import ampsafe
         try:
-            ampsafe.workloads.build("ppyolo")
+            ampsafe_lab.workloads.build("ppyolo")
         except ampsafe.errors.MissingFrameworkError as exc:
             print("MISSING:", exc)
         """

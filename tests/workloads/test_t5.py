@@ -1,7 +1,7 @@
 """The ``t5`` workload: HF's own ``T5ForConditionalGeneration``, whose ``DenseReluDense.wo`` leaves float16's range.
 
 HF transformers issue #5651: T5's ``wo`` output reached 66246 > 65504 under float16 and the loss went NaN; HF
-keeps ``wo`` in float32 (``_keep_in_fp32_modules``). Here the recipe of ``ampsafe.workloads.t5_brink`` drives the
+keeps ``wo`` in float32 (``_keep_in_fp32_modules``). Here the recipe of ``ampsafe_lab.workloads.t5_brink`` drives the
 same module past 65504 through FP32 training (cached brink, a few seconds to build); the float16 runs use CPU
 autocast with CUDA's op lists, as ``ampsafe run --emulate-fp16`` does.
 """
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 import ampsafe
-from ampsafe.workloads import build
+from ampsafe_lab.workloads import build
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ampsafe.workloads import t5_brink  # noqa: E402
-from ampsafe.workloads.t5 import emulated_cuda_amp, keep_in_fp32_half  # noqa: E402
+from ampsafe_lab.workloads import t5_brink  # noqa: E402
+from ampsafe_lab.workloads.t5 import emulated_cuda_amp, keep_in_fp32_half  # noqa: E402
 
 WO = t5_brink.WO
 FP16_MAX = 65504.0
@@ -63,7 +63,7 @@ def test_t5_rejects_bad_sizes():
 
 
 def test_import_ampsafe_and_its_workloads_does_not_import_transformers():
-    code = "import sys, ampsafe, ampsafe.workloads; print('transformers' in sys.modules, ampsafe.workloads.names())"
+    code = "import sys, ampsafe, ampsafe_lab.workloads; print('transformers' in sys.modules, ampsafe_lab.workloads.names())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("False") and "'t5'" in out.stdout, out.stdout
@@ -132,7 +132,7 @@ def test_scan_flags_no_forward_overflow_but_wo(brink_seed):
 @pytest.mark.trajectory
 @pytest.mark.slow
 def test_island_and_heal_keep_the_scale_where_torchs_scaler_collapses(brink_seed):
-    from ampsafe.demo import run_t5
+    from ampsafe_lab.demo import run_t5
 
     runs = {
         mode: run_t5(mode, steps=STEPS, lr=None, level="O1", seed=brink_seed, warm=False).summary()

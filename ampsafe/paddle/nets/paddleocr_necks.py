@@ -34,10 +34,26 @@ from paddle import ParamAttr, nn
 
 from ampsafe.patches import paddleocr_necks as _by_name
 
-from .backbones import SqueezeExcite
-
 # the public names, listed once where ``ampsafe.patches`` reads them without importing paddle
 __all__ = list(_by_name.__all__)
+
+
+class SqueezeExcite(nn.Layer):
+    """Channel gate: avg-pool, 1x1 (ratio 4) + relu, 1x1 + hard-sigmoid ``slope * x + 0.5`` (PaddleOCR's
+    ``SEModule``, same sublayer names). ``slope``: 0.2 in PaddleOCR's RSE necks; the MobileNetV3 blocks of the
+    lab's backbones use paddle's default, 0.1666667."""
+
+    def __init__(self, channels: int, reduction: int = 4, slope: float = 0.2):
+        super().__init__()
+        self.slope = slope
+        self.avg_pool = nn.AdaptiveAvgPool2D(1)
+        self.conv1 = nn.Conv2D(channels, channels // reduction, 1)
+        self.conv2 = nn.Conv2D(channels // reduction, channels, 1)
+
+    def forward(self, x):
+        gate = F.relu(self.conv1(self.avg_pool(x)))
+        gate = F.hardsigmoid(self.conv2(gate), slope=self.slope, offset=0.5)
+        return x * gate
 
 
 def _kaiming() -> ParamAttr:

@@ -7,11 +7,11 @@ import sys
 
 import paddle
 
-import ampsafe.workloads
+import ampsafe_lab.workloads
 
 seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-w = ampsafe.workloads.build("dbnet", seed=seed, image_size=128, batch_size=8)
+w = ampsafe_lab.workloads.build("dbnet", seed=seed, image_size=128, batch_size=8)
 optimizer = w.make_optimizer(1e-2)
 scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0)
 for step in range(steps):

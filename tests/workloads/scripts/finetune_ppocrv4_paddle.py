@@ -8,7 +8,7 @@ import argparse
 
 import paddle
 
-from ampsafe.workloads.ppocrv4.finetune import FineTuneRecipe, freeze_batch_norms
+from ampsafe_lab.workloads.ppocrv4.finetune import FineTuneRecipe, freeze_batch_norms
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=7)

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from ampsafe.workloads import t5_brink
+from ampsafe_lab.workloads import t5_brink
 
 torch.set_num_threads(1)
 workload, optimizer, first = t5_brink.brink_start(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
