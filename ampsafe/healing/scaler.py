@@ -262,10 +262,15 @@ class HealingScaler(ScalerBase):
         """On every overflowing step of a scaler that knows its model (the backward's evidence,
         :meth:`_annotated`); otherwise at the floor, and when the run's records make this step's overflow a floor
         (:mod:`.trigger`)."""
-        if self._core.at_floor or self._resolved is not None:
+        if self._core.at_floor or (self._resolved is not None and self._names_every_overflow()):
             return True
         on_heal = self._core.policy.on_floor is OnFloor.HEAL
         return on_heal and self._heal_trigger().records_due(self._core.policy, ahead=1)
+
+    def _names_every_overflow(self) -> bool:
+        """Whether naming the offenders is cheap enough for every overflowing step (a host read per gradient);
+        an engine whose gradients are partitioned across ranks says no (reading them back is a collective each)."""
+        return True
 
     def _heal_trigger(self) -> HealTrigger:
         if self._trigger is None:  # a scaler unpickled from a version without one

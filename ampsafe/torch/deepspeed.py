@@ -123,6 +123,11 @@ class DeepSpeedScale(HealingScaler):
             lambda: (bool(overflow), self._offenders() if overflow and self._names_offenders() else [], [])
         )
 
+    def _names_every_overflow(self) -> bool:
+        """Under ZeRO 1-2 each full gradient is gathered from its partitions (a collective per parameter): named at
+        the floor only; the backward trace still names an activation gradient's module on the steps after one."""
+        return self.mode is not Mode.ZERO_FP16
+
     def _offenders(self) -> list:
         """(parameter, name) of the non-finite gradients, named by the engine (``engine.param_names``); under
         ZeRO 1-2 each full gradient is read back from its partitions (DeepSpeed's ``safe_get_full_grad``, the same
