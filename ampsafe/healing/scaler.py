@@ -277,7 +277,8 @@ class HealingScaler(ScalerBase):
 
     def _swallowed(self, decision: StepDecision, losses: list) -> bool:
         """Whether this overflowing step, with finite losses, is the second in a row whose forward made the same
-        module's output non-finite while the model's output stayed finite (one replay, :mod:`.trigger`)."""
+        module's float16 values non-finite (its output, or an op's result dropped inside it) while the model's
+        output stayed finite (one replay under the sentinel, :mod:`.trigger`)."""
         trigger, backend = self._heal_trigger(), self._backend()
         if self._ranks is None:  # asked once, at the first overflow, which every rank dispatches alike
             self._ranks = len(backend.all_gather(None))
@@ -292,18 +293,15 @@ class HealingScaler(ScalerBase):
             return trigger.saw(None)
         try:
             with self._capture.paused():
-                module = swallowed_module(backend, model, latest, lambda: backend.amp.replay(self._capture.state))
+                found = swallowed_module(backend, model, latest, lambda: backend.amp.replay(self._capture.state))
         except Exception as exc:  # noqa: BLE001 - evidence only: the floor stays the last resort
             log.debug("ampsafe: the replay for a swallowed overflow raised %s: %s", type(exc).__name__, exc)
-            module = None
-        if module is not None:
+            found = None
+        if found is not None:
             log.info(
-                "ampsafe: step %s: the float16 output of %s is non-finite and the loss stayed finite (the next ops "
-                "swallowed it)",
-                decision.step,
-                module or "<root>",
+                "ampsafe: step %s: %s and the loss stayed finite (the next ops swallowed it)", decision.step, found
             )
-        return trigger.saw(module)
+        return trigger.saw(found.module if found is not None else None)
 
     def _heal_swallowed(self, decision: StepDecision) -> None:
         """A forward overflow no scale fixes, seen twice in a row: heal now (the healer islands what its scan
@@ -315,7 +313,7 @@ class HealingScaler(ScalerBase):
             "ampsafe: step %s: a forward overflow in %s swallowed by the next ops on 2 overflowing steps in a row "
             "(finite loss, non-finite gradients): no loss scale fixes it, healing now",
             decision.step,
-            module,
+            module or "<root>",
         )
         self._off_floor_heal(decision, swallowed=module)
 
