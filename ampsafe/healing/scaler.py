@@ -305,7 +305,8 @@ class HealingScaler(ScalerBase):
 
     def _heal_swallowed(self, decision: StepDecision) -> None:
         """A forward overflow no scale fixes, seen twice in a row: heal now (the healer islands what its scan
-        finds overflowing in the forward, or returns None and the scaler backs off)."""
+        finds overflowing in the forward, or returns None and the scaler backs off). A heal that cannot heal is
+        logged, not raised: the scale is above its floor, which stays the last resort."""
         module = self._heal_trigger().swallowed
         self._heal_trigger().healed()
         self._streak, self._in_range = 0, False
@@ -315,7 +316,11 @@ class HealingScaler(ScalerBase):
             decision.step,
             module or "<root>",
         )
-        self._off_floor_heal(decision, swallowed=module)
+        try:
+            self._off_floor_heal(decision, swallowed=module)
+        except LossScaleFloorError as exc:
+            self._heal_trigger().saw(None)  # no replay again before this streak ends
+            log.warning("ampsafe: not healed at step %s: %s", decision.step, exc)
 
     def _heal_after_streak(self, decision: StepDecision) -> None:
         """Count overflows in a row and heal after ``patience`` of them (when the replayed forward overflows)."""

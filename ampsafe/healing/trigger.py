@@ -112,7 +112,7 @@ class Swallowed(NamedTuple):
 def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[Swallowed]:
     """Replay ``latest`` (``InputCapture.latest``) once in the step's precision under the sentinel, when the
     model's output is finite: the first module whose output is non-finite, else the first range overflow the
-    sentinel saw the forward drop (its module and op); None otherwise. Model state and random state are put back."""
+    sentinel saw the forward drop inside a submodule (its module and op); None otherwise. Model state and random state are put back."""
     args, kwargs = latest
     watches: list = []
 
@@ -127,5 +127,7 @@ def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) 
         return None
     if first is not None:
         return Swallowed(first)
-    dropped = next((e for e in getattr(watches[0], "deferred", ()) if e.kind == OVERFLOW), None) if watches else None
+    # a submodule's: an island of the root is no AMP at all (the healer refuses it)
+    deferred = getattr(watches[0], "deferred", ()) if watches else ()
+    dropped = next((e for e in deferred if e.kind == OVERFLOW and e.module), None)
     return Swallowed(dropped.module, dropped.op) if dropped is not None else None

@@ -99,6 +99,24 @@ def test_torch_a_numerical_inf_dropped_inside_a_module_heals_nothing_early():
     assert found is None, found
 
 
+def test_torch_an_overflow_dropped_in_the_roots_own_forward_heals_nothing_early():
+    # an island of the root is no AMP at all: the rule names submodules only, the floor stays the last resort
+    class Root(_TorchStep):
+        pass
+
+    torch.manual_seed(0)
+    net = Root()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    from ampsafe.healing.trigger import swallowed_module
+    from ampsafe.torch.backend import BACKEND
+
+    replay = lambda: torch.autocast("cpu", dtype=torch.float16)  # noqa: E731
+    assert swallowed_module(BACKEND, net, ((x,), {}), replay) is None
+    # the same step function one level down is found, with its op
+    found = swallowed_module(BACKEND, nn.Sequential(net), ((x,), {}), replay)
+    assert (found.module, found.op) == ("0", "exp"), found
+
+
 def test_paddle_o2_an_exp_overflow_dropped_inside_the_head_heals_within_3_steps_islanding_the_head():
     paddle = pytest.importorskip("paddle")
     from ampsafe.paddle import GradScaler, emulate_fp16
