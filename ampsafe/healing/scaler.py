@@ -276,7 +276,7 @@ class HealingScaler(ScalerBase):
             log.warning("ampsafe: not healed at step %s: %s", decision.step, exc)
 
     def _swallowed(self, decision: StepDecision, losses: list) -> bool:
-        """Whether this overflowing step, with finite losses, is the second in a row whose forward made the same
+        """Whether this overflowing step, with finite losses, is the second in a row whose forward made a
         module's float16 values non-finite (its output, or an op's result dropped inside it) while the model's
         output stayed finite (one replay under the sentinel, :mod:`.trigger`)."""
         trigger, backend = self._heal_trigger(), self._backend()
@@ -304,9 +304,10 @@ class HealingScaler(ScalerBase):
         return trigger.saw(found.module if found is not None else None)
 
     def _heal_swallowed(self, decision: StepDecision) -> None:
-        """A forward overflow no scale fixes, seen twice in a row: heal now (the healer islands what its scan
-        finds overflowing in the forward, or returns None and the scaler backs off). A heal that cannot heal is
-        logged, not raised: the scale is above its floor, which stays the last resort."""
+        """A forward overflow no scale fixes, seen twice in a row: heal now, naming this step's module (the
+        healer islands it alone when every path its scan finds peaks there, else what its scan finds overflowing
+        in the forward, or returns None and the scaler backs off). A heal that cannot heal is logged, not raised:
+        the scale is above its floor, which stays the last resort."""
         module = self._heal_trigger().swallowed
         self._heal_trigger().healed()
         self._streak, self._in_range = 0, False

@@ -5,11 +5,12 @@
                to hit the floor (halvings to ``min_scale`` x ``hysteresis`` + 1): the script restored the scale in
                between (ultralytics reloads ``last.pt`` after a NaN epoch, a resume loop), so the floor never comes
     swallowed  on two consecutive overflowing steps (clean steps between them do not count: one page of an
-               epoch can be the one that overflows) the forward made the same module's float16 values non-finite
-               while the model's output and the loss stayed finite: its output (a frozen BatchNorm and a ReLU turn
-               a conv's float16 inf into zeros; only a gradient shows it), or, inside its forward, an op's result
+               epoch can be the one that overflows) the forward made a module's float16 values non-finite while
+               the model's output and the loss stayed finite: its output (a frozen BatchNorm and a ReLU turn a
+               conv's float16 inf into zeros; only a gradient shows it), or, inside its forward, an op's result
                that is finite in float32 (DBHead's ``reciprocal(1 + exp(x))``: the inf dies in the head). No loss
-               scale fixes a forward overflow
+               scale fixes a forward overflow, in the same module on both steps or not (PaddleOCR at O1: the
+               thresh head's conv, then the binarize head's, whose paths the heal's scan islands together)
     patience   ``patience`` overflowing steps in a row (the scaler's, or the one ``ampsafe.heal`` attaches)
 
 Why these and no more: without a reload, "records" is due at the very step the floor is hit (the count starts
@@ -58,7 +59,7 @@ def floor_distance(policy, peak: float) -> Optional[int]:
 class HealTrigger:
     """The records the rule reads: ``in_row`` overflowing steps in a row, ``peak`` the highest scale a step ran
     with, ``swallowed`` the module of the previous overflowing step's swallowed overflow, clean steps between
-    them or not (None: none seen)."""
+    them or not (None: none seen; ``""`` never: the rule names submodules)."""
 
     in_row: int = 0
     peak: float = 0.0
@@ -85,8 +86,8 @@ class HealTrigger:
 
     def saw(self, module: Optional[str], looked: bool = True) -> bool:
         """Record this overflowing step's swallowed module (None: none; ``looked``: whether it was replayed);
-        True when the previous one was the same."""
-        again = module is not None and module == self.swallowed
+        True when the previous overflowing step showed one too."""
+        again = module is not None and self.swallowed is not None
         self.swallowed, self.looked = module, self.looked or looked
         return again
 

@@ -168,3 +168,15 @@ def test_paddle_o2_an_exp_overflow_dropped_inside_the_head_heals_within_3_steps_
     assert heal.paths == ("head",), heal.paths
     assert max(overflowed) == heal.step, overflowed
     assert scaler.get_loss_scaling() >= 2.0**15
+
+
+def test_two_overflowing_steps_in_a_row_that_show_any_swallowed_overflow_are_due():
+    # a range overflow no scale fixes, whichever module each replay saw first (PaddleOCR at O1: the thresh head's
+    # conv, then the binarize head's); a step with none in between starts again
+    from ampsafe.healing.trigger import HealTrigger
+
+    trigger = HealTrigger()
+    assert trigger.saw("head.thresh.conv1") is False
+    assert trigger.saw("head.binarize.conv1") is True
+    trigger.healed()
+    assert trigger.saw("head") is False and trigger.saw(None) is False and trigger.saw("head") is False

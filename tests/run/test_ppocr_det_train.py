@@ -103,11 +103,11 @@ def test_O1_heals_the_dbfpn_convs_and_the_heads_conv1(paddleocr_src, work):
     assert r["healed_at"] in r["overflow_at"][1:3], r["overflow_at"]
     at_heal = next(s for s in r["per_step"] if s["step"] == r["healed_at"])
     assert at_heal["scale"] >= 64, at_heal
-    # from the typed records: no later than step 16 (measured on the AMD EPYC: first overflow at step 12, heal at
-    # step 15 or 16), at most 4 steps after the first overflow
+    # from the typed records: within 3 steps of the first overflow, whichever head conv each replay saw first
+    # (measured on the AMD EPYC: the thresh head's conv1 at step 12, the binarize head's at step 15, healed there)
     scaler = _scaler_record(r)
     (heal,) = scaler.heal_records
-    assert heal.step <= 16 and heal.step - scaler.skipped_at[0] <= 4, (heal, scaler.skipped_at)
+    assert heal.step - scaler.skipped_at[0] <= 3, (heal, scaler.skipped_at)
 
 
 # where the first forward overflow may be: at O2 DBHead's exp; at O1 a conv that heal islands (this project's
