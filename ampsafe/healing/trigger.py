@@ -113,7 +113,8 @@ class Swallowed(NamedTuple):
 def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[Swallowed]:
     """Replay ``latest`` (``InputCapture.latest``) once in the step's precision under the sentinel, when the
     model's output is finite: the first module whose output is non-finite, else the first range overflow the
-    sentinel saw the forward drop inside a submodule (its module and op); None otherwise. Model state and random state are put back."""
+    sentinel saw the forward drop inside a submodule (its module and op); None otherwise. Model state and random
+    state are put back."""
     args, kwargs = latest
     watches: list = []
 

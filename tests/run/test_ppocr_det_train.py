@@ -6,10 +6,10 @@ GradScaler from 1024 with dynamic scaling):
 * the heal rows: at O2 DBHead's step-function ``exp`` overflows on every step from step 0, its inf dying inside
   ``head`` (``reciprocal(1 + exp(...))``, the loss finite), and heal islands ``head`` within 3 steps of the first
   overflow (the heal rule's replay under the sentinel sees the dropped range overflow; the floor would be step
-  10); at O1 the DBFPN convs overflow later, their float16 infs taken by
-  the train-mode BatchNorms after them (loss finite: no loss scale can help), and heal islands them with the
-  head's ``conv1`` on the second such step, not at the floor. After the heal the scale is back at 1024 and no step overflows. Each run stops a few steps
-  after its heal (the epoch's first N steps: the same batches as the full run);
+  10); at O1 the DBFPN convs overflow later, their float16 infs taken by the train-mode BatchNorms after them
+  (loss finite: no loss scale can help), and heal islands them with the head's ``conv1`` on the second such step,
+  within 3 steps of the first, not at the floor. After the heal the scale is back at 1024 and no step overflows.
+  Each run stops a few steps after its heal (the epoch's first N steps: the same batches as the full run);
 * ``--watch`` at O1 and O2 ends at the first forward overflow with the sentinel's own ``NonFiniteError`` in the
   summary and the report (at O2 Paddle re-raises it as ``OSError``), status 1: no crash, no at-exit replay.
 
