@@ -444,8 +444,9 @@ class HealingScaler(ScalerBase):
             log.warning("ampsafe: not healed at step %s: %s", decision.step, exc)
 
     def _swallowed(self, decision: StepDecision, losses: list) -> bool:
-        """Whether this overflowing step, with finite losses, is the second in a row whose forward made the same
-        module's output non-finite while the model's output stayed finite (one replay, :mod:`.trigger`)."""
+        """Whether this overflowing step, with finite losses, is the second in a row whose forward made a
+        module's float16 values non-finite (its output, or an op's result dropped inside it) while the model's
+        output stayed finite (one replay under the sentinel, :mod:`.trigger`)."""
         trigger, backend = self._heal_trigger(), self._backend()
         if self._ranks is None:  # asked once, at the first overflow, which every rank dispatches alike
             self._ranks = len(backend.all_gather(None))
@@ -460,22 +461,21 @@ class HealingScaler(ScalerBase):
             return trigger.saw(None)
         try:
             with self._capture.paused():
-                module = swallowed_module(backend, model, latest, lambda: backend.amp.replay(self._capture.state))
+                found = swallowed_module(backend, model, latest, lambda: backend.amp.replay(self._capture.state))
         except Exception as exc:  # noqa: BLE001 - evidence only: the floor stays the last resort
             log.debug("ampsafe: the replay for a swallowed overflow raised %s: %s", type(exc).__name__, exc)
-            module = None
-        if module is not None:
+            found = None
+        if found is not None:
             log.info(
-                "ampsafe: step %s: the float16 output of %s is non-finite and the loss stayed finite (the next ops "
-                "swallowed it)",
-                decision.step,
-                module or "<root>",
+                "ampsafe: step %s: %s and the loss stayed finite (the next ops swallowed it)", decision.step, found
             )
-        return trigger.saw(module)
+        return trigger.saw(found.module if found is not None else None)
 
     def _heal_swallowed(self, decision: StepDecision) -> None:
-        """A forward overflow no scale fixes, seen twice in a row: heal now (the healer islands what its scan
-        finds overflowing in the forward, or returns None and the scaler backs off)."""
+        """A forward overflow no scale fixes, seen twice in a row: heal now, naming this step's module (the
+        healer islands it alone when every path its scan finds peaks there, else what its scan finds overflowing
+        in the forward, or returns None and the scaler backs off). A heal that cannot heal is logged, not raised:
+        the scale is above its floor, which stays the last resort."""
         module = self._heal_trigger().swallowed
         self._heal_trigger().healed()
         self._streak, self._in_range = 0, False
@@ -483,9 +483,13 @@ class HealingScaler(ScalerBase):
             "ampsafe: step %s: a forward overflow in %s swallowed by the next ops on 2 overflowing steps in a row "
             "(finite loss, non-finite gradients): no loss scale fixes it, healing now",
             decision.step,
-            module,
+            module or "<root>",
         )
-        self._off_floor_heal(decision, swallowed=module)
+        try:
+            self._off_floor_heal(decision, swallowed=module)
+        except LossScaleFloorError as exc:
+            self._heal_trigger().saw(None)  # no replay again before this streak ends
+            log.warning("ampsafe: not healed at step %s: %s", decision.step, exc)
 
     def _heal_after_streak(self, decision: StepDecision) -> None:
         """Count overflows in a row and heal after ``patience`` of them (when the replayed forward overflows)."""

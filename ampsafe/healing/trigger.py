@@ -5,35 +5,43 @@
                to hit the floor (halvings to ``min_scale`` x ``hysteresis`` + 1): the script restored the scale in
                between (ultralytics reloads ``last.pt`` after a NaN epoch, a resume loop), so the floor never comes
     swallowed  on two consecutive overflowing steps (clean steps between them do not count: one page of an
-               epoch can be the one that overflows) the forward made the same module's output non-finite while
-               the model's output and the loss stayed finite (a frozen BatchNorm and a ReLU turn a conv's float16
-               inf into zeros; only a gradient shows it): no loss scale fixes a forward overflow
+               epoch can be the one that overflows) the forward made a module's float16 values non-finite while
+               the model's output and the loss stayed finite: its output (a frozen BatchNorm and a ReLU turn a
+               conv's float16 inf into zeros; only a gradient shows it), or, inside its forward, an op's result
+               that is finite in float32 (DBHead's ``reciprocal(1 + exp(x))``: the inf dies in the head). No loss
+               scale fixes a forward overflow, in the same module on both steps or not (PaddleOCR at O1: the
+               thresh head's conv, then the binarize head's, whose paths the heal's scan islands together)
     patience   ``patience`` overflowing steps in a row (the scaler's, or the one ``ampsafe.heal`` attaches)
 
 Why these and no more: without a reload, "records" is due at the very step the floor is hit (the count starts
 from the highest scale the run used), so a run that decays monotonically heals exactly where it did before;
-"swallowed" needs a finite loss *and* a finite model output with a module output non-finite
-(:func:`swallowed_module`). A forward overflow that reaches the output, or an inf dropped inside one module's
-forward (DBHead's step function), never gives that, so those keep healing at the floor. One taken by a
-train-mode BatchNorm does (Paddle's BatchNorm returns finite values from the inf; PaddleOCR's DBFPN and head at
-O1): it heals on its second step, and the heal's statistics repair resets the running statistics the inf
-poisoned. ``patience`` acts first when both are due.
+"swallowed" needs a finite loss *and* a finite model output with a module output non-finite, or an op whose
+float16 result the forward dropped while its float32 result is finite (:func:`swallowed_module`): a range problem,
+never a numerical one (``log(0)`` in T5's position bucketing is -inf in float32 too). A forward overflow that
+reaches the output gives neither, so it keeps healing at the floor. One taken by a train-mode BatchNorm (Paddle's
+BatchNorm returns finite values from the inf; PaddleOCR's DBFPN and head at O1) or dropped inside one module (the
+step function at O2) heals on its second step, and the heal's statistics repair resets the running statistics the
+inf poisoned. ``patience`` acts first when both are due.
 
 The records survive a checkpoint reload: they live on the scaler, never in its ``state_dict``. The "swallowed"
-evidence is one extra forward, replayed in the step's precision with no grad (model state and random state put
-back), at the first overflowing step of a streak that has a batch to replay, and then only while it keeps finding one;
-single-process runs only (under a process group each rank's batch differs and the replay is not collective).
+evidence is one extra forward under the sentinel (``watch(on_nonfinite="record", backward=False)``: each op's
+output checked, an origin's op re-run in float32), replayed in the step's precision with no grad (model state and
+random state put back), at the first overflowing step of a streak that has a batch to replay, and then only while
+it keeps finding one; single-process runs only (under a process group each rank's batch differs and the replay is
+not collective).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ..core.model import first_nonfinite
+from ..core.sentinel import OVERFLOW
+from .verdict import _quiet
 
-__all__ = ["HealTrigger", "floor_distance", "swallowed_module"]
+__all__ = ["HealTrigger", "Swallowed", "floor_distance", "swallowed_module"]
 
 
 def floor_distance(policy, peak: float) -> Optional[int]:
@@ -51,7 +59,7 @@ def floor_distance(policy, peak: float) -> Optional[int]:
 class HealTrigger:
     """The records the rule reads: ``in_row`` overflowing steps in a row, ``peak`` the highest scale a step ran
     with, ``swallowed`` the module of the previous overflowing step's swallowed overflow, clean steps between
-    them or not (None: none seen)."""
+    them or not (None: none seen; ``""`` never: the rule names submodules)."""
 
     in_row: int = 0
     peak: float = 0.0
@@ -78,8 +86,8 @@ class HealTrigger:
 
     def saw(self, module: Optional[str], looked: bool = True) -> bool:
         """Record this overflowing step's swallowed module (None: none; ``looked``: whether it was replayed);
-        True when the previous one was the same."""
-        again = module is not None and module == self.swallowed
+        True when the previous overflowing step showed one too."""
+        again = module is not None and self.swallowed is not None
         self.swallowed, self.looked = module, self.looked or looked
         return again
 
@@ -87,14 +95,41 @@ class HealTrigger:
         self.in_row, self.swallowed, self.looked = 0, None, False
 
 
-def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[str]:
-    """Replay ``latest`` (``InputCapture.latest``) once in the step's precision: the first module whose output is
-    non-finite, when the model's output is finite (None otherwise). Model state and random state are put back."""
+class Swallowed(NamedTuple):
+    """What one replay found: ``module``, and ``op`` when the non-finite value died inside that module's forward
+    (the op whose float16 result was non-finite and its float32 result finite); None when the module's output was
+    non-finite itself."""
+
+    module: str
+    op: Optional[str] = None
+
+    def __str__(self) -> str:
+        where = self.module or "<root>"
+        if self.op is None:
+            return f"the float16 output of {where} is non-finite"
+        return f"{where}:{self.op} is non-finite in float16 (finite in float32) and dropped inside {where}"
+
+
+def swallowed_module(backend, model, latest, replay_context: Callable[[], Any]) -> Optional[Swallowed]:
+    """Replay ``latest`` (``InputCapture.latest``) once in the step's precision under the sentinel, when the
+    model's output is finite: the first module whose output is non-finite, else the first range overflow the
+    sentinel saw the forward drop inside a submodule (its module and op); None otherwise. Model state and random
+    state are put back."""
     args, kwargs = latest
+    watches: list = []
 
     def forward():
-        with replay_context():
-            return model(*args, **kwargs)
+        with _quiet("ampsafe.watch"), replay_context():
+            with backend.watch(model, on_nonfinite="record", backward=False) as watch:
+                watches.append(watch)
+                return model(*args, **kwargs)
 
     first, output_finite = first_nonfinite(backend, model, forward)
-    return first if output_finite else None
+    if not output_finite:
+        return None
+    if first is not None:
+        return Swallowed(first)
+    # a submodule's: an island of the root is no AMP at all (the healer refuses it)
+    deferred = getattr(watches[0], "deferred", ()) if watches else ()
+    dropped = next((e for e in deferred if e.kind == OVERFLOW and e.module), None)
+    return Swallowed(dropped.module, dropped.op) if dropped is not None else None

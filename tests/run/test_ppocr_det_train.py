@@ -3,11 +3,13 @@ or ``$PADDLEOCR_SRC``) under ``ampsafe run --emulate-fp16``, with the recipe of 
 (``bench/ppocr_optin.py``: 144 synthetic text images, 160 px crops, batch 4, Adam lr 0.01, random init, Paddle's
 GradScaler from 1024 with dynamic scaling):
 
-* the heal rows: at O2 DBHead's step-function ``exp`` overflows on every step from step 0, the scale reaches the
-  floor at step 10 and heal islands ``head``; at O1 the DBFPN convs overflow later, their float16 infs taken by
-  the train-mode BatchNorms after them (loss finite: no loss scale can help), and heal islands them with the
-  head's ``conv1`` on the second such step, not at the floor. After the heal the scale is back at 1024 and no step overflows. Each run stops a few steps
-  after its heal (the epoch's first N steps: the same batches as the full run);
+* the heal rows: at O2 DBHead's step-function ``exp`` overflows on every step from step 0, its inf dying inside
+  ``head`` (``reciprocal(1 + exp(...))``, the loss finite), and heal islands ``head`` within 3 steps of the first
+  overflow (the heal rule's replay under the sentinel sees the dropped range overflow; the floor would be step
+  10); at O1 the DBFPN convs overflow later, their float16 infs taken by the train-mode BatchNorms after them
+  (loss finite: no loss scale can help), and heal islands them with the head's ``conv1`` on the second such step,
+  within 3 steps of the first, not at the floor. After the heal the scale is back at 1024 and no step overflows.
+  Each run stops a few steps after its heal (the epoch's first N steps: the same batches as the full run);
 * ``--watch`` at O1 and O2 ends at the first forward overflow with the sentinel's own ``NonFiniteError`` in the
   summary and the report (at O2 Paddle re-raises it as ``OSError``), status 1: no crash, no at-exit replay.
 
@@ -25,7 +27,7 @@ from bench.ppocr_optin import BATCH, STEPS
 
 pytestmark = pytest.mark.slow
 
-O2_STEPS = 12  # the README row heals at step 10
+O2_STEPS = 10  # the heal comes within 3 steps of the first overflow (step 0); the steps after it show it trains
 O1_STEPS = 22  # measured: first overflow at step 13 or 14, heal at the next overflowing step
 DBFPN = {"neck.p2_conv", "neck.p3_conv", "neck.p4_conv", "neck.p5_conv"}
 _results: dict = {}
@@ -65,12 +67,29 @@ def _healed(paddleocr_src, work, level: str, steps: int) -> dict:
     return r
 
 
-def test_O2_heals_dbheads_step_function_at_step_10(paddleocr_src, work):
+def _scaler_record(r: dict):
+    """The run's one scaler, as report.json keeps it (typed)."""
+    from ampsafe.run.records import RunSummary
+
+    (scaler,) = RunSummary.from_dict(r["report"]).scalers
+    return scaler
+
+
+def test_O2_heals_dbheads_step_function_within_3_steps_of_the_first_overflow(paddleocr_src, work):
     r = _healed(paddleocr_src, work, "O2", O2_STEPS)
-    # every step overflows from step 0 (the exp), the scale halves from 1024 to the floor, and heal islands the head
-    assert r["overflow_at"] == list(range(11)) and r["healed_at"] == 10, r["overflow_at"]
-    assert r["healed"] == [["head"]], r["healed"]
-    assert "ampsafe heal at step 10: islanded 1 module(s) (head)" in r["heal_log"][0]
+    scaler = _scaler_record(r)
+    (heal,) = scaler.heal_records
+    first = scaler.skipped_at[0]
+    # the exp overflows from step 0 and the inf dies inside the head: healed on the second overflowing step that
+    # shows it, far from the floor (10 halvings of 1024)
+    assert first == 0 and heal.step - first <= 3, (heal, scaler.skipped_at)
+    assert heal.paths == ("head",) and scaler.floor_hits == 0, (heal, scaler.floor_hits)
+    after = [s for s in scaler.steps if s[0] > heal.step]
+    assert len(after) >= 5 and not any(s[2] for s in after), scaler.steps
+    assert {s[1] for s in after} == {1024.0}, scaler.steps
+    # and it trains: the loss of the last 3 steps well under that of the first 2 (stuck near 9.5 while skipped)
+    losses = [s["loss"] for s in r["per_step"]]
+    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:2]) / 2, losses
 
 
 def test_O1_heals_the_dbfpn_convs_and_the_heads_conv1(paddleocr_src, work):
@@ -84,6 +103,11 @@ def test_O1_heals_the_dbfpn_convs_and_the_heads_conv1(paddleocr_src, work):
     assert r["healed_at"] in r["overflow_at"][1:3], r["overflow_at"]
     at_heal = next(s for s in r["per_step"] if s["step"] == r["healed_at"])
     assert at_heal["scale"] >= 64, at_heal
+    # from the typed records: within 3 steps of the first overflow, whichever head conv each replay saw first
+    # (measured on the AMD EPYC: the thresh head's conv1 at step 12, the binarize head's at step 15, healed there)
+    scaler = _scaler_record(r)
+    (heal,) = scaler.heal_records
+    assert heal.step - scaler.skipped_at[0] <= 3, (heal, scaler.skipped_at)
 
 
 # where the first forward overflow may be: at O2 DBHead's exp; at O1 a conv that heal islands (this project's
