@@ -77,11 +77,12 @@ def test_backward_only_overflow_trains_under_ampsafe_as_under_the_frameworks_sca
 
 
 @pytest.mark.slow
-def test_the_printed_island_line_keeps_torchs_own_scaler_at_scale_1_or_above(tmp_path):
-    _, report = _ampsafe("torch", tmp_path)
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_the_printed_island_line_keeps_the_frameworks_own_scaler_at_scale_1_or_above(framework, tmp_path):
+    _, report = _ampsafe(framework, tmp_path)
     line = report["fix"]["patch"]
-    native = _native("torch", tmp_path / "native.jsonl")
-    fixed = _native("torch", tmp_path / "fixed.jsonl", after=f"import ampsafe; {line}")
+    native = _native(framework, tmp_path / "native.jsonl")
+    fixed = _native(framework, tmp_path / "fixed.jsonl", after=f"import ampsafe; {line}")
     assert min(r["scale"] for r in native) < 1.0
     assert min(r["scale"] for r in fixed) >= 1.0 and all(r["finite"] for r in fixed)
     skipped = [sum(a["scale"] > b["scale"] for a, b in zip(rows, rows[1:])) for rows in (native, fixed)]
