@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ampsafe.run.records import RunSummary
 from bench.ppocr_optin import BATCH, STEPS
 
 pytestmark = pytest.mark.slow
@@ -56,7 +57,10 @@ def _healed(paddleocr_src, work, level: str, steps: int) -> dict:
     for step in r["per_step"]:  # the step log's loss is the one PaddleOCR printed (log_smooth_window=1)
         if step["log_loss"] is not None and step["loss"] == step["loss"]:
             assert step["loss"] == pytest.approx(step["log_loss"], rel=1e-5, abs=1e-5)
-    assert r["heals"] == 1 and len(r["heal_log"]) == 1, r["log_tail"]
+    assert r["heals"] == 1 and r["report"] is not None, r["log_tail"]
+    (scaler,) = [s for s in RunSummary.from_dict(r["report"]).scalers if s.total_steps]
+    (heal,) = scaler.heal_records  # the run's record of its one heal
+    r["heal"] = heal
     healed_at = next(s["step"] for s in r["per_step"] if s.get("heals"))
     assert healed_at < steps - 1, (healed_at, r["overflow_at"])
     after = [s for s in r["per_step"] if s["step"] > healed_at]
@@ -70,7 +74,7 @@ def test_O2_heals_dbheads_step_function_at_step_10(paddleocr_src, work):
     # every step overflows from step 0 (the exp), the scale halves from 1024 to the floor, and heal islands the head
     assert r["overflow_at"] == list(range(11)) and r["healed_at"] == 10, r["overflow_at"]
     assert r["healed"] == [["head"]], r["healed"]
-    assert "ampsafe heal at step 10: islanded 1 module(s) (head)" in r["heal_log"][0]
+    assert (r["heal"].step, r["heal"].paths) == (10, ("head",)), r["heal"]
 
 
 def test_O1_heals_the_dbfpn_convs_and_the_heads_conv1(paddleocr_src, work):
