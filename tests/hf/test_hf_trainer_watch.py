@@ -9,11 +9,14 @@ overflow at the starting scale 65536 is a routine backoff (ViT has one at step 0
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ampsafe.run.records import RunSummary
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -39,5 +42,8 @@ def test_trainer_fp16_steps_under_run_watch_are_clean(name, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"watching {CLASSES[name]} for NaN/Inf" in proc.stderr, proc.stderr[-3000:]
     assert f"script: {name} done, parameters finite: True, trainer steps: 5" in proc.stdout, proc.stdout
-    assert "GradScaler: 5 steps, " in proc.stdout and "0 floor hits, 0 heals" in proc.stdout, proc.stdout
+    summary = RunSummary.from_dict(json.loads((tmp_path / "report.json").read_text(encoding="utf-8")))
+    (scaler,) = [s for s in summary.scalers if s.total_steps]
+    assert scaler.class_name.endswith("GradScaler") and scaler.total_steps == 5, scaler
+    assert (scaler.floor_hits, scaler.heals, scaler.heal_records) == (0, 0, ()), scaler
     assert "NonFiniteError" not in proc.stderr, proc.stderr[-3000:]

@@ -4,12 +4,13 @@ package's own reader), and a trainer script run under ``ampsafe run --emulate-fp
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ampsafe.run.records import RunSummary
 
 
 def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -48,15 +49,17 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 def run_emulated(tmp_path: Path, script: str, *script_args: str, min_scale: float = 1.0):
     """``ampsafe run --emulate-fp16 -- python scripts/SCRIPT ARGS`` (which must exit 0): its output, the
-    ``FIGURES`` JSON line the script prints (the scaler's own figures) and the skipped steps of the run's summary."""
+    ``FIGURES`` JSON line the script prints (the scaler's own figures) and the skipped steps of the run's records
+    (its ``report.json``, read through :mod:`ampsafe.run.records`)."""
     command = [sys.executable, "-m", "ampsafe.cli", "run", "--emulate-fp16", "--min-scale", str(min_scale)]
     command += ["--report", str(tmp_path / "rep"), "--", sys.executable, str(SCRIPTS / script), *script_args]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(proc.stdout.split("FIGURES ", 1)[1].splitlines()[0])
-    summary = re.search(r"\(skipped steps ([\d, ]+)\)", proc.stdout)
-    assert summary, proc.stdout[-3000:]
-    return proc, figures, [int(s) for s in summary.group(1).split(", ")]
+    summary = RunSummary.from_dict(json.loads((tmp_path / "rep" / "report.json").read_text(encoding="utf-8")))
+    (scaler,) = [s for s in summary.scalers if s.total_steps]
+    assert scaler.skipped_at, scaler.steps
+    return proc, figures, scaler.skipped_at
 
 
 def scaler_figures(figures: dict) -> dict[str, float]:

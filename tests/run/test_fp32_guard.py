@@ -5,7 +5,14 @@ from __future__ import annotations
 import sys
 
 import pytest
-from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
+from run_helpers import (
+    SCRIPTS,
+    ampsafe_run,
+    guard_record,
+    only_scaler,
+    run_summary,
+    stepped_scaler,
+)  # tests/run/run_helpers.py
 
 
 def test_nan_batch_is_skipped_and_parameters_stay_finite(tmp_path):
@@ -15,10 +22,8 @@ def test_nan_batch_is_skipped_and_parameters_stay_finite(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "script: done, parameters finite: True, optimizer state finite: True" in proc.stdout
     assert "the script created no GradScaler; its optimizer steps were guarded" in proc.stdout
-    assert (
-        "FP32 guard on Sequential: 6 optimizer steps, 1 skipped (non-finite loss or gradients) (steps 3)" in proc.stdout
-    )
-    assert "step 3: non-finite loss or gradients, step skipped (parameters and optimizer state untouched" in proc.stderr
+    guard = guard_record(tmp_path / "rep")
+    assert (guard.model, guard.total_steps, guard.skipped_at) == ("Sequential", 6, (3,)), guard
     assert "nothing to report" not in proc.stdout
 
 
@@ -41,63 +46,76 @@ def test_more_than_max_skips_in_a_row_stop_the_run_with_advice():
 
 
 @pytest.mark.parametrize("optimizer", ["adam"])
-def test_skipped_step_leaves_adam_state_untouched(optimizer):
+def test_skipped_step_leaves_adam_state_untouched(optimizer, tmp_path):
     proc = ampsafe_run(
-        "--", sys.executable, str(SCRIPTS / "train_fp32_nan.py"), "--nan-step", "0", "--optimizer", optimizer
-    )
+        "--report", str(tmp_path), "--",
+        sys.executable, str(SCRIPTS / "train_fp32_nan.py"), "--nan-step", "0", "--optimizer", optimizer,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "parameters finite: True, optimizer state finite: True" in proc.stdout
-    assert "6 optimizer steps, 1 skipped" in proc.stdout and "(steps 0)" in proc.stdout
+    guard = guard_record(tmp_path)
+    assert (guard.total_steps, guard.skipped_at) == (6, (0,)), guard
 
 
-def test_scaler_steps_are_not_guarded_twice():
+def test_scaler_steps_are_not_guarded_twice(tmp_path):
     proc = ampsafe_run(
-        "--on-floor",
-        "clamp",
-        "--",
-        sys.executable,
-        str(SCRIPTS / "train_torch.py"),
-        "--poison",
-        "--init-scale",
-        "8",
-        "--steps",
-        "6",
+        "--on-floor", "clamp", "--report", str(tmp_path), "--",
+        sys.executable, str(SCRIPTS / "train_torch.py"), "--poison", "--init-scale", "8", "--steps", "6",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scaler = only_scaler(tmp_path)  # the scaler's own counts, unchanged
+    assert (scaler.total_steps, scaler.skipped_steps, scaler.floor_hits) == (6, 6, 3), scaler
+    summary = run_summary(tmp_path)  # none of its optimizer steps went through the guard
+    assert not any(g.total_steps for g in summary.guards), summary.guards
+
+
+def test_disabled_cuda_scaler_on_cpu_says_so_and_the_guard_takes_over(tmp_path):
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "train_cuda_scaler.py"), "--nan-step", "2"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "6 steps, 6 skipped, 3 floor hits" in proc.stdout  # the scaler's own counts, unchanged
-    assert "FP32 guard" not in proc.stdout  # none of its optimizer steps went through the guard
-
-
-def test_disabled_cuda_scaler_on_cpu_says_so_and_the_guard_takes_over():
-    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_cuda_scaler.py"), "--nan-step", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the summary line a user reads says why the scaler did nothing (not "0 steps, 0 skipped")
     assert "ampsafe.torch.scaler.GradScaler: disabled (CUDA not available)" in proc.stdout
-    assert "0 steps, 0 skipped" not in proc.stdout
-    assert "FP32 guard on Sequential: 4 optimizer steps, 1 skipped" in proc.stdout
+    scaler = only_scaler(tmp_path)
+    assert scaler.disabled_reason == "disabled (CUDA not available)" and scaler.total_steps == 0, scaler
+    guard = guard_record(tmp_path)
+    assert (guard.model, guard.total_steps, guard.skipped_at) == ("Sequential", 4, (2,)), guard
     assert "parameters finite: True" in proc.stdout
 
 
-def test_script_disabled_scaler_is_reported_as_disabled_by_the_script():
-    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_torch.py"), "--cuda-namespace", "--steps", "3")
+def test_script_disabled_scaler_is_reported_as_disabled_by_the_script(tmp_path):
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--",
+        sys.executable, str(SCRIPTS / "train_torch.py"), "--cuda-namespace", "--steps", "3",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(line for line in proc.stdout.splitlines() if "ampsafe.torch.scaler.GradScaler:" in line)
-    assert "disabled by the script (enabled=False)" in line and "0 steps, 0 skipped" not in line
+    scaler = only_scaler(tmp_path)
+    assert scaler.disabled_reason == "disabled by the script (enabled=False)" and not scaler.total_steps, scaler
 
 
-def test_emulate_fp16_makes_the_cuda_scaler_scale_on_a_cpu():
-    proc = ampsafe_run("--emulate-fp16", "--", sys.executable, str(SCRIPTS / "train_cuda_scaler.py"))
+def test_emulate_fp16_makes_the_cuda_scaler_scale_on_a_cpu(tmp_path):
+    proc = ampsafe_run(
+        "--emulate-fp16", "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "train_cuda_scaler.py")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "scaler enabled True" in proc.stdout
-    assert "ampsafe.torch.scaler.GradScaler: 4 steps, 0 skipped" in proc.stdout and "FP32 guard on" not in proc.stdout
+    scaler = stepped_scaler(tmp_path)
+    assert scaler.class_name == "ampsafe.torch.scaler.GradScaler" and scaler.disabled_reason is None, scaler
+    assert (scaler.total_steps, scaler.skipped_steps) == (4, 0), scaler
+    assert not any(g.total_steps for g in run_summary(tmp_path).guards)  # no step went through the FP32 guard
 
 
 @pytest.mark.parametrize("how", ["step", "minimize"])
-def test_paddle_nan_batch_is_skipped_through_step_and_minimize(how):
+def test_paddle_nan_batch_is_skipped_through_step_and_minimize(how, tmp_path):
     extra = ["--minimize"] if how == "minimize" else []
-    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_paddle_fp32_nan.py"), "--nan-step", "2", *extra)
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--",
+        sys.executable, str(SCRIPTS / "train_paddle_fp32_nan.py"), "--nan-step", "2", *extra,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "script: done, parameters finite: True" in proc.stdout
-    assert "[paddle, pid" in proc.stdout and "FP32 guard on Sequential: 5 optimizer steps, 1 skipped" in proc.stdout
+    guard = guard_record(tmp_path)
+    assert (guard.framework, guard.model, guard.total_steps, guard.skipped_at) == ("paddle", "Sequential", 5, (2,))
 
 
 def test_paddle_watch_names_the_sample_and_kind_input():

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from run_helpers import guard_record, only_scaler, stepped_scaler  # tests/run/run_helpers.py
 
 SCRIPTS = Path(__file__).parent / "scripts"
 # the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
@@ -41,39 +42,54 @@ def test_ppdet_script_builds_the_swapped_neck_by_name(upstream, tmp_path):
     assert "changed ppdet necks registered: AmpSafeFPN" in proc.stdout
 
 
-def test_floor_option_reaches_the_scaler_clamp_finishes_raise_stops():
+def test_floor_option_reaches_the_scaler_clamp_finishes_raise_stops(tmp_path):
     poisoned = ["--", sys.executable, str(SCRIPTS / "train_torch.py"), "--poison", "--init-scale", "8", "--steps", "6"]
-    clamp = ampsafe_run("--on-floor", "clamp", *poisoned)
+    clamp = ampsafe_run("--on-floor", "clamp", "--report", str(tmp_path / "clamp"), *poisoned)
     assert clamp.returncode == 0, clamp.stderr
-    assert "6 steps, 6 skipped, 3 floor hits" in clamp.stdout  # 8 -> 4 -> 2 -> 1, then three steps at the floor
-    raised = ampsafe_run("--on-floor", "raise", *poisoned)  # heal is ampsafe run's default
+    scaler = stepped_scaler(tmp_path / "clamp")  # 8 -> 4 -> 2 -> 1, then three steps at the floor
+    assert (scaler.on_floor, scaler.total_steps, scaler.skipped_steps, scaler.floor_hits) == ("clamp", 6, 6, 3), scaler
+    raised = ampsafe_run("--on-floor", "raise", "--report", str(tmp_path / "raise"), *poisoned)  # heal: the default
     assert raised.returncode == 1
     assert "LossScaleFloorError" in raised.stderr
-    assert "floor hits" in raised.stdout and "the command exited with status 1" in raised.stdout
+    assert "the command exited with status 1" in raised.stdout
+    scaler = only_scaler(tmp_path / "raise")  # stopped at its first floor hit
+    assert (scaler.on_floor, scaler.floor_hits, scaler.heals) == ("raise", 1, 0), scaler
 
 
 def test_paddle_script_reads_ampsafe_section_of_its_config(tmp_path):
     config = tmp_path / "train.yml"
     config.write_text("Global:\n  init_loss_scaling: 512\nampsafe:\n  on_floor: clamp\n  min_scale: 4\n")
     script = [sys.executable, str(SCRIPTS / "train_paddle.py"), "-c", str(config), "--steps", "4"]
-    proc = ampsafe_run("--emulate-fp16", "--", *script)  # on a CPU the scaler scales only with float16 emulated
+    # on a CPU the scaler scales only with float16 emulated
+    proc = ampsafe_run("--emulate-fp16", "--report", str(tmp_path / "report"), "--", *script)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert f"min_scale=4.0, on_floor='clamp' (ampsafe: section of {config})" in out
     assert "changed paddle.amp.GradScaler -> ampsafe.paddle.GradScaler (min_loss_scaling=4.0, on_floor='clamp')" in out
-    assert "[paddle, pid" in out and "ampsafe.paddle.scaler.GradScaler: 4 steps" in out
-    assert "final scale 512.0" in out  # the script's own init_loss_scaling was kept
+    scaler = stepped_scaler(tmp_path / "report")
+    assert (scaler.framework, scaler.class_name, scaler.total_steps) == (
+        "paddle",
+        "ampsafe.paddle.scaler.GradScaler",
+        4,
+    )
+    assert (scaler.on_floor, scaler.scale) == ("clamp", 512.0), scaler  # the script's own init_loss_scaling was kept
 
 
-def test_paddle_script_on_a_cpu_without_emulation_is_fp32_and_guarded():
+def test_paddle_script_on_a_cpu_without_emulation_is_fp32_and_guarded(tmp_path):
     """Without --emulate-fp16 the scaler disables itself on a CPU as Paddle's does: the summary says why and the
     FP32 guard takes the steps."""
-    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_paddle.py"), "--steps", "4")
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "train_paddle.py"), "--steps", "4"
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    # the summary line a user reads says why the scaler is off and where its steps went
     assert "ampsafe.paddle.scaler.GradScaler: disabled (CPU place: Paddle's AMP is off on a CPU" in out
     assert "(its optimizer steps went through the FP32 guard)" in out
-    assert "FP32 guard on Sequential: 4 optimizer steps, 0 skipped" in out
+    scaler = only_scaler(tmp_path)
+    assert scaler.disabled_reason.startswith("disabled (CPU place") and not scaler.total_steps, scaler
+    guard = guard_record(tmp_path)
+    assert (guard.model, guard.total_steps, guard.skipped_at) == ("Sequential", 4, ()), guard
     assert "AmpScaler can only be enabled on CUDAPlace, XPUPlace and CustomPlace" in proc.stderr
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from run_helpers import SCRIPTS, ampsafe_run  # tests/run/run_helpers.py
+from run_helpers import SCRIPTS, ampsafe_run, stepped_scaler  # tests/run/run_helpers.py
 
 from ampsafe.run.report import format_summary, permanent_fix, to_markdown
 
@@ -78,11 +78,17 @@ def test_fp32_watch_stop_on_a_backward_nan_says_what_was_measured(tmp_path):
     assert "swap-neck" not in markdown
 
 
-def test_a_nan_input_under_amp_at_step_0_is_data_too():
+def test_a_nan_input_under_amp_at_step_0_is_data_too(tmp_path):
     # the scaler finds its model at its first step, after step 0's forward; the run's guard hooked the model when
     # the optimizer was built, so step 0's NaN is told from an overflow as well
-    proc = ampsafe_run("--", sys.executable, str(SCRIPTS / "train_torch.py"), "--nan-step", "0", "--steps", "4")
+    proc = ampsafe_run(
+        "--report", str(tmp_path), "--", sys.executable, str(SCRIPTS / "train_torch.py"), "--nan-step", "0",
+        "--steps", "4",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "script: done, scale 65536.0" in proc.stdout
-    assert "final scale 65536.0; 1 skipped for a non-finite input (step 0: args[0][4]" in proc.stdout
-    assert "overflowing" not in proc.stdout and "step 0 skipped: a non-finite value came in" in proc.stderr
+    scaler = stepped_scaler(tmp_path)  # step 0 skipped for its data, the scale kept: not an overflow
+    (bad,) = scaler.bad_inputs
+    assert bad.step == 0 and bad.where.startswith("args[0][4]"), bad
+    assert scaler.scale == 65536.0 and scaler.input_steps == 1, scaler
+    assert scaler.overflow_steps == 0 and scaler.skipped_at == [], scaler

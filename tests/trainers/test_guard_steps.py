@@ -5,12 +5,13 @@ counters, the reload is an event, and the counters are not in the scaler's saved
 
 from __future__ import annotations
 
-from trainer_helpers import ampsafe_run
+from trainer_helpers import ampsafe_run, guard_record, stepped_scaler
 
 
-def test_every_step_form_is_guarded_and_a_scaler_reload_keeps_the_runs_counters():
+def test_every_step_form_is_guarded_and_a_scaler_reload_keeps_the_runs_counters(tmp_path):
     # one process: closure_steps.py, then scaler_reload.py
-    proc = ampsafe_run(script="steps_and_reload.py", script_args=["--nan-step", "2", "--steps", "5"])
+    args = ["--nan-step", "2", "--steps", "5"]
+    proc = ampsafe_run("--report", str(tmp_path), script="steps_and_reload.py", script_args=args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for form in ("plain", "none", "closure", "closure-kw"):  # 5 steps, 5 closure calls: none doubled
@@ -21,13 +22,16 @@ def test_every_step_form_is_guarded_and_a_scaler_reload_keeps_the_runs_counters(
     lbfgs = next(line for line in out.splitlines() if "form=lbfgs " in line)
     assert "parameters finite: True" in lbfgs  # LBFGS re-evaluates its closure: those calls are its own
     # 5 forms x 5 steps, the NaN step of each skipped
-    assert ": 25 optimizer steps, 5 skipped (non-finite loss or gradients) (steps 2, 7, 12, 17, 22)" in out, out
+    guard = guard_record(tmp_path)
+    assert (guard.total_steps, guard.skipped_at) == (25, (2, 7, 12, 17, 22)), guard
     assert "nothing was guarded" not in out
     # scaler_reload.py: 9 steps, every third one overflowing; the reload after step 5 (back to step 1's state)
     # resets no counter, and the saved state holds no run counters
     assert "script: done, total_steps 9, skipped 3" in out, out
-    assert "GradScaler: 9 steps, 3 skipped" in out, out
-    assert "loaded its GradScaler's state (a checkpoint reload) after step 5: scale 256.0 -> 1024.0" in proc.stderr
+    scaler = stepped_scaler(tmp_path)
+    assert (scaler.total_steps, scaler.skipped_steps) == (9, 3), scaler
+    (reload,) = scaler.reloads
+    assert (reload.after_step, reload.scale_before, reload.scale_after) == (5, 256.0, 1024.0), reload
     keys = next(line for line in out.splitlines() if line.startswith("script: state_dict keys "))
     assert "'scale'" in keys and "stats" not in keys, keys
 

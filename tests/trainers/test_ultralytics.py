@@ -13,22 +13,21 @@ from __future__ import annotations
 import re
 
 import pytest
-from trainer_helpers import ampsafe_run, emulated_run, needs, patch_line, stepped_scaler
+from trainer_helpers import ampsafe_run, emulated_run, guard_record, needs, patch_line, stepped_scaler
 
 needs("ultralytics")
 pytestmark = pytest.mark.slow
 
 
-def test_watch_guards_the_detection_model_saves_checkpoints_and_a_nan_batch_is_skipped():
+def test_watch_guards_the_detection_model_saves_checkpoints_and_a_nan_batch_is_skipped(tmp_path):
     # two steps per epoch: the checkpoints of epoch 1 are written under --watch; the NaN batch is step 2
-    proc = ampsafe_run("--watch", script="train_yolo.py", script_args=["--nan-step", "2", "--epochs", "2"])
+    args = ["--nan-step", "2", "--epochs", "2"]
+    proc = ampsafe_run("--watch", "--report", str(tmp_path), script="train_yolo.py", script_args=args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "guarding the optimizer steps of DetectionModel (FP32 guard)" in proc.stderr, proc.stderr[-3000:]
-    assert "step 2: non-finite loss or gradients, step skipped (parameters and optimizer state untouched" in (
-        proc.stderr
-    )
-    assert "FP32 guard on DetectionModel: 3 optimizer steps, 1 skipped (non-finite loss or gradients) (steps 2)" in out
+    guard = guard_record(tmp_path)
+    assert (guard.model, guard.total_steps, guard.skipped_at) == ("DetectionModel", 3, (2,)), guard
     # --watch stops the run at the first skip and names where the NaN came from: the batch, at the first conv
     assert "script: training stopped: NonFiniteError: first non-finite value of the forward pass comes from " in out
     assert "model.0.conv:conv2d" in out and "kind='input'" in out, out

@@ -6,7 +6,7 @@ scale halved, and both reports advised islanding 64 paths. Now the scaler skips 
 from __future__ import annotations
 
 import pytest
-from trainer_helpers import ampsafe_run, needs
+from trainer_helpers import ampsafe_run, needs, stepped_scaler
 
 needs("ultralytics")
 pytestmark = pytest.mark.slow
@@ -29,8 +29,11 @@ def test_nan_pixel_under_amp_is_named_as_input_and_the_scale_is_kept(tmp_path):
     stopped = next(line for line in out.splitlines() if line.startswith("script: training stopped: NonFiniteError"))
     assert "at step 2 in sample 0 [args[0]['img'][0]]: kind='input'" in stopped
     assert "scale: 65536.0" in out and "parameters finite: True, buffers finite: True" in out
-    assert "final scale 65536.0; 1 skipped for a non-finite input (step 2: args[0]['img'][0]" in out
-    assert "0 floor hits, 0 heals" in out
+    scaler = stepped_scaler(report)  # one step skipped for its data, the scale kept: no overflow, no heal
+    (bad,) = scaler.bad_inputs
+    assert (bad.step, bad.sample) == (2, 0) and bad.where.startswith("args[0]['img'][0]"), bad
+    assert scaler.scale == 65536.0 and scaler.input_steps == 1 and not scaler.overflow_steps, scaler
+    assert (scaler.floor_hits, scaler.heals) == (0, 0), scaler
     markdown = (report / "report.md").read_text()
     fix = markdown.split("## Make the fix permanent", 1)[1]
     assert "bad data, not a float16 overflow" in fix and "sample 0" in fix

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ampsafe.run.records import RunSummary, ScalerRecord
+from ampsafe.run.records import GuardRecord, RunSummary, ScalerRecord
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCRATCH = tempfile.mkdtemp(prefix="ampsafe-trainers-")  # the default ./ampsafe-run/ report lands here
@@ -48,6 +48,14 @@ def stepped_scaler(report: Path) -> ScalerRecord:
     stepped = [s for s in summary.scalers if s.total_steps]
     assert len(stepped) == 1, summary.scalers
     return stepped[0]
+
+
+def guard_record(report: Path) -> GuardRecord:
+    """The record of the run's one FP32 guard that saw optimizer steps, from the run's ``report.json``."""
+    summary = RunSummary.from_dict(json.loads((Path(report) / "report.json").read_text(encoding="utf-8")))
+    guards = [g for g in summary.guards if g.total_steps]
+    assert len(guards) == 1, summary.guards
+    return guards[0]
 
 
 def scale_after(record: ScalerRecord, step: int) -> float:
