@@ -7,11 +7,14 @@ The step's own backward names it, from two sources, the cheaper first:
     parameters   the parameters whose gradients the step found non-finite (the scalers name them on every
                  overflowing step, while the gradients exist); the one nearest the loss is the origin.
     activations  on a step that follows an overflowing one (:class:`BackwardTrace`, armed), a hook on the floating
-                 inputs and outputs of every module records, in the order the backward reaches them, whether
-                 each gradient is finite. The module whose output gradients came in finite and one of whose
-                 input gradients went out non-finite overflowed in its own backward (an activation gradient).
+                 inputs of every module records, in the order the backward reaches them, whether each gradient
+                 is finite. The first non-finite one was made by the backward of the module that read that input
+                 (its output gradients, which are the inputs of the modules after it, came earlier and finite):
+                 that module overflowed in its own backward (an activation gradient).
 
-The trace's hooks exist only from an overflowing step to the next clean one, so a healthy step pays nothing.
+The trace's hooks exist only from an overflowing step to the next clean one, so a healthy step pays nothing. They
+are forward pre-hooks, which torch keeps outside the module (:mod:`ampsafe.torch.callhooks`): a trainer that
+pickles its model while the trace is armed (ultralytics saves a checkpoint each epoch) pickles no hook.
 Framework-neutral: hooks and tensor facts come from the model's :class:`~ampsafe.core.backend.Backend`.
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from .modpath import parent
 
@@ -43,11 +46,10 @@ class GradOrigin:
 
 
 class BackwardTrace:
-    """Finiteness of every module's input and output gradients in the backward of the steps while armed.
+    """Finiteness of every module's input gradients in the backward of the steps while armed.
 
-    ``arm()`` hooks every module of ``model`` (a forward pre-hook and a forward hook, which hook the tensors
-    each forward reads and makes); ``disarm()`` removes them. ``reset()`` forgets the step's flags;
-    ``activation_origin()`` reads them.
+    ``arm()`` hooks every module of ``model`` (a forward pre-hook, which hooks the tensors each forward reads);
+    ``disarm()`` removes them. ``reset()`` forgets the step's flags; ``activation_origin()`` reads them.
     """
 
     def __init__(self, backend, model) -> None:
@@ -58,7 +60,7 @@ class BackwardTrace:
             self._model = lambda model=model: model
         self._handles: list = []
         self._order: dict[str, int] = {}
-        self._events: list[tuple[int, str, str, bool]] = []  # (tensor key, module, "in"/"out", finite)
+        self._events: list[tuple[int, str, bool]] = []  # (tensor key, module that read it, finite), in order
 
     @property
     def model(self):
@@ -79,7 +81,6 @@ class BackwardTrace:
             if path == "":
                 continue
             self._handles.append(self.backend.forward_pre_hook(module, self._on_inputs(path)))
-            self._handles.append(self.backend.forward_hook(module, self._on_outputs(path)))
 
     def disarm(self) -> None:
         for handle in self._handles:
@@ -90,44 +91,30 @@ class BackwardTrace:
     def reset(self) -> None:
         self._events = []
 
-    def _hook(self, tensors, path: str, role: str) -> None:
-        facts = self.backend.tensors
-        for t in facts.float_leaves(tensors):
-            key = id(t)
-
-            def on_grad(grad, key=key) -> None:
-                self._events.append((key, path, role, facts.finite(grad)))
-
-            facts.grad_hook(t, on_grad)
-
     def _on_inputs(self, path: str):
+        facts = self.backend.tensors
+
         def record(args: tuple, kwargs: dict) -> None:
-            self._hook((args, kwargs), path, "in")
+            for t in facts.float_leaves((args, kwargs)):
+                facts.grad_hook(t, self._on_grad(id(t), path))
 
         return record
 
-    def _on_outputs(self, path: str):
-        def record(output: Any) -> None:
-            self._hook(output, path, "out")
+    def _on_grad(self, key: int, path: str):
+        def on_grad(grad) -> None:
+            self._events.append((key, path, self.backend.tensors.finite(grad)))
 
-        return record
+        return on_grad
 
     def activation_origin(self) -> Optional[str]:
-        """The innermost module whose input gradient was the backward's first non-finite gradient while its own
-        output gradients were finite; None when no module input was (or nothing was recorded)."""
-        bad_out: set[str] = set()
-        for i, (key, path, role, finite) in enumerate(self._events):
-            if finite:
-                continue
-            if role == "out":
-                bad_out.add(path)
-                continue
-            same = {p for k, p, r, _ in self._events[i:] if k == key and r == "in"} | {path}
-            clean = [p for p in same if p not in bad_out]
-            if clean:
-                return max(clean, key=lambda p: (p.count(".") + 1, self._order.get(p, -1)))
+        """The innermost module that read the input whose gradient was the backward's first non-finite one; None
+        when every input gradient was finite (or nothing was recorded)."""
+        first = next((i for i, (_, _, finite) in enumerate(self._events) if not finite), None)
+        if first is None:
             return None
-        return None
+        key = self._events[first][0]
+        readers = {path for k, path, _ in self._events[first:] if k == key}
+        return max(readers, key=lambda p: (p.count(".") + 1, self._order.get(p, -1)))
 
 
 def origin_of(activation: Optional[str], offenders: tuple, order: dict[str, int]) -> Optional[GradOrigin]:
