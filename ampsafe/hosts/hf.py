@@ -249,7 +249,6 @@ def _float16_trial(backend, model, inputs, names: list[str]) -> str | None:
     plus ``names`` runs the heal's batch with no overflow, else what the trial measured."""
     import copy
 
-    from ..core.model import unwrap
     from ..patching import unpatch
 
     try:
