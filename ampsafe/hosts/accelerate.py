@@ -46,7 +46,7 @@ class _CudaAutocast:
 
         import torch
 
-        from ...torch.backend import in_float32
+        from ..torch.backend import in_float32
 
         ctx = contextlib.nullcontext() if in_float32() else torch.autocast("cuda", dtype=torch.float16, **self._kwargs)
         self._open.append(ctx)
