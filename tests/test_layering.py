@@ -254,6 +254,17 @@ def test_the_trainer_hosts_never_import_the_run_that_installs_them():
     assert not {k: v for k, v in wrong.items() if v}, f"hosts import the run: {wrong}"
 
 
+def test_every_relative_import_stays_inside_ampsafe():
+    """A relative import one level too deep (a module moved up a package) fails only when its function runs."""
+    outside = []
+    for name, path in _modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level > len(package.split(".")):
+                outside.append(f"{name}:{node.lineno}")
+    assert not outside, f"relative imports beyond the ampsafe package: {outside}"
+
+
 def test_the_layer_check_sees_imports_inside_functions():
     known = _modules()
     source = "def heal():\n    from ..scanner import scan\n    import ampsafe.patching\n    from .. import sentinel\n"
