@@ -194,9 +194,10 @@ def test_the_cycle_finder_finds_a_cycle():
 
 # The layers, lowest first: core <- the adapters (torch, paddle), policies and healing <- the fronts. ``_framework``
 # is the registry (it may import the backends). What a lower layer needs from a front (healing: scan and patch;
-# a policy: scan) is handed down to it, never imported, not even inside a function.
+# a policy: scan) is handed down to it, never imported, not even inside a function. The trainer hosts stand with
+# the run (it installs them; HF's fix-line trial calls patch) and are handed the run's session, never import it.
 LOWER_LAYERS = ("core", "torch", "paddle", "policies", "healing")
-FRONTS = ("scanner", "patching", "sentinel", "run", "cli", "auto", "scan_cli")
+FRONTS = ("scanner", "patching", "sentinel", "run", "hosts", "cli", "auto", "scan_cli")
 
 
 def _all_imports(name: str, source: str, known: dict) -> set[str]:
@@ -235,6 +236,30 @@ def test_no_lower_layer_imports_a_front_even_inside_a_function():
             if fronts:
                 wrong[name] = fronts
     assert not wrong, f"lower layers import the front: {wrong}"
+
+
+def test_the_trainer_hosts_never_import_the_run_that_installs_them():
+    known = _modules()
+    hosts = {n: p for n, p in known.items() if n == "ampsafe.hosts" or n.startswith("ampsafe.hosts.")}
+    assert {"ampsafe.hosts", "ampsafe.hosts.hf", "ampsafe.hosts.lightning"} <= set(hosts)
+    wrong = {
+        name: sorted(
+            t for t in _all_imports(name, path.read_text(encoding="utf-8"), known) if t.startswith("ampsafe.run")
+        )
+        for name, path in hosts.items()
+    }
+    assert not {k: v for k, v in wrong.items() if v}, f"hosts import the run: {wrong}"
+
+
+def test_every_relative_import_stays_inside_ampsafe():
+    """A relative import one level too deep (a module moved up a package) fails only when its function runs."""
+    outside = []
+    for name, path in _modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level > len(package.split(".")):
+                outside.append(f"{name}:{node.lineno}")
+    assert not outside, f"relative imports beyond the ampsafe package: {outside}"
 
 
 def test_the_layer_check_sees_imports_inside_functions():

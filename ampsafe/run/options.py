@@ -46,12 +46,13 @@ class RunOptions:
     diverged run); ``on_bad_target``: raise | drop a bad detection box; ``report``: the folder of report.md /
     report.json / scale.png (None: no report); ``emulate_fp16``: float16 AMP emulated on a CPU; ``quiet``: no
     per-patch lines from the child; ``metrics``: the ``amp/*`` metrics go to the loggers of the trainers the
-    script builds (HF ``Trainer``, Lightning, mmengine, ultralytics, PaddleOCR / PaddleDetection:
-    :mod:`ampsafe.run.loggers`); ``tensorboard``: a folder where every scaler of the run writes its ``amp/*``
-    metrics at each optimizer step (a TensorBoard event file; None: none); ``headroom_every``: the float16
-    headroom of the scanned paths is sampled in every N-th step's own forward (:mod:`ampsafe.run.headroom`; 0: off);
-    ``underflow``: on those sampled steps, and on a float16 step with no scaler, the gradients' float16 underflow
-    is measured too (:mod:`ampsafe.core.underflow`; a host copy of every gradient per sample).
+    script builds (HF ``Trainer``, Lightning, mmengine, ultralytics, PaddleOCR / PaddleDetection: their hosts,
+    :mod:`ampsafe.hosts`); ``tensorboard``: a folder where every scaler of the run writes its ``amp/*`` metrics
+    at each optimizer step (a TensorBoard event file, :mod:`ampsafe.run.board`; None: none); ``headroom_every``:
+    the float16 headroom of the scanned paths is sampled in every N-th step's own forward
+    (:mod:`ampsafe.run.headroom`; 0: off); ``underflow``: on those sampled steps, and on a float16 step with no
+    scaler, the gradients' float16 underflow is measured too (:mod:`ampsafe.core.underflow`; a host copy of every
+    gradient per sample).
     """
 
     on_floor: str = "heal"

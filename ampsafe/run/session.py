@@ -91,23 +91,10 @@ class RunSession:
 
             for name in REGISTRY:  # a framework's name is its top-level module
                 self.finder.when_imported(name, lambda _module, _name=name: self._install_framework(_name))
-            self._hook_libraries()
+            from .. import hosts
+
+            hosts.install(self)  # each trainer's part when its module is imported (ampsafe.hosts)
         return self
-
-    def _hook_libraries(self) -> None:
-        from . import libraries
-
-        self.finder.when_imported("ppdet", lambda _module: libraries.register_det(self))
-        if self.options.emulate_fp16:  # trainers that choose AMP by device type (ampsafe.run.integrations)
-            from .integrations import targets
-
-            for name, target in targets():
-                self.finder.when_imported(target, lambda module, _name=name: libraries.integrate(self, _name, module))
-        self.finder.when_imported("ppocr.modeling.necks", lambda _module: libraries.register_ocr(self))
-        if self.options.metrics:  # amp/* in the loggers of the trainers the script builds
-            from . import loggers
-
-            loggers.install(self)
 
     def _install_framework(self, name: str) -> None:
         """The registered framework ``name`` has just been imported: its backend puts the run's hooks in place."""
@@ -159,9 +146,9 @@ class RunSession:
             tracked.watch = ScalerWatch(self, scaler)
             tracked.watch.arm()
         if self.open and self.options.tensorboard:
-            from . import loggers
+            from .board import tensorboard
 
-            loggers.tensorboard(self, tracked)
+            tensorboard(self, tracked)
         return tracked
 
     def reloaded(self, scaler, before: float | None) -> None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from ..core.model import unwrap
+from ..core.model import scan_inputs, unwrap
 from ..core.modpath import outermost
+from ..hosts.hf import hf_lines, is_hf_model
 from ..policies.island import island_modules
-from .hf import is_hf_model
-from .hf_lines import hf_lines, scan_inputs
 from .records import (
     BackoffScan,
     BadInputStep,
@@ -97,7 +96,7 @@ class TrackedScaler:
     """
 
     def __init__(self, scaler, framework: str, kwargs: dict) -> None:
-        from .hf import follow
+        from ..hosts.hf import follow
 
         self.scaler = scaler
         self.framework = framework
@@ -258,7 +257,7 @@ def _engine_fixes(scaler, heals) -> dict:
 
 
 def _hf_keep_in_fp32(scaler) -> tuple[str, ...] | None:
-    from .hf import keep_in_fp32
+    from ..hosts.hf import keep_in_fp32
 
     try:
         names = keep_in_fp32(scaler)

@@ -154,7 +154,7 @@ def _ran_low(event) -> bool:
 def find_model(scaler, guards: list) -> object | None:
     """The model being trained: the scaler's own, else the owner of an optimizer's parameters (found as the
     scalers find it, ``Backend.owner_of``, by a FP32 guard of ``guards``), else the live root module with the most
-    parameters."""
+    parameters (tensors, then values)."""
     model = getattr(scaler, "model", None) or getattr(scaler, "_model", None)  # resolved, else model=
     if model is not None:
         return model
@@ -165,6 +165,10 @@ def find_model(scaler, guards: list) -> object | None:
     from .._framework import imported_backends
     from ..core.backend import live_roots
 
+    def size(bm) -> tuple[int, int]:  # parameter tensors, then values: a tie is not left to gc's object order
+        params = bm[0].parameters(bm[1])
+        return len(params), sum(bm[0].tensors.numel(p) for p in params)
+
     roots = [(b, m) for b in imported_backends() for m in live_roots(b)]
-    best = max(roots, key=lambda bm: len(bm[0].parameters(bm[1])), default=None)
+    best = max(roots, key=size, default=None)
     return best[1] if best is not None else None

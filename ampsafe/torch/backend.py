@@ -21,7 +21,7 @@ _float32 = threading.local()  # .depth: inside TorchAmp.float32() (a float32 rep
 
 def in_float32() -> bool:
     """Inside :meth:`TorchAmp.float32` on this thread: an autocast a model enters by itself (accelerate wraps
-    ``forward`` in one) should stay off, so the replay really is float32 (``ampsafe.run.integrations``)."""
+    ``forward`` in one) should stay off, so the replay really is float32 (``ampsafe.hosts.accelerate``)."""
     return getattr(_float32, "depth", 0) > 0
 
 

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from ampsafe.run import integrations
+from ampsafe import hosts as integrations
 
 
 @pytest.mark.parametrize("name, target", integrations.targets())

@@ -1,4 +1,6 @@
-"""--emulate-fp16 for accelerate and HF ``Trainer`` (``mixed_precision="fp16"`` / ``fp16=True``) on a CPU.
+"""accelerate: ``--emulate-fp16`` for accelerate and HF ``Trainer`` (``mixed_precision="fp16"`` / ``fp16=True``)
+on a CPU. Its ``amp/*`` metrics are the script's own loop's (``--tensorboard``) or HF ``Trainer``'s callback
+(:mod:`ampsafe.hosts.hf`).
 
 ``Accelerator.__init__`` sets ``native_amp = True`` and builds its ``GradScaler`` only when the device is not
 a CPU, so on a CPU ``fp16=True`` trains in float32 without a word. After the constructor, for an fp16
@@ -15,13 +17,12 @@ from __future__ import annotations
 
 import functools
 
-TARGETS = ("accelerate.accelerator",)
-KNOWN = {"accelerate.accelerator": ("Accelerator.__init__", "get_mixed_precision_context_manager", "AcceleratorState")}
+from . import Host, emulating
+
+__all__ = ["emulate", "HOST"]
 
 
 def _emulated(state) -> bool:
-    from .emulation import emulating
-
     distributed = str(getattr(state, "distributed_type", "NO"))
     return (
         emulating()
@@ -45,7 +46,7 @@ class _CudaAutocast:
 
         import torch
 
-        from ...torch.backend import in_float32
+        from ..torch.backend import in_float32
 
         ctx = contextlib.nullcontext() if in_float32() else torch.autocast("cuda", dtype=torch.float16, **self._kwargs)
         self._open.append(ctx)
@@ -63,7 +64,7 @@ class _CudaAutocast:
         return autocast_forward
 
 
-def install(module, set_attr, tell) -> str:
+def emulate(module, set_attr, tell) -> str:
     import torch
 
     Accelerator = module.Accelerator
@@ -92,3 +93,12 @@ def install(module, set_attr, tell) -> str:
     set_attr(Accelerator, "__init__", __init__)
     set_attr(module, "get_mixed_precision_context_manager", get_mixed_precision_context_manager)
     return "--emulate-fp16: accelerate / HF Trainer fp16 on a CPU will take the CUDA float16 path (integration ready)"
+
+
+HOST = Host(
+    "accelerate",
+    emulation={
+        "accelerate.accelerator": ("Accelerator.__init__", "get_mixed_precision_context_manager", "AcceleratorState")
+    },
+    emulate=emulate,
+)

@@ -1,0 +1,33 @@
+"""PaddleOCR (``tools/train.py``): the AMP-safe necks registered in its registry, and the ``amp/*`` metrics in its
+``TrainingStats``, under ``ampsafe run``.
+
+Why the necks at import: a config the run (or ``ampsafe swap-neck``) swapped names a safe neck class, which
+PaddleOCR's ``build_neck`` finds only once it is registered in ``ppocr.modeling.necks``. Why the stats: its train
+log line and its logger list (``log_metrics`` of its ``Loggers``) are built from ``TrainingStats.get``
+(:func:`~ampsafe.hosts._install.training_stats`).
+"""
+
+from __future__ import annotations
+
+from . import Host
+from ._install import training_stats
+
+__all__ = ["register_necks", "HOST"]
+
+
+def register_necks(session, module) -> None:
+    """Register the safe necks in ``ppocr.modeling.necks``; the line goes to the banner and the changes."""
+    from ..patches import register_paddleocr
+    from ..patches.register import ppocr_registration_line
+
+    done = register_paddleocr()
+    if done.get("ppocr"):
+        session.changes.append(f"safe necks registered in PaddleOCR's ppocr: {', '.join(sorted(done['ppocr']))}")
+        session.say(ppocr_registration_line(done))
+
+
+HOST = Host(
+    "ppocr",
+    registers={"ppocr.modeling.necks": register_necks},
+    loggers={"ppocr.utils.stats": training_stats},
+)
