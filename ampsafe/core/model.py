@@ -12,16 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Optional
 
-__all__ = ["call", "first_nonfinite", "unwrap"]
+__all__ = ["call", "first_nonfinite", "unwrap", "register_wrappers"]
 
-# Paddle fleet's meta-parallel wrappers (``fleet.distributed_model``) keep the model as ``._layers`` too
-_FLEET = {"ShardingParallel", "TensorParallel", "SegmentParallel"}
-_WRAPPERS = {"module": {"DistributedDataParallel", "DataParallel"}, "_layers": {"DataParallel"} | _FLEET}
+# attribute -> the class names of the wrappers that keep the model there, as each Backend class names them
+_WRAPPERS: dict[str, set[str]] = {}
+
+
+def register_wrappers(wrappers) -> None:
+    """Look through ``wrappers`` (a Backend's ``wrappers``: attribute -> class names) from now on."""
+    for attr, names in wrappers.items():
+        _WRAPPERS.setdefault(attr, set()).update(names)
 
 
 def unwrap(model):
-    """The user's model inside DDP / DataParallel / paddle.DataParallel / fleet wrappers (they keep it as
-    ``.module`` in torch and ``._layers`` in Paddle)."""
+    """The user's model inside its framework's data-parallel wrappers (``Backend.wrappers``: DDP and DataParallel
+    keep it as ``.module`` in torch, Paddle's DataParallel and fleet's wrappers as ``._layers``)."""
     while True:
         for attr, wrappers in _WRAPPERS.items():
             inner = getattr(model, attr, None)
@@ -56,12 +61,10 @@ def first_nonfinite(backend, model, forward: Callable[[], Any]) -> tuple[Optiona
         return check
 
     handles = [backend.forward_hook(m, hook(p)) for p, m in backend.modules(model).items() if p]
-    restore, rng = backend.snapshot(model), backend.rng_state()
     try:
-        out = forward()
+        with backend.replay(model):
+            out = forward()
         return (first[0] if first else None), all(tensors.finite(t) for t in tensors.checkable_leaves(out))
     finally:
         for handle in handles:
             handle.remove()
-        restore()
-        rng()

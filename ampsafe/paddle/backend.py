@@ -107,6 +107,8 @@ class PaddleBackend(core.BackendBase):
     """``paddle.nn.Layer`` models."""
 
     module_type = paddle.nn.Layer
+    # Paddle's DataParallel and fleet's meta-parallel wrappers (``fleet.distributed_model``) keep the model as ``._layers``
+    wrappers = {"_layers": frozenset({"DataParallel", "ShardingParallel", "TensorParallel", "SegmentParallel"})}
 
     # -- structure
     def modules(self, model) -> dict:
@@ -148,6 +150,11 @@ class PaddleBackend(core.BackendBase):
         return restore
 
     # -- processes
+    def world_size(self) -> int:
+        import paddle.distributed as dist
+
+        return int(dist.get_world_size())
+
     def all_gather(self, obj) -> list:
         import paddle.distributed as dist
 

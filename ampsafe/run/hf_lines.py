@@ -19,37 +19,14 @@ none does. Every trial runs without gradients, with the model's buffers and the 
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
 
+from ..core.backend import FLOAT32
 from ..core.graph import FP16_MAX
 from ..core.model import call, first_nonfinite, unwrap
 
-__all__ = ["scan_inputs", "HfLines", "hf_lines", "float16_overflow", "keep_candidates"]
-
-
-def scan_inputs(model, latest: tuple[tuple, dict]):
-    """``ampsafe.scan``'s ``example_inputs`` for a captured forward ``(args, kwargs)``: the args, the kwargs (HF's
-    ``model(**batch)``), or both as one dict named by ``model.forward``'s signature. ValueError when they cannot
-    be named (a forward that takes ``*args``)."""
-    args, kwargs = latest
-    if not kwargs:
-        return tuple(args)
-    if not args:
-        return dict(kwargs)
-    try:
-        signature = inspect.signature(unwrap(model).forward)
-        bound = signature.bind(*args, **kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"positional and keyword inputs that the forward's signature cannot name: {exc}") from None
-    named: dict = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
-            raise ValueError("positional inputs the forward takes as *args have no name for scan's dict")
-        named.update(value if kind is inspect.Parameter.VAR_KEYWORD else {name: value})
-    return named
+__all__ = ["HfLines", "hf_lines", "float16_overflow", "keep_candidates"]
 
 
 @dataclass(frozen=True)
@@ -215,12 +192,10 @@ def output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
         return record
 
     handles = [module.register_forward_hook(hook(path)) for path, module in modules.items()]
-    restore = backend.snapshot(model)
     try:
-        with backend.amp.float32():
+        with backend.replay(model, FLOAT32):
             call(model, inputs)
     finally:
-        restore()
         for handle in handles:
             handle.remove()
     return amax

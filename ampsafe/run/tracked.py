@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from ..core.capture import example_inputs
 from ..core.model import unwrap
 from ..core.modpath import outermost
 from ..policies.island import island_modules
 from .hf import is_hf_model
-from .hf_lines import hf_lines, scan_inputs
+from .hf_lines import hf_lines
 from .records import (
     BackoffScan,
     BadInputStep,
@@ -54,7 +55,7 @@ def backoff_scan(scaler, step: int) -> BackoffScan:
     try:
         import ampsafe
 
-        inputs = scan_inputs(model, latest)  # HF models are called with keywords: model(**batch)
+        inputs = example_inputs(model, latest)  # HF models are called with keywords: model(**batch)
         with capture.paused():
             report = ampsafe.scan(model, inputs)
     except Exception as exc:  # the scan is advice for the report

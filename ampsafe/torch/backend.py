@@ -77,6 +77,7 @@ class TorchBackend(core.BackendBase):
 
     module_type = nn.Module
     sharding = Fsdp2()
+    wrappers = {"module": frozenset({"DistributedDataParallel", "DataParallel"})}
 
     # -- structure
     def modules(self, model) -> dict:
@@ -101,7 +102,7 @@ class TorchBackend(core.BackendBase):
                 return owner
             if any(m is owner for m in module.modules()):
                 inner = getattr(module, "module", None)  # DDP / DataParallel: the model they call
-                if type(module).__name__ in ("DistributedDataParallel", "DataParallel") and inner is not None:
+                if type(module).__name__ in self.wrappers["module"] and inner is not None:
                     return inner
                 return module
         return owner
@@ -126,10 +127,16 @@ class TorchBackend(core.BackendBase):
         return restore
 
     # -- processes
+    def world_size(self) -> int:
+        """Processes in the default group (1 outside one)."""
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
     def all_gather(self, obj) -> list:
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if self.world_size() == 1:
             return [obj]
         gathered: list = [None] * dist.get_world_size()  # torch fills a list of world size
         dist.all_gather_object(gathered, obj)
