@@ -596,9 +596,9 @@ class BackendBase:
     def replay(self, model, precision: Any = None) -> Iterator[None]:
         restore_state, restore_rng = self.snapshot(model), self.rng_state()
         # Parameters are not copied: no forward writes them, and a copy of every weight at a heal would double
-        # the model's memory just when a run is in trouble. Their bindings are put back (an engine may swap them)
-        # and a write in place is named.
-        params = self._param_slots(model)
+        # the model's memory just when a run is in trouble. Their bindings are put back and a write in place is
+        # named; not where a sharding engine owns the slots (FSDP2 swaps sharded and gathered parameters itself).
+        params = [] if self.sharding.forward_is_collective(model) else self._param_slots(model)
         versions = [self.tensors.version(p) for _, _, p in params]
         try:
             with ExitStack() as stack:
