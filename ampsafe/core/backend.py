@@ -35,7 +35,6 @@ from typing import Any, NamedTuple, Protocol
 
 from . import amp as levels
 from .graph import MASK_LIMIT, Graph
-from .model import register_wrappers
 from .swaps import Swaps
 
 log = logging.getLogger("ampsafe")
@@ -392,7 +391,9 @@ class Backend(Protocol):
     wrappers: Mapping[str, frozenset]
     """Attribute -> the class names of the framework's data-parallel wrappers that keep the user's model there
     (torch's DDP as ``.module``, Paddle's ``DataParallel`` as ``._layers``): what ``core.model.unwrap`` looks
-    through."""
+    through. The adapter package states it in its ``__init__`` and registers it there
+    (``core.model.register_wrappers``), so a model is unwrapped by any of the package's modules, before its
+    Backend is built."""
 
     sharding: Sharding
     """The engine that shards ``model``'s parameters across ranks (FSDP2), as a heal and the report need it:
@@ -530,12 +531,6 @@ class BackendBase:
 
     module_type: type = object
     wrappers: Mapping[str, frozenset] = {}
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        """A framework's wrappers are known to ``core.model.unwrap`` once its Backend class exists: resolving
-        the Backend of a wrapped model (``isinstance`` holds for the wrapper) comes before any unwrapping."""
-        super().__init_subclass__(**kwargs)
-        register_wrappers(cls.wrappers)
 
     @property
     def name(self) -> str:

@@ -10,7 +10,7 @@ import paddle
 
 from ..core import backend as core
 from ..core.graph import OpKind
-from . import amp_lists, intercept
+from . import WRAPPERS, amp_lists, intercept
 from .tensors import LOW_DTYPES, TENSORS
 
 __all__ = ["PaddleBackend", "PaddleAmp", "BACKEND", "LOW_DTYPES", "is_statistic", "innermost_emulator", "amp_dtype"]
@@ -107,8 +107,7 @@ class PaddleBackend(core.BackendBase):
     """``paddle.nn.Layer`` models."""
 
     module_type = paddle.nn.Layer
-    # Paddle's DataParallel and fleet's meta-parallel wrappers (``fleet.distributed_model``) keep the model as ``._layers``
-    wrappers = {"_layers": frozenset({"DataParallel", "ShardingParallel", "TensorParallel", "SegmentParallel"})}
+    wrappers = WRAPPERS
 
     # -- structure
     def modules(self, model) -> dict:

@@ -22,7 +22,6 @@ from paddle.autograd import PyLayer
 
 from ..core.model import unwrap
 from ..errors import ConfigError, UnsupportedModelError
-from . import backend as _backend  # noqa: F401 - its Backend class names the wrappers ``unwrap`` looks through
 from .amp_lists import black_ops, check_level, white_ops
 from .intercept import OpMode, amp_op_type, in_fp32_region, op_mode
 

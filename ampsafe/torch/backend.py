@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..core import backend as core
+from . import WRAPPERS
 from .fsdp import Fsdp2
 from .ops import runs_in_fp16
 from .tensors import LOW_DTYPES, TENSORS
@@ -77,7 +78,7 @@ class TorchBackend(core.BackendBase):
 
     module_type = nn.Module
     sharding = Fsdp2()
-    wrappers = {"module": frozenset({"DistributedDataParallel", "DataParallel"})}
+    wrappers = WRAPPERS
 
     # -- structure
     def modules(self, model) -> dict:
