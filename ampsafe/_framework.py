@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from .core.model import unwrap
 from .errors import MissingFrameworkError, UnsupportedModelError
 
 TORCH = "torch"
@@ -81,7 +80,7 @@ def backend_named(framework: str):
 
 def backend_of(model):
     """The :class:`~ampsafe.core.backend.Backend` of a model (DDP / DataParallel wrappers looked through)."""
-    return backend_named(framework_of(unwrap(model)))
+    return backend_named(framework_of(model))  # a wrapper is a module of its framework too
 
 
 def imported_backends() -> list:

@@ -95,8 +95,8 @@ def scan(
     pass overflows. The model is left exactly as it was, also when its forward raises (:class:`ScanError`).
     """
     _check_args(example_inputs, level, target, margin_bits, loss_fn, loss_scale, calibration)
+    backend = backend_of(model)  # first: resolving it teaches ``unwrap`` its framework's wrappers
     model = unwrap(model)
-    backend = backend_of(model)
     if loss_fn is not None and loss_scale is None:
         loss_scale = DEFAULT_LOSS_SCALE
     batches = [example_inputs, *(calibration or ())]

@@ -52,8 +52,9 @@ def watch(
     ``callback(event)``: called with each NonFiniteError and headroom warning. ``backward=False`` skips the
     backward checks (with a dynamic loss scale, a float16 gradient overflow is expected now and then).
     """
+    backend = backend_of(model)  # first: resolving it teaches ``unwrap`` its framework's wrappers
     inner = unwrap(model)
-    return backend_of(inner).watch(
+    return backend.watch(
         inner,
         on_nonfinite=on_nonfinite,
         guard=guard,

@@ -23,11 +23,12 @@ named once in its ``_package()`` (a :class:`Package`):
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from functools import cached_property
 from types import ModuleType
 from typing import Any, NamedTuple, Protocol
@@ -36,8 +37,14 @@ from . import amp as levels
 from .graph import MASK_LIMIT, Graph
 from .swaps import Swaps
 
+log = logging.getLogger("ampsafe")
+
+# ``Backend.replay``'s precision for a float32 run: no autocast, no float16 emulation, no grad, and the sharding's
+# parameters in float32 (what tells a numerical error from a float16 one)
+FLOAT32 = "float32"
+
 __all__ = ["Backend", "BackendBase", "Package", "Tensors", "TensorsBase", "WeakIds", "Amp", "AmpBase", "Site"]
-__all__ += ["NORM_STAT_NAMES", "owner_of", "live_roots"]
+__all__ += ["NORM_STAT_NAMES", "FLOAT32", "owner_of", "live_roots"]
 
 
 class Tensors(Protocol):
@@ -98,6 +105,10 @@ class Tensors(Protocol):
     def grads_finite(self, params, loss=None) -> bool:
         """The loss (a nest of tensors, or None) and the gradients of all ``params`` finite, in one host sync: the
         check of a step that ``ampsafe run``'s FP32 guard and ``watch(guard=True)`` skip when it fails."""
+
+    def grad_norm(self, params) -> float | None:
+        """The 2-norm of ``params``' gradients in float32 (None: none has a gradient), one host sync: the unscaled
+        gradient norm ``ampsafe run``'s headroom sampler records."""
 
     def to_numpy(self, t):
         """float32 host copy of a floating tensor, for stats and sample rows; None for anything else."""
@@ -210,6 +221,13 @@ class TensorsBase:
 
     def to_floats(self, scalars: list) -> list[float]:
         return self.to_numpy(self.lib.stack(scalars)).tolist()
+
+    def grad_norm(self, params) -> float | None:
+        grads = [p.grad.detach() for p in params if getattr(p, "grad", None) is not None]
+        if not grads:
+            return None
+        squares = [(g.to(self.lib.float32) ** 2).sum() for g in grads]
+        return float(self.lib.stack(squares).sum().sqrt())
 
     def leaves(self, obj) -> list:
         if isinstance(obj, self.tensor_type):
@@ -342,7 +360,16 @@ class Backend(Protocol):
         parameters)."""
 
     def snapshot(self, model) -> Callable[[], None]:
-        """Copy :meth:`state_tensors` now; the returned function puts them (and their slots) back."""
+        """Copy :meth:`state_tensors` now; the returned function puts them (and their slots) back. A replay takes
+        it through :meth:`replay`; alone, it keeps a step's start for a skipped step to return to."""
+
+    def replay(self, model, precision: Any = None) -> ContextManager:
+        """Inside it, run ``model`` again (a scan, a heal's measurement, a fix line's trial); on exit the model's
+        state (:meth:`snapshot`), its parameters' bindings and the random state (:meth:`rng_state`) are as on
+        entry, so the training's next draws are the ones it would have made without the replay. ``precision``:
+        None leaves precision and autograd as the caller has them (a scan sets its own); :data:`FLOAT32` is
+        ``amp.float32()`` with the sharding's float32 parameters; anything else is a step's precision from
+        ``amp.state()``, entered with ``amp.replay``."""
 
     def norm_stats(self, module) -> tuple[Any, Any] | None:
         """(mean, variance) of a normalization's running statistics, or None: the one rule of what they are."""
@@ -356,6 +383,17 @@ class Backend(Protocol):
     # -- processes
     def all_gather(self, obj) -> list:
         """``obj`` of every rank in rank order; ``[obj]`` outside a process group."""
+
+    def world_size(self) -> int:
+        """Processes of the job (1 outside a process group): a rank must not run a forward of its own where the
+        others' collectives could meet it."""
+
+    wrappers: Mapping[str, frozenset]
+    """Attribute -> the class names of the framework's data-parallel wrappers that keep the user's model there
+    (torch's DDP as ``.module``, Paddle's ``DataParallel`` as ``._layers``): what ``core.model.unwrap`` looks
+    through. The adapter package states it in its ``__init__`` and registers it there
+    (``core.model.register_wrappers``), so a model is unwrapped by any of the package's modules, before its
+    Backend is built."""
 
     sharding: Sharding
     """The engine that shards ``model``'s parameters across ranks (FSDP2), as a heal and the report need it:
@@ -449,6 +487,14 @@ class Site(Protocol):
     def shim(self, cls: type, replaces: type | None) -> type:
         """Another spelling of :meth:`scaler_class`'s class, answering ``isinstance`` for ``replaces``."""
 
+    def track(self, scaler, framework: str) -> None:
+        """Track a loss scale the run put in place without a scaler class (a DeepSpeed engine's) as one scaler:
+        its steps reach the summary, the report and the headroom sampler."""
+
+    def through_scaler(self) -> ContextManager:
+        """Inside it, the FP32 guard lets optimizer steps through: a loss scale (a DeepSpeed engine's) already
+        checked their gradients, as inside a scaler's ``step``."""
+
     def step_guard(self, backend, offenders: Callable) -> Any:
         """The FP32 guard of ``backend``'s optimizers (``ampsafe.run.guard.StepGuard``) with the run's options: it
         skips a step by ``backend.tensors.grads_finite``, as ``watch(guard=True)`` does; ``offenders(optimizer)``
@@ -484,6 +530,7 @@ class BackendBase:
     them, so those modules never import ``backend.py``: the package's imports run one way."""
 
     module_type: type = object
+    wrappers: Mapping[str, frozenset] = {}
 
     @property
     def name(self) -> str:
@@ -497,6 +544,9 @@ class BackendBase:
         return list(module.parameters())
 
     sharding: Sharding = Sharding()  # stateless: one instance serves every backend without an engine
+
+    def world_size(self) -> int:
+        return 1  # a framework without processes
 
     def live_modules(self) -> list:
         return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups
@@ -536,6 +586,45 @@ class BackendBase:
             self.tensors.assign([t for _, _, t in slots], copies)
 
         return restore
+
+    @contextmanager
+    def replay(self, model, precision: Any = None) -> Iterator[None]:
+        restore_state, restore_rng = self.snapshot(model), self.rng_state()
+        # Parameters are not copied: no forward writes them, and a copy of every weight at a heal would double
+        # the model's memory just when a run is in trouble. Their bindings are put back and a write in place is
+        # named; not where a sharding engine owns the slots (FSDP2 swaps sharded and gathered parameters itself).
+        params = [] if self.sharding.forward_is_collective(model) else self._param_slots(model)
+        versions = [self.tensors.version(p) for _, _, p in params]
+        try:
+            with ExitStack() as stack:
+                if isinstance(precision, str):
+                    if precision != FLOAT32:
+                        raise ValueError(f"precision {precision!r}: {FLOAT32!r}, a state from amp.state(), or None")
+                    stack.enter_context(self.amp.float32())
+                    stack.enter_context(self.sharding.float32_params(model))
+                elif precision is not None:
+                    stack.enter_context(self.amp.replay(precision))
+                yield
+        finally:
+            for holder, name, p in params:
+                holder[name] = p
+            restore_state()
+            restore_rng()
+            written = [n for (_, n, p), v in zip(params, versions) if self.tensors.version(p) != v]
+            if written:
+                log.warning(
+                    "ampsafe: a replay wrote parameters in place (%s); they keep its values", ", ".join(written)
+                )
+
+    def _param_slots(self, model) -> list[tuple[dict, str, Any]]:
+        """(holder dict, name, parameter) of every parameter of ``model``'s modules."""
+        return [
+            (holder, name, p)
+            for module in self.modules(model).values()
+            for holder in [getattr(module, "_parameters", None) or {}]
+            for name, p in list(holder.items())
+            if p is not None
+        ]
 
     def _package(self) -> Package:
         """The parts of the adapter package."""

@@ -19,12 +19,39 @@ state), so ``backend.amp.replay(capture.state)`` runs the forward as the step di
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["InputCapture"]
+from .model import unwrap
+
+__all__ = ["InputCapture", "example_inputs"]
+
+
+def example_inputs(model, latest: tuple[tuple, dict]):
+    """The ``example_inputs`` (a tuple of arguments, or a dict of keyword arguments) that call ``model`` as a
+    captured forward ``(args, kwargs)`` was called: the args, the kwargs (HF's ``model(**batch)``), or both as one
+    dict named by the forward's signature. The one rule for every replay that scans or heals a captured batch;
+    ValueError when the inputs cannot be named (a forward that takes ``*args`` beside keywords)."""
+    args, kwargs = latest
+    if not kwargs:
+        return tuple(args)
+    if not args:
+        return dict(kwargs)
+    try:
+        signature = inspect.signature(unwrap(model).forward)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"positional and keyword inputs that the forward's signature cannot name: {exc}") from None
+    named: dict = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            raise ValueError("positional inputs the forward takes as *args have no name for scan's dict")
+        named.update(value if kind is inspect.Parameter.VAR_KEYWORD else {name: value})
+    return named
 
 
 class InputCapture:

@@ -4,26 +4,30 @@ Why in core: the tracer, the heal, the emulators and the fronts all unwrap a mod
 ``example_inputs``; written once here, below all of them, no caller needs the framework registry for it.
 The heal's swallowed-overflow rule and the report's line trials both replay a batch to find the first module
 whose output is non-finite: :func:`first_nonfinite`, over the Backend they pass in. A forward the scalers captured
-as ``(args, kwargs)`` becomes ``example_inputs`` again by :func:`scan_inputs`.
+as ``(args, kwargs)`` becomes ``example_inputs`` again by :func:`ampsafe.core.capture.example_inputs`.
 Pure Python: importing it imports neither torch nor paddle.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, Optional
 
-__all__ = ["call", "first_nonfinite", "scan_inputs", "unwrap"]
+__all__ = ["call", "first_nonfinite", "unwrap", "register_wrappers"]
 
-# Paddle fleet's meta-parallel wrappers (``fleet.distributed_model``) keep the model as ``._layers`` too
-_FLEET = {"ShardingParallel", "TensorParallel", "SegmentParallel"}
-_WRAPPERS = {"module": {"DistributedDataParallel", "DataParallel"}, "_layers": {"DataParallel"} | _FLEET}
+# attribute -> the class names of the wrappers that keep the model there, as each Backend class names them
+_WRAPPERS: dict[str, set[str]] = {}
+
+
+def register_wrappers(wrappers) -> None:
+    """Look through ``wrappers`` (a Backend's ``wrappers``: attribute -> class names) from now on."""
+    for attr, names in wrappers.items():
+        _WRAPPERS.setdefault(attr, set()).update(names)
 
 
 def unwrap(model):
-    """The user's model inside DDP / DataParallel / paddle.DataParallel / fleet wrappers (they keep it as
-    ``.module`` in torch and ``._layers`` in Paddle)."""
+    """The user's model inside its framework's data-parallel wrappers (``Backend.wrappers``: DDP and DataParallel
+    keep it as ``.module`` in torch, Paddle's DataParallel and fleet's wrappers as ``._layers``)."""
     while True:
         for attr, wrappers in _WRAPPERS.items():
             inner = getattr(model, attr, None)
@@ -58,35 +62,10 @@ def first_nonfinite(backend, model, forward: Callable[[], Any]) -> tuple[Optiona
         return check
 
     handles = [backend.forward_hook(m, hook(p)) for p, m in backend.modules(model).items() if p]
-    restore, rng = backend.snapshot(model), backend.rng_state()
     try:
-        out = forward()
+        with backend.replay(model):
+            out = forward()
         return (first[0] if first else None), all(tensors.finite(t) for t in tensors.checkable_leaves(out))
     finally:
         for handle in handles:
             handle.remove()
-        restore()
-        rng()
-
-
-def scan_inputs(model, latest: tuple[tuple, dict]):
-    """``ampsafe.scan``'s ``example_inputs`` for a captured forward ``(args, kwargs)``: the args, the kwargs (HF's
-    ``model(**batch)``), or both as one dict named by ``model.forward``'s signature. ValueError when they cannot
-    be named (a forward that takes ``*args``)."""
-    args, kwargs = latest
-    if not kwargs:
-        return tuple(args)
-    if not args:
-        return dict(kwargs)
-    try:
-        signature = inspect.signature(unwrap(model).forward)
-        bound = signature.bind(*args, **kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"positional and keyword inputs that the forward's signature cannot name: {exc}") from None
-    named: dict = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
-            raise ValueError("positional inputs the forward takes as *args have no name for scan's dict")
-        named.update(value if kind is inspect.Parameter.VAR_KEYWORD else {name: value})
-    return named

@@ -326,15 +326,12 @@ def preserved(backend: Backend, model):
     user's ``.grad`` is the tracer's ``backward`` to keep.
     """
     modes = [(m, m.training) for m in backend.modules(model).values()]
-    restore_state = backend.snapshot(model)
-    restore_rng = backend.rng_state()
     try:
-        yield
+        with backend.replay(model):  # state always copied back: kernels may update stats without a version bump
+            yield
     finally:
         for m, training in modes:
             m.training = training
-        restore_state()  # always copied back: kernels may update stats without a version bump
-        restore_rng()
 
 
 def _notes(recorder: Recorder) -> list[str]:

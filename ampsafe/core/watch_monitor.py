@@ -6,6 +6,7 @@ in (``WatchBase.scan``), so core never imports the front-end ``ampsafe.scanner``
 
 from __future__ import annotations
 
+from .capture import example_inputs
 from .sentinel import HeadroomWarning, headroom_warnings, log
 
 __all__ = ["Monitor"]
@@ -34,20 +35,16 @@ class Monitor:
         if self.scan is None:
             log.warning("ampsafe.watch: no scan function given; monitoring every conv/linear output")
             return self._fallback_paths()
-        snap = self._take_snapshot()
         self._suspended += 1
         try:
-            example = dict(kwargs) if kwargs and not args else tuple(args)
-            if kwargs and args and self._signature is not None:
-                example = dict(self._signature.bind(*args, **kwargs).arguments)
-            report = self.scan(self.model, example, margin_bits=self.margin_bits)
+            with self.backend.replay(self.model):
+                report = self.scan(self.model, example_inputs(self.model, (args, kwargs)), margin_bits=self.margin_bits)
             paths = [(p.start, tuple(p.layers)) for p in report.paths if not p.normalized]
         except Exception as exc:  # noqa: BLE001 - no scan: watch every conv/linear output instead
             log.warning("ampsafe.watch: scan unavailable (%s); monitoring every conv/linear output", exc)
             paths = self._fallback_paths()
         finally:
             self._suspended -= 1
-            snap.restore()
         return paths
 
     def _monitor_begin(self, args, kwargs, step: int) -> None:

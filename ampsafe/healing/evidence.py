@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..core.backend import FLOAT32
 from ..core.model import call
 
 __all__ = ["nonfinite_sample", "restore_scale", "repair_running_stats", "ScanProbe", "float32_replay"]
@@ -162,11 +163,9 @@ def float32_replay(
     tells a numerical error (non-finite here too) from a float16 one.
     """
     probe = ScanProbe(backend, model, module)
-    restore = backend.snapshot(model)
     try:
-        with backend.amp.float32(), backend.sharding.float32_params(model):
+        with backend.replay(model, FLOAT32):
             call(model, inputs)
             return probe.nonfinite(loss_fn), probe.magnitude
     finally:
         probe.remove()
-        restore()

@@ -25,7 +25,7 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from ..core.capture import InputCapture
+from ..core.capture import InputCapture, example_inputs
 from ..core.graph import FP16_MAX
 from ..core.model import unwrap
 from ..core.modpath import under
@@ -103,15 +103,18 @@ class Healer:
 
     @property
     def last_inputs(self) -> Any:
-        """The batch a heal replays: set by hand, or the inputs of the model's latest forward (a tuple of
-        arguments, or a dict for a forward called with keyword arguments only)."""
+        """The batch a heal replays: set by hand, or the inputs of the model's latest forward
+        (:func:`~ampsafe.core.capture.example_inputs`); None when there is none, or none that can be named."""
         if self._given is not None:
             return self._given
-        latest = self.capture.latest
-        if latest is None:
+        latest, model = self.capture.latest, self.model
+        if latest is None or model is None:
             return None
-        args, kwargs = latest
-        return dict(kwargs) if kwargs and not args else tuple(args)
+        try:
+            return example_inputs(model, latest)
+        except ValueError:
+            log.info("ampsafe heal: the latest forward's inputs cannot be named as one batch", exc_info=True)
+            return None
 
     @last_inputs.setter
     def last_inputs(self, inputs: Any) -> None:

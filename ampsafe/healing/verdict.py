@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..core.backend import FLOAT32
 from ..core.verdict import MAX_NAMED, HealVerdict
 from .evidence import nonfinite_sample
 
@@ -72,29 +73,23 @@ def _float32_amax(backend, model, path: str, latest) -> Optional[float]:
                 seen.append(float(np.nanmax(np.abs(a))))
 
     handle = backend.forward_hook(module, keep) if module is not None else None
-    restore = backend.snapshot(model)
     try:
-        with backend.amp.float32(), backend.sharding.float32_params(model):
+        with backend.replay(model, FLOAT32):
             _run(model, latest)
     except Exception:  # noqa: BLE001 - the magnitude is extra evidence, the verdict stands without it
         return None
     finally:
         if handle is not None:
             handle.remove()
-        restore()
     return max(seen) if seen else None
 
 
 def _forward_event(backend, model, latest, replay_context: Callable[[], Any]):
     """(the first forward NonFiniteError the sentinel records on one replay, or None; the first origin whose
-    non-finite values the forward dropped, or None). Model state is put back."""
-    restore = backend.snapshot(model)
-    try:
-        with _quiet("ampsafe.watch"), replay_context():
-            with backend.watch(model, on_nonfinite="record", backward=False) as watch:
-                _run(model, latest)
-    finally:
-        restore()
+    non-finite values the forward dropped, or None). Model state and random state are put back."""
+    with backend.replay(model), _quiet("ampsafe.watch"), replay_context():
+        with backend.watch(model, on_nonfinite="record", backward=False) as watch:
+            _run(model, latest)
     event = next((e for e in watch.events if getattr(e, "phase", "") == "forward"), None)
     return event, next(iter(getattr(watch, "deferred", ())), None)
 

@@ -55,6 +55,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..core.backend import FLOAT32
 from ..core.graph import FP16_MAX
 from ..core.model import call, first_nonfinite, unwrap
 from ..integrations.metrics import amp_metrics
@@ -460,12 +461,10 @@ def output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
         return record
 
     handles = [backend.forward_hook(module, hook(path)) for path, module in modules.items()]
-    restore = backend.snapshot(model)
     try:
-        with backend.amp.float32():
+        with backend.replay(model, FLOAT32):
             call(model, inputs)
     finally:
-        restore()
         for handle in handles:
             handle.remove()
     return amax

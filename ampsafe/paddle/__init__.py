@@ -7,6 +7,12 @@ cheap and a missing teammate module only fails when its name is used.
 from __future__ import annotations
 
 from .._lazy import lazy_attributes
+from ..core.model import register_wrappers
+
+# Paddle's DataParallel and fleet's meta-parallel wrappers (``fleet.distributed_model``) keep the model as ``._layers``
+# (``PaddleBackend.wrappers``), known to ``core.model.unwrap`` as soon as any module of this package is imported
+WRAPPERS = {"_layers": frozenset({"DataParallel", "ShardingParallel", "TensorParallel", "SegmentParallel"})}
+register_wrappers(WRAPPERS)
 
 # public name -> the submodule that defines it
 _LAZY = {

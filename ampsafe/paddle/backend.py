@@ -10,7 +10,7 @@ import paddle
 
 from ..core import backend as core
 from ..core.graph import OpKind
-from . import amp_lists, intercept
+from . import WRAPPERS, amp_lists, intercept
 from .tensors import LOW_DTYPES, TENSORS
 
 __all__ = ["PaddleBackend", "PaddleAmp", "BACKEND", "LOW_DTYPES", "is_statistic", "innermost_emulator", "amp_dtype"]
@@ -107,6 +107,7 @@ class PaddleBackend(core.BackendBase):
     """``paddle.nn.Layer`` models."""
 
     module_type = paddle.nn.Layer
+    wrappers = WRAPPERS
 
     # -- structure
     def modules(self, model) -> dict:
@@ -148,6 +149,11 @@ class PaddleBackend(core.BackendBase):
         return restore
 
     # -- processes
+    def world_size(self) -> int:
+        import paddle.distributed as dist
+
+        return int(dist.get_world_size())
+
     def all_gather(self, obj) -> list:
         import paddle.distributed as dist
 

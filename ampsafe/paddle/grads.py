@@ -20,8 +20,6 @@ __all__ = [
     "nonfinite_params",
     "parameters",
     "gradient",
-    "grad_norm",
-    "world_size",
 ]
 
 
@@ -79,19 +77,3 @@ def nonfinite_params(optimizer) -> list:
         if grad is not None and not bool(paddle.isfinite(grad).all().item()):
             found.append((p, f"{p.name} {tuple(p.shape)}"))
     return found
-
-
-def grad_norm(params) -> float | None:
-    """The 2-norm of ``params``' gradients in float32 (None: no gradient), one host sync: the unscaled gradient norm
-    ``ampsafe run``'s headroom sampler records."""
-    grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
-    if not grads:
-        return None
-    return float(paddle.add_n([(g.astype("float32") ** 2).sum() for g in grads]).sqrt())
-
-
-def world_size() -> int:
-    """Processes of the job (1 outside one): a sampler must not run a forward of its own on one rank."""
-    import paddle.distributed as dist
-
-    return int(dist.get_world_size())

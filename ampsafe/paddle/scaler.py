@@ -385,7 +385,7 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
         return BACKEND
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
-    _wrappers = frozenset({"DataParallel"})
+    _wrappers = frozenset().union(*BACKEND.wrappers.values())
 
     def _refresh_scale(self) -> None:
         self._scale = self._scale_tensor()

@@ -99,11 +99,8 @@ class PatchContext:
                 )
             if self.scan is None:
                 raise ConfigError(f"{why}: no scan was handed to this PatchContext; pass report= or paths=")
-            restore = self.backend.snapshot(self.model)  # a traced train-mode forward moves BN statistics
-            try:
+            with self.backend.replay(self.model):  # a traced train-mode forward moves BN statistics
                 self.report = self.scan(self.model, self.example_inputs, level=self.level, margin_bits=self.margin_bits)
-            finally:
-                restore()
         return self.report
 
     def allowed(self, path: str, plan: Plan, *, kind: str) -> bool:

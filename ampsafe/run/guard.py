@@ -43,6 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.attr_patches import AttrPatches
+from ..core.backend import FLOAT32
 from ..errors import AmpSafeError
 
 __all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "guards", "latest_inputs"]
@@ -504,12 +505,11 @@ class StepGuard:
                 continue
             args, kwargs = tracked.latest
             step = self.total_steps + self.scaler_steps  # the optimizer step that never came
-            restore = b.snapshot(model)
             tracked.paused += 1
             try:
                 watcher = ampsafe.watch(model, backward=False)
                 watcher.step_source = lambda step=step: step
-                with b.amp.float32(), watcher:
+                with b.replay(model, FLOAT32), watcher:
                     model(*args, **kwargs)
             except ampsafe.NonFiniteError as exc:
                 self.exit_origin = _origin(exc, step, "replayed in float32 at exit")
@@ -517,7 +517,6 @@ class StepGuard:
                 self._say(f"could not replay the last forward at exit: {type(exc).__name__}: {exc}")
             finally:
                 tracked.paused -= 1
-                restore()
                 tracked.latest = None
             if self.exit_origin is not None:
                 o = self.exit_origin
@@ -589,13 +588,12 @@ class StepGuard:
             import ampsafe
 
             args, kwargs = latest
-            restore = self.backend.snapshot(model)
             watcher = ampsafe.watch(model)
             # its forward count numbers the pass as the step (the count starts at the pass entered)
             if hasattr(watcher, "_forward_count"):
                 watcher._forward_count = index
             try:
-                with watcher:
+                with self.backend.replay(model), watcher:
                     model(*args, **kwargs)
             except ampsafe.NonFiniteError as exc:
                 exc.add_note(
@@ -603,8 +601,6 @@ class StepGuard:
                     "found this origin"
                 )
                 raise
-            finally:
-                restore()
             forward = "its forward, replayed under ampsafe.watch, is finite"
         else:
             forward = "the model's inputs for this step were not captured, so its forward was not replayed"

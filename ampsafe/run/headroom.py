@@ -24,12 +24,12 @@ The model is held weakly, and the hooks go with it. :func:`sampler_of` hands ``a
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 import weakref
 from typing import Any, Optional
 
+from ..core.capture import example_inputs
 from .headroom_trend import bits, judge
 from .records import Headroom, HeadroomAlert
 from .underflow import UnderflowSeries
@@ -168,16 +168,8 @@ class HeadroomSampler:
         """Each path's start and every layer of an unnormalized path, from one scan (model state restored)."""
         import ampsafe
 
-        args, kwargs = latest
-        if kwargs and args:
-            raise ValueError("positional and keyword inputs together")
-        example = dict(kwargs) if kwargs else tuple(args)
-        restore = self.backend.snapshot(model)
-        try:
-            with capture.paused():
-                report = ampsafe.scan(model, example)
-        finally:
-            restore()
+        with self.backend.replay(model), capture.paused():
+            report = ampsafe.scan(model, example_inputs(model, latest))
         names: dict[str, None] = {}
         for p in report.paths:
             names.update(dict.fromkeys(n for n in (p.layers if not p.normalized else p.layers[:1]) if n))
@@ -237,7 +229,7 @@ class HeadroomSampler:
         if model is None or decision.found_inf or self.sharded:
             return None
         try:
-            return _norm(self.backend, [p for p in self.backend.parameters(model)])
+            return self.backend.tensors.grad_norm(self.backend.parameters(model))
         except Exception:  # noqa: BLE001 - a figure, never a failure
             return None
 
@@ -346,24 +338,10 @@ def _no_scan(scaler, model, backend) -> Optional[str]:
         return "a DeepSpeed engine runs the forward"
     if backend.sharding.forward_is_collective(model):
         return "every forward is collective (FSDP2)"
-    world = _world_size(backend)
+    try:
+        world = backend.world_size()
+    except Exception:  # noqa: BLE001 - unknown: alone
+        world = 1
     if world > 1:
         return f"one of {world} ranks: a forward of its own could meet the others' collectives"
     return None
-
-
-def _grads(backend):
-    """The backend's gradient module (``ampsafe.<framework>.grads``: ``grad_norm``, ``world_size``)."""
-    return importlib.import_module(f"ampsafe.{backend.name}.grads")
-
-
-def _world_size(backend) -> int:
-    try:
-        return _grads(backend).world_size()
-    except Exception:  # noqa: BLE001 - unknown: alone
-        return 1
-
-
-def _norm(backend, params) -> Optional[float]:
-    """The 2-norm of the parameters' gradients, one host sync."""
-    return _grads(backend).grad_norm(params)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from ..core.model import scan_inputs, unwrap
+from ..core.capture import example_inputs
+from ..core.model import unwrap
 from ..core.modpath import outermost
 from ..hosts.hf import hf_lines, is_hf_model
 from ..policies.island import island_modules
@@ -53,7 +54,7 @@ def backoff_scan(scaler, step: int) -> BackoffScan:
     try:
         import ampsafe
 
-        inputs = scan_inputs(model, latest)  # HF models are called with keywords: model(**batch)
+        inputs = example_inputs(model, latest)  # HF models are called with keywords: model(**batch)
         with capture.paused():
             report = ampsafe.scan(model, inputs)
     except Exception as exc:  # the scan is advice for the report

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..core import backend as core
+from . import WRAPPERS
 from .fsdp import Fsdp2
 from .ops import runs_in_fp16
 from .tensors import LOW_DTYPES, TENSORS
@@ -77,6 +78,7 @@ class TorchBackend(core.BackendBase):
 
     module_type = nn.Module
     sharding = Fsdp2()
+    wrappers = WRAPPERS
 
     # -- structure
     def modules(self, model) -> dict:
@@ -101,7 +103,7 @@ class TorchBackend(core.BackendBase):
                 return owner
             if any(m is owner for m in module.modules()):
                 inner = getattr(module, "module", None)  # DDP / DataParallel: the model they call
-                if type(module).__name__ in ("DistributedDataParallel", "DataParallel") and inner is not None:
+                if type(module).__name__ in self.wrappers["module"] and inner is not None:
                     return inner
                 return module
         return owner
@@ -126,10 +128,16 @@ class TorchBackend(core.BackendBase):
         return restore
 
     # -- processes
+    def world_size(self) -> int:
+        """Processes in the default group (1 outside one)."""
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
     def all_gather(self, obj) -> list:
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if self.world_size() == 1:
             return [obj]
         gathered: list = [None] * dist.get_world_size()  # torch fills a list of world size
         dist.all_gather_object(gathered, obj)

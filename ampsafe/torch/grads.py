@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import torch
 
-__all__ = ["unscale_and_check_", "nonfinite_params", "grad_norm", "world_size"]
+__all__ = ["unscale_and_check_", "nonfinite_params"]
 
 
 def unscale_and_check_(optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool) -> dict:
@@ -57,20 +57,3 @@ def nonfinite_params(optimizer) -> list:
                 if not bool(torch.isfinite(values).all()):
                     found.append((p, f"param_groups[{g}].params[{i}] {tuple(p.shape)}"))
     return found
-
-
-def grad_norm(params) -> float | None:
-    """The 2-norm of ``params``' gradients (None: no gradient), one fused norm per tensor and one host sync: the
-    unscaled gradient norm ``ampsafe run``'s headroom sampler records."""
-    grads = [p.grad.detach() for p in params if getattr(p, "grad", None) is not None]
-    if not grads:
-        return None
-    norms = torch._foreach_norm(grads)
-    return float(torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms])))
-
-
-def world_size() -> int:
-    """Processes in the default group (1 outside one): a sampler must not run a forward of its own on one rank."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

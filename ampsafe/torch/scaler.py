@@ -46,6 +46,7 @@ from torch.amp import grad_scaler as _torch_grad_scaler
 
 from ..core.scale import StepDecision, policy_for, policy_methods, policy_property
 from ..healing.scaler import HealingScaler
+from .backend import TorchBackend
 from .device_scale import DeviceSteps
 from .grads import nonfinite_params, unscale_and_check_
 
@@ -457,7 +458,8 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         return self._backend().sharding.fix(model, list(paths)) if model is not None else {}
 
     # -- the tensor side of ScalerBase's floor handling -------------------------------------------------------------
-    _wrappers = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"})
+    # the Backend's wrappers, and FSDP1's, which ``unwrap`` leaves alone (its inner model holds flat parameters)
+    _wrappers = frozenset({*TorchBackend.wrappers["module"], "FullyShardedDataParallel"})
 
     def _refresh_scale(self) -> None:
         self._scale.fill_(float(self._core.scale))

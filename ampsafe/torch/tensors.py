@@ -65,6 +65,15 @@ class TorchTensors(TensorsBase):
         return bool(ok.item())
 
     @staticmethod
+    def grad_norm(params) -> float | None:
+        """One fused norm per tensor (no float32 copy of each gradient), one host sync."""
+        grads = [p.grad.detach() for p in params if getattr(p, "grad", None) is not None]
+        if not grads:
+            return None
+        norms = torch._foreach_norm(grads)
+        return float(torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms])))
+
+    @staticmethod
     def abs_max(t):
         """``aminmax``: two reductions in one kernel, no full-size ``|t|`` temporary."""
         lo, hi = torch.aminmax(t.detach())

@@ -24,3 +24,24 @@ def test_capture_keeps_the_step_and_a_paused_replay_leaves_it_as_recorded():
     capture.remove()
     model(x)
     assert capture.latest is None and not capture.attached
+
+
+class _Keywords(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 2)
+
+    def forward(self, x, mask=None):
+        return self.proj(x if mask is None else x * mask)
+
+
+def test_a_heal_replays_positional_and_keyword_inputs_named_by_the_forward():
+    from ampsafe.healing import Healer
+
+    model = _Keywords()
+    healer = Healer(model, backend=backend_of(model))
+    x, mask = torch.randn(3, 4), torch.zeros(3, 4)
+    model(x, mask=mask)
+    inputs = healer.last_inputs  # the one rule (core.capture.example_inputs): the keyword is not dropped
+    assert inputs.keys() == {"x", "mask"} and inputs["x"] is x and inputs["mask"] is mask
+    healer.detach()

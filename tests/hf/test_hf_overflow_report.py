@@ -26,7 +26,7 @@ pytest.importorskip("accelerate")
 from hf_models import batch, build, scale_past_float16  # noqa: E402
 
 import ampsafe  # noqa: E402
-from ampsafe.core.model import scan_inputs  # noqa: E402
+from ampsafe.core.capture import example_inputs as scan_inputs  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_hf_tiny.py"
 OVERFLOW = {"t5": "decoder.block.1.layer.2.DenseReluDense.wo", "gpt2": "transformer.h.1.mlp.c_proj"}
