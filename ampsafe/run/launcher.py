@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -110,10 +111,10 @@ def options_from_config(path: Path) -> dict:
             flush=True,
         )
         return {}
-    section = data.get("ampsafe") if isinstance(data, dict) else None
+    section = data.get("ampsafe") if isinstance(data, Mapping) else None
     if section is None:
         return {}
-    if not isinstance(section, dict):
+    if not isinstance(section, Mapping):
         raise ConfigError(f"{path}: the `ampsafe:` section must be a mapping (on_floor, min_scale, watch)")
     section = {k.replace("-", "_"): v for k, v in section.items()}
     unknown = set(section) - set(DEFAULTS)

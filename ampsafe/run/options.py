@@ -140,7 +140,7 @@ class RunOptions:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{ENV_OPTIONS} is not JSON ({exc}): {raw[:200]!r}") from exc
-        if not isinstance(data, dict):
+        if not isinstance(data, Mapping):
             raise ConfigError(f"{ENV_OPTIONS} must be a JSON object, got {raw[:200]!r}")
         return cls.from_mapping(data, where=ENV_OPTIONS)
 

@@ -169,14 +169,12 @@ class TrackedScaler:
         from .holder import prefixed
 
         out = []
-        for h in heals:
-            step, paths = (h.get("step"), h.get("paths", ())) if isinstance(h, dict) else (h.step, h.paths)
-            verdict = None if isinstance(h, dict) else h.verdict
+        for h in heals:  # HealRecords (ampsafe.core.scale), as every healing scaler keeps them
             cause = {"forward": "forward", "scanned": "forward", "backward": "backward"}.get(
-                verdict.where if verdict is not None else "", ""
+                h.verdict.where if h.verdict is not None else "", ""
             )
-            scale = h.get("scale_after") if isinstance(h, dict) else h.scale_after
-            out.append(Heal(step=step, paths=tuple(prefixed(self.holder_path, paths)), scale_after=scale, cause=cause))
+            paths = tuple(prefixed(self.holder_path, h.paths))
+            out.append(Heal(step=h.step, paths=paths, scale_after=h.scale_after, cause=cause))
         return tuple(out)
 
     def _scan(self) -> BackoffScan | None:
@@ -253,7 +251,7 @@ def _engine_fixes(scaler, heals) -> dict:
     """The fix lines of the engine that owns the scale (a DeepSpeed engine's ``fix_lines(paths)``: key -> (line,
     advice)), for the healed paths as the scaler's model names them; empty for a plain scaler."""
     lines = getattr(scaler, "fix_lines", None)
-    paths = [p for h in heals for p in (h.get("paths", ()) if isinstance(h, dict) else h.paths)]
+    paths = [p for h in heals for p in h.paths]
     return dict(lines(list(dict.fromkeys(paths)))) if callable(lines) and paths else {}
 
 
