@@ -1,6 +1,6 @@
 """The installed package stands on its own: it reads no file outside itself and never imports ``bench``.
 
-The default upstream configs ship as package data (``ampsafe/workloads/data/upstream``, byte-identical copies of
+The default upstream configs ship as package data (``lab/ampsafe_lab/workloads/data/upstream``, byte-identical copies of
 the test data in shared/upstream), and a wheel built from the repository, installed into a fresh environment and
 run from a folder outside the checkout, runs ``ampsafe demo``'s first step exactly as the checkout does.
 """
