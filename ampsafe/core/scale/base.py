@@ -23,8 +23,8 @@ __all__ = ["ScalerBase", "StepEvidence"]
 
 class StepEvidence:
     """What a step measured beyond found_inf, as :class:`ScalerBase` asks it; this one measures nothing (a scaler
-    that knows no model). :class:`ampsafe.healing.HealingScaler`'s evidence reads its model's captured inputs,
-    backward trace and a replay of the batch."""
+    that knows no model). :class:`ampsafe.healing.scaler.HealingScaler`'s evidence reads its model's captured
+    inputs, backward trace and a replay of the batch."""
 
     def bad_input(self) -> Optional[BadInput]:
         """The non-finite input of this step's forward (None: finite, or no forward was seen)."""
@@ -74,7 +74,7 @@ class ScalerBase:
                        raise  RaiseAtFloor: a floor hit raises LossScaleFloorError (offenders, measured pass)
                        clamp  ClampAtFloor: nothing; the scale stays at the floor, overflowing steps are skipped
                        heal   FLOOR_HANDLERS[OnFloor.HEAL]: at a floor hit the heal hook's plan, or the error;
-                              ampsafe.healing.HealAtFloor's trigger also heals before the floor
+                              ampsafe.healing.floor.HealAtFloor's trigger also heals before the floor
         observe      every ``add_step_callback(fn)``: fn(decision), in the order added, after the dispatch (a
                      heal has restored the scale), also when the dispatch raised (a step the floor stopped is
                      still a step the loggers see); an observer that raises ends the step with its own error

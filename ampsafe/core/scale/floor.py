@@ -7,8 +7,8 @@ decided step (not for a step skipped for its data)::
     RaiseAtFloor  (raise)  a floor hit raises LossScaleFloorError naming the offenders and the measured pass
     ClampAtFloor  (clamp)  nothing: the scale stays at the floor and the overflowing steps are skipped
     HookAtFloor   (heal)   a floor hit calls ``scaler.heal_hook`` and restarts from its scale, or raises what was
-                           measured; a scaler that knows its model uses :class:`ampsafe.healing.HealAtFloor`, whose
-                           trigger also heals before the floor
+                           measured; a scaler that knows its model uses
+                           :class:`ampsafe.healing.floor.HealAtFloor`, whose trigger also heals before the floor
 
 Why objects: each value's behaviour and state (the heal's records, its patience) sit in one class, and a new value
 is one new handler, not a branch in the scaler. The handlers keep no reference to their scaler (it is passed in),
@@ -111,9 +111,9 @@ def names_from_live_modules(module_type: type, wrappers=frozenset()) -> dict[int
 
 
 class FloorHandler:
-    """One :class:`OnFloor` value's action after an update (:meth:`after_update`), and whether it treats an overflow of the
-    step now ending as a floor (:meth:`dispatches_floor`: the adapters then name the non-finite parameters while
-    their gradients still exist)."""
+    """One :class:`OnFloor` value's action after an update (:meth:`after_update`), and whether it treats an
+    overflow of the step now ending as a floor (:meth:`dispatches_floor`: the adapters then name the non-finite
+    parameters while their gradients still exist)."""
 
     def after_update(self, scaler, decision: StepDecision, offenders: list, losses: list) -> None:
         raise NotImplementedError  # pragma: no cover - every OnFloor value has its handler
@@ -141,7 +141,7 @@ class ClampAtFloor(FloorHandler):
 
 class HookAtFloor(FloorHandler):
     """``on_floor="heal"`` for a scaler that knows no model: at a floor hit, measure, ask ``scaler.heal_hook`` and
-    restart from its scale; raise what was measured when it can't. :class:`ampsafe.healing.HealAtFloor` refines
+    restart from its scale; raise what was measured when it can't. :class:`ampsafe.healing.floor.HealAtFloor` refines
     which hook heals (:meth:`hook`), whether it scans the batch itself (:meth:`scans`) and why none heals
     (:meth:`no_hook_reason`)."""
 
