@@ -13,6 +13,8 @@
                thresh head's conv, then the binarize head's, whose paths the heal's scan islands together)
     patience   ``patience`` overflowing steps in a row (the scaler's, or the one ``ampsafe.heal`` attaches)
 
+What each rule does when due: :class:`~ampsafe.healing.floor.HealAtFloor`.
+
 Why these and no more: without a reload, "records" is due at the very step the floor is hit (the count starts
 from the highest scale the run used), so a run that decays monotonically heals exactly where it did before;
 "swallowed" needs a finite loss *and* a finite model output with a module output non-finite, or an op whose
@@ -34,7 +36,7 @@ not collective).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..core.model import first_nonfinite
@@ -57,22 +59,34 @@ def floor_distance(policy, peak: float) -> Optional[int]:
 
 @dataclass
 class HealTrigger:
-    """The records the rule reads: ``in_row`` overflowing steps in a row, ``peak`` the highest scale a step ran
-    with, ``swallowed`` the module of the previous overflowing step's swallowed overflow, clean steps between
-    them or not (None: none seen; ``""`` never: the rule names submodules)."""
+    """The records the rules read, and all their state: ``in_row`` overflowing steps in a row (the one count of
+    the streak: the records rule and patience read it), ``peak`` the highest scale a step ran with, ``swallowed``
+    the module of the previous overflowing step's swallowed overflow, clean steps between them or not (None: none
+    seen; ``""`` never: the rule names submodules).
+
+    Patience: ``patience`` (the scaler's own, which wins) or ``attached`` (``ampsafe.heal(..., patience=)``, left
+    behind by pickling, as the heal hook). It counts the streak from ``since`` (the count at its last check: a
+    floor hit, a heal that found the forward in range, an attach or a pickle restart it); after a check whose
+    forward was in range (``in_range``) it waits for a clean step."""
 
     in_row: int = 0
     peak: float = 0.0
     swallowed: Optional[str] = None
     looked: bool = False  # a step of this streak was replayed for a swallowed overflow
+    patience: Optional[int] = None
+    attached: Optional[int] = None
+    since: int = 0
+    in_range: bool = False
 
     def observe(self, decision) -> None:
         """One dispatched step (an overflow or a clean one; a data step never comes here)."""
         self.peak = max(self.peak, float(decision.scale))
         if decision.found_inf:
             self.in_row += 1
+            self.since += decision.floor_hit  # a floor hit is the floor's to heal, not a step patience counts
         else:  # the streak ends; the module the last overflowing step showed is kept for the next one
             self.in_row, self.looked = 0, False
+            self.since, self.in_range = 0, False
 
     def records_due(self, policy, ahead: int = 0) -> bool:
         """Whether the run's overflows in a row (plus ``ahead`` more) reach the floor's distance."""
@@ -91,8 +105,36 @@ class HealTrigger:
         self.swallowed, self.looked = module, self.looked or looked
         return again
 
+    @property
+    def counted_patience(self) -> Optional[int]:
+        """The patience that counts: the scaler's own, else the attached one (None: patience is off)."""
+        return self.patience if self.patience is not None else self.attached
+
+    def attach(self, patience: int) -> None:
+        """``ampsafe.heal(..., patience=)``'s patience; a patience that was off starts counting now."""
+        if self.counted_patience is None:
+            self.since = self.in_row
+        self.attached = patience
+
+    def patience_due(self) -> bool:
+        """Whether ``patience`` overflows in a row are reached since the last check, and the last check's forward
+        was not in range."""
+        patience = self.counted_patience
+        return patience is not None and not self.in_range and self.in_row - self.since >= patience
+
+    def patience_checked(self, healed: bool) -> None:
+        """Patience's check ran: its count restarts; a forward in range (not ``healed``) waits for a clean step."""
+        self.since = self.in_row
+        self.in_range = self.in_range or not healed
+
     def healed(self) -> None:
         self.in_row, self.swallowed, self.looked = 0, None, False
+        self.since, self.in_range = 0, False
+
+    def pickled(self) -> HealTrigger:
+        """The trigger a pickled scaler carries: the records, without the attached patience, patience's count
+        restarted."""
+        return replace(self, attached=None, since=self.in_row, in_range=False)
 
 
 class Swallowed(NamedTuple):

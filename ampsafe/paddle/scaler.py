@@ -186,7 +186,7 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
             dynamic=self._use_dynamic_loss_scaling,
             product="float32",
         )
-        self._init_core(policy, callback, model, patience)
+        self._init_scaler(policy, callback, model, patience)
         self._init_loss_scaling = float(self._core.policy.init_scale) if self._enable else 1.0
         self._group = group
         self._static = not paddle.in_dynamic_mode()

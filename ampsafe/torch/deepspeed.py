@@ -84,7 +84,7 @@ class DeepSpeedScale(HealingScaler):
             on_floor=on_floor,
             product="float64",
         )
-        self._init_core(policy, None, engine.module, patience)
+        self._init_scaler(policy, None, engine.module, patience)
         self._written = None
         self._refresh_scale()
         self._resolve(None)  # the model is known: its inputs are captured from the first forward on

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from collections import abc, defaultdict, deque
 from typing import Any, Callable, Optional
 
@@ -138,7 +139,7 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
             dynamic=not self._guard,
             product="float64",
         )
-        self._init_core(policy, callback, model, patience)
+        self._init_scaler(policy, callback, model, patience)
         self._process_group = process_group
         self._scale: Optional[torch.Tensor] = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
@@ -146,6 +147,7 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         self._losses: deque = deque(maxlen=16)
         self._device_decisions = device_decisions
         self._device_steps = DeviceSteps()  # steps of self-unscaling optimizers decided on the device
+        self._core.pending = _reconciler(self)
 
     # -- torch's private state, with torch's meaning (views of the host state machine) ------------------------------
     @property
@@ -526,6 +528,20 @@ class GradScaler(HealingScaler, _torch_grad_scaler.GradScaler):
         state.setdefault("_device_steps", DeviceSteps())
         state.setdefault("_step_info", defaultdict(_fresh_info))
         super().__setstate__(state)
+        self._core.pending = _reconciler(self)
+
+
+def _reconciler(scaler: GradScaler) -> Callable[[], None]:
+    """``scaler._reconcile`` for ``_core.pending`` (the statistics fold in the device-decided steps first), held
+    weakly: the state machine must not keep its scaler alive."""
+    method = weakref.WeakMethod(scaler._reconcile)
+
+    def pending() -> None:
+        bound = method()
+        if bound is not None:
+            bound()
+
+    return pending
 
 
 def device_scaler(base: type, device: str) -> type:

@@ -2,8 +2,8 @@
 
 A forward pre-hook on the scaler's model (the module its optimizer covers: every replay and scan of the batch
 runs it) and a gradient hook on each of its trainable parameters are registered for the duration of each
-``_heal_at_floor`` / ``_heal_after_streak`` call (or the ``methods`` asked for) of an ampsafe GradScaler (torch or Paddle: the same hook
-names), so the training step's own forward and backward are not counted. Duck-typed over the frameworks on purpose: it counts
+``_heal_at_floor`` / ``_heal_after_streak`` call (or the ``methods`` asked for) of ``on_floor="heal"``'s handler
+(:class:`~ampsafe.healing.floor.HealAtFloor`, for torch and Paddle alike), so the training step's own forward and backward are not counted. Duck-typed over the frameworks on purpose: it counts
 through the frameworks' own public hooks.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from ampsafe.healing.scaler import HealingScaler
+from ampsafe.healing.floor import HealAtFloor
 
 
 @dataclass
@@ -39,10 +39,10 @@ def _trainable(param) -> bool:
 
 
 def _counted(method: str, original, costs: HealCosts):
-    def wrapper(self, *args, **kwargs):
-        model = getattr(self, "model", None) or getattr(self.heal_hook, "model", None)
+    def wrapper(self, scaler, *args, **kwargs):
+        model = getattr(scaler, "model", None) or getattr(scaler.heal_hook, "model", None)
         if model is None:
-            return original(self, *args, **kwargs)
+            return original(self, scaler, *args, **kwargs)
         forwards, grads = [0], {}
 
         def on_forward(_module, _inputs):
@@ -56,14 +56,14 @@ def _counted(method: str, original, costs: HealCosts):
 
         handles = [model.register_forward_pre_hook(on_forward)]
         handles += [p.register_hook(on_grad(i)) for i, p in enumerate(model.parameters()) if _trainable(p)]
-        heals = len(self.stats.heals)
+        heals = len(scaler.stats.heals)
         try:
-            return original(self, *args, **kwargs)
+            return original(self, scaler, *args, **kwargs)
         finally:
             for handle in handles:
                 handle.remove()
             if forwards[0] or grads:
-                healed = len(self.stats.heals) > heals
+                healed = len(scaler.stats.heals) > heals
                 costs.calls.append(HealCost(method, forwards[0], max(grads.values(), default=0), healed))
 
     return wrapper
@@ -77,14 +77,14 @@ def heal_costs(methods: tuple[str, ...] = CHECKS):
     """Yield a :class:`HealCosts` that fills while the block trains (every ampsafe GradScaler is counted).
     ``methods``: the scaler's checks counted (add ``"_heal_swallowed"`` for the swallowed rule's heal)."""
     costs = HealCosts()
-    own = {name: vars(HealingScaler).get(name) for name in methods}
+    own = {name: vars(HealAtFloor).get(name) for name in methods}
     for name in own:
-        setattr(HealingScaler, name, _counted(name, getattr(HealingScaler, name), costs))
+        setattr(HealAtFloor, name, _counted(name, getattr(HealAtFloor, name), costs))
     try:
         yield costs
     finally:
         for name, original in own.items():
             if original is None:
-                delattr(HealingScaler, name)  # inherited again
+                delattr(HealAtFloor, name)  # inherited again
             else:
-                setattr(HealingScaler, name, original)
+                setattr(HealAtFloor, name, original)
