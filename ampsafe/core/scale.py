@@ -651,6 +651,7 @@ class ScalerBase:
             self.add_step_callback(callback)
         self._model = model
         self.heal_hook = None
+        self.metric_sources: list = []  # what else amp_metrics reads (each ``.metrics()``): the run's sampler
 
     @property
     def policy(self) -> ScalePolicy:
