@@ -41,14 +41,14 @@ class _Bench:
 
     def _on_step(self, decision) -> None:
         self.next = decision.step + 1
-        if self.sample or not self.sampler.how:
+        if self.sample or self.sampler.monitor is None or not self.sampler.monitor.how:
             self.sampler.on_step(self.scaler, decision)
         self.sampler.close()  # the next step arms itself (or not)
 
     def run(self, sample: bool) -> float:
         self.sample = sample
-        if sample and self.sampler.layers:
-            self.sampler._arm(self.next)
+        if sample and self.sampler.monitor is not None and self.sampler.monitor.layers:
+            self.sampler.monitor.arm(self.next)
         t0, c0 = time.perf_counter(), time.process_time()
         self.step()
         return time.process_time() - c0, time.perf_counter() - t0
@@ -58,8 +58,8 @@ def _measure(bench: _Bench, rounds: int) -> dict:
     for _ in range(3):  # warm up; the first updates choose the tracked modules (one scan)
         bench.run(True)
         bench.run(False)
-    assert bench.sampler.how == "scan", bench.sampler.how
-    samples_before = bench.sampler.samples
+    assert bench.sampler.monitor.how == "scan", bench.sampler.monitor.how
+    samples_before = bench.sampler.monitor.samples
     cpu: dict[str, list[float]] = {"unwatched": [], "sampled": []}
     wall: dict[str, list[float]] = {"unwatched": [], "sampled": []}
     for i in range(rounds):
@@ -67,14 +67,14 @@ def _measure(bench: _Bench, rounds: int) -> dict:
             c, w = bench.run(variant == "sampled")
             cpu[variant].append(c)
             wall[variant].append(w)
-    assert bench.sampler.samples - samples_before == rounds
+    assert bench.sampler.monitor.samples - samples_before == rounds
 
     def pct(times):
         return 100 * (statistics.median(s / u for s, u in zip(times["sampled"], times["unwatched"])) - 1)
 
     return {
         "rounds": rounds,
-        "tracked_modules": len(bench.sampler.layers),
+        "tracked_modules": len(bench.sampler.monitor.layers),
         "median_step_cpu_s": {v: statistics.median(t) for v, t in cpu.items()},
         "median_step_wall_s": {v: statistics.median(t) for v, t in wall.items()},
         "sampled_step_pct": pct(cpu),

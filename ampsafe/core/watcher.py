@@ -2,26 +2,27 @@
 
 Why: the torch and Paddle watchers differ in how they see an op (a ``TorchFunctionMode`` / an
 ``intercept.OpMode``) and in their backward hooks; the rest (root-forward bookkeeping, the scan of the model
-inputs, the origin report, the guard's check and replay, the headroom monitor) is one logic. It lives here,
-reading the framework through its :class:`~ampsafe.core.backend.Backend` (tensors, model state and RNG, module
-paths, forward hooks), so a fix lands once for both frameworks. The guard
-(:mod:`ampsafe.core.watch_guard`) and the headroom monitor (:mod:`ampsafe.core.watch_monitor`, which gets the
-scan function passed in) are mixins of :class:`WatchBase`. Pure Python: importing it imports neither torch nor
-paddle.
+inputs, the origin report, the guard's check and replay, when the headroom is measured) is one logic. It lives
+here, reading the framework through its :class:`~ampsafe.core.backend.Backend` (tensors, model state and RNG,
+module paths, forward hooks), so a fix lands once for both frameworks. The guard (:mod:`ampsafe.core.watch_guard`)
+is a mixin of :class:`WatchBase`; the headroom is the core's :class:`~ampsafe.core.headroom.HeadroomMonitor` under
+its threshold rule, its modules chosen by the scan function passed in. Pure Python: importing it imports neither
+torch nor paddle.
 """
 
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, NamedTuple
 
 from ..errors import ConfigError, NonFiniteError
 from .backend import Backend, Tensors
+from .capture import example_inputs
+from .headroom import HeadroomMonitor, ThresholdRule
 from .sentinel import INPUT, PARAMETER, UNKNOWN, first_nonfinite_row, log, nonfinite_error, tensor_stats, verdict
 from .watch_guard import Guard
-from .watch_monitor import Monitor
 
 __all__ = ["map_nested", "WatchPass", "WatchBase", "Snapshot"]
 
@@ -74,7 +75,7 @@ class WatchPass:
 
 # ------------------------------------------------------------------------------------------- the watch object
 @dataclass
-class WatchBase(Guard, Monitor):
+class WatchBase(Guard):
     """State and logic shared by the torch and paddle watchers: root-forward bookkeeping, the input scan, the
     origin report, the guard (check / replay), the headroom monitor, raise-or-record.
 
@@ -82,7 +83,7 @@ class WatchBase(Guard, Monitor):
     snapshots of the model's state and the RNG, module paths, forward hooks), handed in by ``Backend.watch``.
     Adapters supply only the interception of one watch: the op interception and the backward hooks
     (``_full_hooks``), ``_root_handles``, ``_rerun``, what the guard's replay does with the step's gradients
-    (``_stash_grads``), ``_training_forward``, and the monitor's ``_fallback_paths``.
+    (``_stash_grads``) and ``_training_forward``.
     """
 
     model: object
@@ -117,7 +118,6 @@ class WatchBase(Guard, Monitor):
             raise ConfigError(f"monitor_every must be a positive int or None, got {self.monitor_every!r}")
         if not math.isfinite(self.margin_bits):
             raise ConfigError(f"margin_bits must be finite, got {self.margin_bits!r}")
-        self._warned: set = set()
         self._full: ExitStack | None = None  # the full hooks (op interception, backward), when installed
         self._handles: list = []  # root hooks, removed on exit
         self._pass: WatchPass | None = None
@@ -128,10 +128,7 @@ class WatchBase(Guard, Monitor):
         self._forward_count = 0
         self._snapshot: Snapshot | None = None
         self._signature = None  # the model's forward signature, to name its inputs
-        self._paths: list[tuple[str, tuple]] | None = None
-        self._monitor_handles: list = []
-        self._monitor_amax: dict = {}
-        self._monitor_step: int | None = None
+        self._monitor: HeadroomMonitor | None = None  # once the first monitored forward chose its paths
         self._active = False
         self._param_keys: dict[int, str] = {}  # tensors.key of each parameter / buffer -> its name
 
@@ -165,7 +162,8 @@ class WatchBase(Guard, Monitor):
         self._active = False
         try:
             self._remove_full()
-            self._monitor_detach()
+            if self._monitor is not None:
+                self._monitor.close()
         finally:
             for h in self._handles:
                 h.remove()
@@ -391,6 +389,59 @@ class WatchBase(Guard, Monitor):
         """Whether the forward starting now is a training one (a step's): adapters read the mode and autograd."""
         return True
 
+    # -- the headroom monitor, every ``monitor_every``-th forward
+    def monitored(self, step: int) -> bool:
+        """Whether forward number ``step`` (0-based) is a monitored step (0, N, 2N, ...)."""
+        return self.monitor_every is not None and step % self.monitor_every == 0
+
+    def _monitor_begin(self, args, kwargs, step: int) -> None:
+        if self._monitor is None:
+            rule = ThresholdRule(self.margin_bits, self._emit_headroom)
+            self._monitor = HeadroomMonitor(
+                self.backend, self.model, rules=(rule,), counts=self._counts, quiet=self._quiet
+            )
+            self._choose_paths(args, kwargs)
+        self._monitor.arm(step)
+
+    def _monitor_end(self) -> None:
+        monitor = self._monitor
+        if monitor is not None and monitor.armed_for is not None:
+            monitor.collect(monitor.armed_for)
+
+    def _choose_paths(self, args, kwargs) -> None:
+        """The unnormalized paths ``self.scan`` finds on this step's inputs (state restored), or every conv/linear
+        output where there is no scan."""
+        if self.scan is None:
+            log.warning("ampsafe.watch: no scan function given; monitoring every conv/linear output")
+            self._monitor.track_conv_linear()
+            return
+        with self._quiet(), self.backend.replay(self.model):
+            try:
+                example = example_inputs(self.model, (args, kwargs))
+                self._monitor.track_scan(self.scan(self.model, example, margin_bits=self.margin_bits))
+            except Exception as exc:  # noqa: BLE001 - no scan: watch every conv/linear output instead
+                log.warning("ampsafe.watch: scan unavailable (%s); monitoring every conv/linear output", exc)
+                self._monitor.track_conv_linear()
+
+    def _emit_headroom(self, warning) -> None:
+        self.warnings.append(warning)
+        log.warning("%s", warning.message)
+        if self.callback is not None:
+            self.callback(warning)
+
+    def _counts(self, _module) -> bool:
+        """A forward the watcher runs itself (a scan, a replay) is not measured."""
+        return not self._suspended
+
+    @contextmanager
+    def _quiet(self):
+        """The watcher computes: the ops it runs are not the model's."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
     def _take_snapshot(self) -> Snapshot:
         """The RNG and the model's state now: the guard replays a step from them, the monitor's scan puts both back."""
         return Snapshot(self.backend.rng_state(), self.backend.snapshot(self.model))
@@ -402,7 +453,4 @@ class WatchBase(Guard, Monitor):
         raise NotImplementedError
 
     def _stash_grads(self) -> Callable[[], None]:  # pragma: no cover - adapters
-        raise NotImplementedError
-
-    def _fallback_paths(self) -> list[tuple[str, tuple]]:  # pragma: no cover - adapters
         raise NotImplementedError

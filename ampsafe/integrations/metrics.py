@@ -13,8 +13,8 @@ meaning, so a dashboard built for one trainer reads another's run. Only what the
 
 A framework's own scaler (``torch.amp.GradScaler``, ``paddle.amp.GradScaler``) counts none of these, so for it
 only ``amp/loss_scale`` is logged: no figure is made up. The gradient norm and the per-path float16 headroom
-are held by no scaler: they come from the samples ``ampsafe run`` takes in the step's own forward
-(:mod:`ampsafe.run.headroom`), once a sample was taken, for a scaler the run built:
+are no counter of the scaler: they come from its ``metric_sources`` (``ampsafe run`` adds its sampler,
+:mod:`ampsafe.run.headroom`, which measures in the step's own forward), once a sample was taken:
 
 =================================  ===============================================================================
 ``amp/grad_norm_unscaled``         the gradients' 2-norm after unscaling, at the latest sampled step
@@ -73,8 +73,9 @@ def loss_scale(scaler: Any) -> Optional[float]:
 def amp_metrics(scaler: Any) -> dict[str, float]:
     """``{"amp/loss_scale": ..., "amp/overflow_steps": ..., ...}`` for ``scaler``: all five names for ampsafe's
     scalers (torch and Paddle), ``amp/loss_scale`` alone for a framework's own scaler, ``{}`` for None (a run
-    without loss scaling); and the sampled names for a scaler ``ampsafe run`` samples. Cheap enough for every
-    logging step: host-side counters, one scale read and the latest sample."""
+    without loss scaling); and what each of the scaler's ``metric_sources`` reports (``source.metrics()``: the
+    sampled names, for a scaler ``ampsafe run`` samples). Cheap enough for every logging step: host-side
+    counters, one scale read and the latest sample."""
     if scaler is None:
         return {}
     out: dict[str, float] = {}
@@ -84,9 +85,6 @@ def amp_metrics(scaler: Any) -> dict[str, float]:
     stats = getattr(scaler, "stats", None)
     if isinstance(stats, ScalerStats):
         out.update({name: float(read(stats)) for name, read in COUNTS.items()})
-    from ..run.headroom import sampler_of
-
-    sampler = sampler_of(scaler)
-    if sampler is not None:
-        out.update(sampler.metrics())
+    for source in getattr(scaler, "metric_sources", ()):
+        out.update(source.metrics())
     return out

@@ -406,8 +406,3 @@ class Watch(WatchBase):
                 p.clear_gradient(set_to_zero=False)
 
         return clear
-
-    # ------------------------------------------------------------------------------------------ monitor
-    def _fallback_paths(self) -> list[tuple[str, tuple]]:
-        kinds = (paddle.nn.layer.conv._ConvNd, paddle.nn.Linear)
-        return [(n, (n,)) for n, m in self.backend.modules(self.model).items() if n and isinstance(m, kinds)]

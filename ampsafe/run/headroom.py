@@ -1,10 +1,10 @@
 """Float16 headroom over time under ``ampsafe run``, and a warning before the overflow: :class:`HeadroomSampler`.
 
 Why: a path's float16 headroom shrinks over steps (Adam's first steps grow DBNet's unnormalized neck, T5's
-``DenseReluDense.wo``) long before the loss scale collapses, and nothing else shows it. The sampler takes it from
-the step's OWN forward: forward hooks on the tracked modules, attached for the sampled steps only, keep a float32
-abs-max of each output on the device and read them all with one host sync at the scaler's update, with the
-unscaled gradient norm. No extra forward and no collective is ever run for a sample.
+``DenseReluDense.wo``) long before the loss scale collapses, and nothing else shows it. The measurement is the
+core's :class:`~ampsafe.core.headroom.HeadroomMonitor` (hooks in the step's OWN forward on the sampled steps only,
+a device abs-max, one host sync at the scaler's update); this module decides which steps, which modules, and
+adds the unscaled gradient norm. No extra forward and no collective is ever run for a sample.
 
 * Tracked modules: the conv and linear layers at step 0 (the model the FP32 guard found when the optimizer was
   built), then the layers of the paths ``ampsafe.scan`` finds (each path's start, and every layer of an
@@ -14,24 +14,24 @@ unscaled gradient norm. No extra forward and no collective is ever run for a sam
   and linear layers stay, and no gradient norm is taken where an engine holds or shards the gradients.
 * Sampled steps: every ``every``-th, every step of the first ``every`` (Adam's first steps move fastest), and every
   step while a projected crossing is within twice the horizon (or the interval).
-* The warning: :mod:`.headroom_trend` (the rule, on the samples kept here).
+* The warning: :class:`~.headroom_trend.TrendRule`, the monitor's rule.
 * Gradient underflow (:mod:`ampsafe.core.underflow`), on the same sampled steps: the model's gradients read at the
   scaler's first ``unscale_`` of the step (:meth:`HeadroomSampler.before_unscale`, which the run's scaler class
   calls), while they still carry the loss scale and before clipping or the optimizer touches them.
 
-The model is held weakly, and the hooks go with it. :func:`sampler_of` hands ``amp_metrics`` a scaler's sampler.
+The sampler is one of the scaler's ``metric_sources``: ``amp_metrics(scaler)`` reads it there.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-import weakref
-from typing import Any, Optional
+from typing import Optional
 
 from ..core.capture import example_inputs
-from .headroom_trend import bits, judge
-from .records import Headroom, HeadroomAlert
+from ..core.headroom import HeadroomMonitor, keep_span
+from .headroom_trend import TrendRule, bits
+from .records import Headroom
 from .underflow import UnderflowSeries
 
 __all__ = ["HeadroomSampler", "sampler_of", "DEFAULT_EVERY", "TOP"]
@@ -39,17 +39,11 @@ __all__ = ["HeadroomSampler", "sampler_of", "DEFAULT_EVERY", "TOP"]
 DEFAULT_EVERY = 10  # the options' default: bench/results/headroom.md measures its cost
 TOP = 5  # modules with the least headroom in the metrics
 KEPT_MODULES = 8  # series kept in the summary (the least headroom seen, and the warned one)
-KEPT_SAMPLES = 5000  # samples kept per module
-
-_samplers: weakref.WeakKeyDictionary[Any, HeadroomSampler] = weakref.WeakKeyDictionary()
 
 
 def sampler_of(scaler) -> Optional[HeadroomSampler]:
-    """The headroom sampler ``ampsafe run`` keeps for ``scaler``, or None."""
-    try:
-        return _samplers.get(scaler)
-    except TypeError:  # a scaler that takes no weak reference is never sampled
-        return None
+    """The headroom sampler among ``scaler``'s metric sources, or None."""
+    return next((s for s in getattr(scaler, "metric_sources", ()) if isinstance(s, HeadroomSampler)), None)
 
 
 class HeadroomSampler:
@@ -60,34 +54,24 @@ class HeadroomSampler:
     def __init__(self, scaler, every: int, prefix=lambda: "", say=None, model=None, underflow: bool = True) -> None:
         self.every = every
         self.prefix = prefix
-        self.say = say or (lambda line: print(f"[ampsafe] {line}", file=sys.stderr, flush=True))
-        self._model: Optional[Any] = None  # a weakref to the scaler's model, once resolved
+        self.trend = TrendRule(every, say or (lambda line: print(f"[ampsafe] {line}", file=sys.stderr, flush=True)))
+        self.monitor: Optional[HeadroomMonitor] = None  # once the scaler's model is known
         self.backend = None
-        self.layers: dict[str, Any] = {}  # name -> weakref to the module
-        self.how = ""  # how the tracked modules were chosen ("" until chosen)
         self.note: Optional[str] = None
-        self.series: dict[str, list[tuple[int, Optional[float]]]] = {}
         self.grad_norm: list[tuple[int, Optional[float]]] = []
-        self.alert: Optional[HeadroomAlert] = None
-        self.samples = 0
-        self.near = False  # a projected crossing within the horizon: sample every step
         self.sharded = False  # gradients an engine holds or shards: no norm (it would take a collective)
-        self._handles: list = []
-        self._amax: dict[str, Any] = {}
-        self._armed_for: Optional[int] = None
         self.underflow: Optional[UnderflowSeries] = UnderflowSeries(every) if underflow else None
         self._underflow_for: Optional[int] = 0  # the step whose gradients the next unscale_ measures
-        try:
-            _samplers[scaler] = self
-        except TypeError:
-            pass
+        sources = getattr(scaler, "metric_sources", None)
+        if sources is not None:
+            sources.append(self)
         if model is not None and hasattr(scaler, "_backend"):  # known before step 0 (the FP32 guard found it)
             self.begin(scaler, model)
-            self._arm(0)
+            self.monitor.arm(0)
 
     # -- per step ----------------------------------------------------------------------------------------------------
     def sampled(self, step: int) -> bool:
-        return step < self.every or step % self.every == 0 or self.near
+        return step < self.every or step % self.every == 0 or self.trend.near
 
     def on_step(self, scaler, decision) -> None:
         """The scaler's update of step ``decision.step``: read that step's sample, choose the tracked modules by
@@ -101,17 +85,16 @@ class HeadroomSampler:
     def _on_step(self, scaler, decision, step: int) -> None:
         model = getattr(scaler, "model", None)
         if model is not None and model is not self.model and hasattr(scaler, "_backend"):
-            self._detach()
-            self._armed_for = None
             self.begin(scaler, model)  # the scaler resolved another model than the guess
-        elif self._armed_for is not None:
-            self._read(scaler, step, decision)
+        elif self.monitor is not None and self.monitor.armed_for is not None:
+            if self.monitor.collect(step) is not None:
+                keep_span(self.grad_norm, (step, self._grad_norm(decision)))
         if self.model is None:
             return
-        if not self.how:
+        if not self.monitor.how:
             self._choose(scaler)
-        if self.layers and self.sampled(step + 1):
-            self._arm(step + 1)
+        if self.monitor.layers and self.sampled(step + 1):
+            self.monitor.arm(step + 1)
 
     def before_unscale(self, scaler) -> None:
         """The scaler is about to unscale an optimizer's gradients: on a sampled step, at its first unscale, measure
@@ -128,18 +111,17 @@ class HeadroomSampler:
 
     @property
     def model(self):
-        return self._model() if self._model is not None else None
+        return self.monitor.model if self.monitor is not None else None
 
     def begin(self, scaler, model) -> None:
         """Track ``model``'s conv/linear layers from its next forward on (until the scan chooses)."""
         self.backend = scaler._backend()
-        self._model = weakref.ref(model)
+        if self.monitor is None:
+            self.monitor = HeadroomMonitor(self.backend, model, rules=(self.trend,), prefix=self.prefix)
+        else:
+            self.monitor.follow(model)
         self.sharded = getattr(scaler, "engine", None) is not None or self.backend.sharding.forward_is_collective(model)
-        self.how = ""
-        self._use({n: m for n, m in self.backend.modules(model).items() if _conv_or_linear(m)})
-
-    def _use(self, modules: dict) -> None:
-        self.layers = {n: weakref.ref(m) for n, m in modules.items()}
+        self.monitor.track_conv_linear()
 
     def _choose(self, scaler) -> None:
         """The modules of the paths ``ampsafe.scan`` finds on the captured batch (from step 1 on: the scaler hooks
@@ -153,76 +135,22 @@ class HeadroomSampler:
             return  # step 0: try again at the next update
         if why is None:
             try:
-                names = self._scanned(model, capture, latest)
-                modules = self.backend.modules(model)
-                self._use({n: modules[n] for n in names if n in modules})
-                self.how = "scan"
+                self.monitor.track_scan(self._scanned(model, capture, latest), starts=True)
                 return
             except Exception as exc:  # noqa: BLE001 - the scan only chooses what to sample
                 why = f"the scan failed: {type(exc).__name__}: {str(exc)[:120]}"
-        self.how = f"conv/linear layers ({why})"
-        if not self.layers:
+        self.monitor.how = f"conv/linear layers ({why})"
+        if not self.monitor.layers:
             self.note = "no conv/linear layer to sample"
 
-    def _scanned(self, model, capture, latest) -> list[str]:
-        """Each path's start and every layer of an unnormalized path, from one scan (model state restored)."""
+    def _scanned(self, model, capture, latest):
+        """One scan of the captured batch (model state restored)."""
         import ampsafe
 
         with self.backend.replay(model), capture.paused():
-            report = ampsafe.scan(model, example_inputs(model, latest))
-        names: dict[str, None] = {}
-        for p in report.paths:
-            names.update(dict.fromkeys(n for n in (p.layers if not p.normalized else p.layers[:1]) if n))
-        return list(names)
+            return ampsafe.scan(model, example_inputs(model, latest))
 
-    def _arm(self, step: int) -> None:
-        if self._armed_for == step:
-            return
-        self._detach()
-        self._armed_for, self._amax = step, {}
-        for name, ref in self.layers.items():
-            module = ref()
-            if module is not None:
-                self._handles.append(self.backend.forward_hook(module, self._hook(name, module)))
-
-    def _hook(self, name: str, module):
-        ts = self.backend.tensors
-        amax = self._amax
-        module_ref = weakref.ref(module)
-
-        def hook(outputs) -> None:
-            m = module_ref()
-            if m is not None and not getattr(m, "training", True):
-                return  # an evaluation forward between steps is not the step's
-            floats = ts.float_leaves(outputs)
-            if not floats:
-                return
-            with ts.no_grad():
-                prev = amax.get(name)
-                for t in floats:
-                    value = ts.abs_max(t)
-                    prev = value if prev is None else ts.maximum(prev, value)
-                amax[name] = prev
-
-        return hook
-
-    def _detach(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    def _read(self, scaler, step: int, decision) -> None:
-        armed, self._armed_for = self._armed_for, None
-        self._detach()
-        if armed != step or not self._amax:
-            self._amax = {}
-            return
-        names = list(self._amax)
-        values = self.backend.tensors.to_floats([self._amax[n] for n in names])  # one host sync
-        self._amax = {}
-        self._keep(step, dict(zip(names, values)), self._grad_norm(scaler, decision))
-
-    def _grad_norm(self, scaler, decision) -> Optional[float]:
+    def _grad_norm(self, decision) -> Optional[float]:
         """The unscaled gradient norm of the model's parameters (the scaler's step unscaled them); None on an
         overflowing step, or where gradients are sharded (the global norm would take a collective)."""
         model = self.model
@@ -233,23 +161,22 @@ class HeadroomSampler:
         except Exception:  # noqa: BLE001 - a figure, never a failure
             return None
 
-    def _keep(self, step: int, amax: dict[str, Optional[float]], grad_norm: Optional[float]) -> None:
-        self.samples += 1
-        prefix = self.prefix()
-        for name, value in amax.items():
-            value = float(value) if value is not None and math.isfinite(value) else None
-            _append(self.series.setdefault(_join(prefix, name), []), (step, value))
-        _append(self.grad_norm, (step, grad_norm))
-        self._judge(step)
+    def stop(self, note: str) -> None:
+        """Sample no more (a failure: training goes on without the samples)."""
+        self.close()
+        self.note = note
+        if self.monitor is not None:
+            self.monitor.layers = {}
 
-    def _judge(self, step: int) -> None:
-        """Project each module's crossing (:func:`~.headroom_trend.judge`); warn once."""
-        self.near, alert = judge(self.series, step, self.every)
-        if alert is not None and self.alert is None:
-            self.alert = alert
-            self.say(alert.message)
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
 
     # -- readers -----------------------------------------------------------------------------------------------------
+    @property
+    def series(self) -> dict[str, list[tuple[int, Optional[float]]]]:
+        return self.monitor.series if self.monitor is not None else {}
+
     def latest(self) -> dict[str, float]:
         """module -> headroom bits at its latest sample (non-finite samples: -inf)."""
         out = {}
@@ -283,39 +210,20 @@ class HeadroomSampler:
             values = [bits(a) for _, a in points]
             return min((-math.inf if b is None else b for b in values), default=math.inf)
 
-        names = sorted(self.series, key=lambda n: least(self.series[n]))
-        if self.alert is not None and self.alert.module in self.series:
-            names = [self.alert.module] + [n for n in names if n != self.alert.module]
-        kept = {n: tuple(self.series[n]) for n in names[:KEPT_MODULES]}
+        series, alert, monitor = self.series, self.trend.alert, self.monitor
+        names = sorted(series, key=lambda n: least(series[n]))
+        if alert is not None and alert.module in series:
+            names = [alert.module] + [n for n in names if n != alert.module]
         return Headroom(
             every=self.every,
-            paths=self.how,
-            tracked=len(self.layers or {}),
-            samples=self.samples,
-            series=kept,
+            paths=monitor.how if monitor is not None else "",
+            tracked=len(monitor.layers) if monitor is not None else 0,
+            samples=monitor.samples if monitor is not None else 0,
+            series={n: tuple(series[n]) for n in names[:KEPT_MODULES]},
             grad_norm=tuple(self.grad_norm),
-            alert=self.alert,
+            alert=alert,
             note=self.note,
         )
-
-    def close(self) -> None:
-        self._detach()
-        self._armed_for = None
-
-
-def _append(points: list, point: tuple) -> None:
-    """Append; a full list (:data:`KEPT_SAMPLES`) first keeps every other point of its older half, so a long run
-    keeps its whole span, densest where it is recent."""
-    if len(points) >= KEPT_SAMPLES:
-        half = KEPT_SAMPLES // 2
-        points[:] = points[:half:2] + points[half:]
-    points.append(point)
-
-
-def _join(prefix: str, name: str) -> str:
-    from ..core.modpath import join
-
-    return join(prefix, name) if prefix else name
 
 
 def _scale_of(scaler) -> Optional[float]:
@@ -325,11 +233,6 @@ def _scale_of(scaler) -> Optional[float]:
         if callable(read):
             return read()
     return None
-
-
-def _conv_or_linear(module) -> bool:
-    name = type(module).__name__
-    return ("Conv" in name or "Linear" in name) and "Transpose" not in name or name == "Conv1D"
 
 
 def _no_scan(scaler, model, backend) -> Optional[str]:

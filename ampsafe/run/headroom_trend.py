@@ -1,4 +1,4 @@
-"""The early-warning rule of :mod:`ampsafe.run.headroom`: a module's float16 headroom trend, and when it warns.
+"""The run's early-warning rule over the headroom monitor (:mod:`ampsafe.core.headroom`): :class:`TrendRule`.
 
 Why a module of its own: the rule is pure arithmetic on ``(step, amax)`` samples, apart from the hooks that take
 them, so it is read, tuned and tested alone. :func:`trend` fits log2 amax against steps over the last
@@ -10,11 +10,22 @@ within the horizon.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 from .records import HeadroomAlert
 
-__all__ = ["bits", "trend", "judge", "LOG2_MAX", "WINDOW", "MIN_SAMPLES", "HORIZON", "WARN_BITS", "MIN_RISE_BITS"]
+__all__ = [
+    "TrendRule",
+    "bits",
+    "trend",
+    "judge",
+    "LOG2_MAX",
+    "WINDOW",
+    "MIN_SAMPLES",
+    "HORIZON",
+    "WARN_BITS",
+    "MIN_RISE_BITS",
+]
 
 FP16_MAX = 65504.0
 LOG2_MAX = math.log2(FP16_MAX)
@@ -95,3 +106,19 @@ def judge(series: dict, step: int, every: int) -> tuple[bool, Optional[HeadroomA
         message=message,
     )
     return near, alert
+
+
+class TrendRule:
+    """The run's rule (``rule(monitor, step, amax)``): :func:`judge` on the monitor's series after each sample;
+    ``near`` asks the sampler for every step, and the first alert goes to ``say``, once."""
+
+    def __init__(self, every: int, say: Callable[[str], None]) -> None:
+        self.every, self.say = every, say
+        self.near = False
+        self.alert: Optional[HeadroomAlert] = None
+
+    def __call__(self, monitor, step: int, amax: dict) -> None:
+        self.near, alert = judge(monitor.series, step, self.every)
+        if alert is not None and self.alert is None:
+            self.alert = alert
+            self.say(alert.message)

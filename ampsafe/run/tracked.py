@@ -139,9 +139,7 @@ class TrackedScaler:
             try:
                 self.headroom.on_step(self.scaler, decision)
             except Exception as exc:  # noqa: BLE001 - a sample is advice: training goes on without it
-                self.headroom.close()
-                self.headroom.note = f"sampling stopped at step {decision.step}: {type(exc).__name__}: {exc}"[:300]
-                self.headroom.layers = {}
+                self.headroom.stop(f"sampling stopped at step {decision.step}: {type(exc).__name__}: {exc}"[:300])
         if self.watch is not None:
             self.watch.on_step(decision)
 

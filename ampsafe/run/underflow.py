@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..core.headroom import keep_span
 from ..core.underflow import Underflow, measure_underflow, model_grads
 from .records import UnderflowRecord
 
@@ -43,10 +44,7 @@ class UnderflowSeries:
         if not u.elements:
             return None
         self.latest = u
-        if len(self.samples) >= KEPT_SAMPLES:  # keep the whole span, densest where recent
-            half = KEPT_SAMPLES // 2
-            self.samples[:] = self.samples[:half:2] + self.samples[half:]
-        self.samples.append((step, u.scale, u.zero, u.subnormal))
+        keep_span(self.samples, (step, u.scale, u.zero, u.subnormal), KEPT_SAMPLES)
         return u
 
     def metrics(self) -> dict[str, float]:

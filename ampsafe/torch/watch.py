@@ -323,8 +323,3 @@ class Watch(WatchBase):
                 p.grad = g
 
         return restore
-
-    # ------------------------------------------------------------------------------------------ monitor
-    def _fallback_paths(self) -> list[tuple[str, tuple]]:
-        kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
-        return [(n, (n,)) for n, m in self.backend.modules(self.model).items() if isinstance(m, kinds)]

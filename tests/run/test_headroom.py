@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from run_helpers import SCRIPTS, ampsafe_run
 
-from ampsafe.run.headroom import KEPT_SAMPLES, _append
+from ampsafe.core.headroom import KEPT_SAMPLES, keep_span
 from ampsafe.run.headroom_trend import HORIZON, LOG2_MAX, trend
 from ampsafe.run.options import RunOptions
 from ampsafe.run.records import RunSummary
@@ -37,7 +37,7 @@ def test_a_steady_rise_projects_its_crossing_and_noise_or_a_fall_does_not():
 def test_a_long_run_keeps_its_whole_span_within_the_cap():
     points: list = []
     for step in range(3 * KEPT_SAMPLES):
-        _append(points, (step, 1.0))
+        keep_span(points, (step, 1.0))
     steps = [p[0] for p in points]
     assert len(points) <= KEPT_SAMPLES and steps[0] == 0 and steps[-1] == 3 * KEPT_SAMPLES - 1
     assert steps == sorted(steps) and steps[-KEPT_SAMPLES // 4 :] == list(

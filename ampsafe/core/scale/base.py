@@ -107,6 +107,7 @@ class ScalerBase:
         self._model = model
         self._handlers = {}
         self.heal_hook = None
+        self.metric_sources: list = []  # what else amp_metrics reads (each ``.metrics()``): the run's sampler
 
     @property
     def policy(self) -> ScalePolicy:
