@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from . import errors
 from ._lazy import lazy_attributes
-from .core.report import PatchReport, RiskOp, RiskPath, ScanReport
+from .core.scan_report import PatchReport, RiskOp, RiskPath, ScanReport
 from .errors import *  # noqa: F403 (every exception is public at the top: errors.__all__)
 from .healing import fronts as _healing_fronts
 

@@ -1,11 +1,11 @@
 """``import ampsafe.auto``: put ampsafe in place for code you don't edit (a notebook, or ``ampsafe run``'s child).
 
 Importing it installs with ``ampsafe run``'s options (the ``AMPSAFE_RUN_OPTIONS`` environment variable) or the
-defaults; ``install(...)`` afterwards changes them. The machinery lives in :mod:`ampsafe.run.auto` (each
+defaults; ``install(...)`` afterwards changes them. The machinery lives in :mod:`ampsafe.run.installer` (each
 installation one :class:`~ampsafe.run.session.RunSession`).
 """
 
-from .run.auto import (  # noqa: F401
+from .run.installer import (  # noqa: F401
     ENV_OPTIONS,
     ENV_REPORT,
     format_summary,
@@ -14,7 +14,7 @@ from .run.auto import (  # noqa: F401
     summary,
     uninstall,
 )
-from .run.auto import install_from_env as _install_from_env
+from .run.installer import install_from_env as _install_from_env
 
 __all__ = ["install", "uninstall", "summary", "format_summary", "installed", "ENV_OPTIONS", "ENV_REPORT"]
 

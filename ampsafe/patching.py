@@ -20,7 +20,7 @@ from typing import Any, Callable
 from ._framework import backend_of
 from .core.amp import check_level
 from .core.model import unwrap
-from .core.report import PatchReport, ScanReport
+from .core.scan_report import PatchReport, ScanReport
 from .core.swaps import protection_of, unswap
 from .errors import ConfigError
 from .policies import PatchContext, PolicyConfig, apply_change, handler, resolve

@@ -15,7 +15,7 @@ import importlib
 import math
 import sys
 
-from .core.report import ScanReport
+from .core.scan_report import ScanReport
 from .errors import ConfigError
 from .scanner import scan
 

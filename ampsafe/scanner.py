@@ -18,7 +18,7 @@ from .core.amp import check_level, check_target
 from .core.model import unwrap
 from .core.modpath import ancestors
 from .core.paths import UNTRACED, analyze, merge_paths, merge_risky_ops
-from .core.report import ScanReport
+from .core.scan_report import ScanReport
 from .core.sentinel import nonfinite_input
 from .core.swaps import protection_of
 from .errors import AmpSafeError, ConfigError

@@ -276,7 +276,7 @@ def test_the_layer_check_sees_imports_inside_functions():
 
 # the modules every framework package has, by the same name: a Backend and its parts, and the mechanics each
 # framework writes for them (see README "Adding a framework")
-SHARED_MODULES = {"backend", "tensors", "patch", "trace", "watch", "scaler", "grads", "run"}
+SHARED_MODULES = {"backend", "tensors", "swaps", "trace", "watch", "scaler", "grads", "run"}
 
 
 def test_every_registered_framework_package_has_the_shared_module_names():

@@ -429,7 +429,7 @@ class Backend(Protocol):
         child: its GradScaler spellings -> ampsafe's scaler (``site.scaler_class``, floor from
         ``options.scaler_kwargs(amp.scaler_args)``), the FP32 guard on its optimizers (``site.step_guard``), ``--emulate-fp16``
         emulation, target checks of its detection libraries (``site.target_hook``). Every patch goes through
-        ``ledger`` (an :class:`~ampsafe.core.attr_patches.AttrPatches`: ``set``, ``wrap``, ``on_restore``), which
+        ``ledger`` (an :class:`~ampsafe.core.ledger.AttrPatches`: ``set``, ``wrap``, ``on_restore``), which
         ``ampsafe.auto.uninstall`` undoes; ``site`` (a :class:`Site`) also prints and records the banner
         lines (``say``, ``note``, ``tell``) and runs code after a later import (``when_imported``)."""
 
@@ -501,7 +501,7 @@ class Site(Protocol):
         names the parameters whose gradients are not finite."""
 
     def target_hook(self, where: str, policy: str) -> Any:
-        """A target check of one detection entry point (``ampsafe.run.targets.TargetHook``), counted in the
+        """A target check of one detection entry point (``ampsafe.run.target_hooks.TargetHook``), counted in the
         summary."""
 
 

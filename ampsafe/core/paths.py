@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from .graph import FP16_MAX, NORMALIZING_KINDS, START_KINDS, Graph, Node, OpKind, headroom_bits
-from .report import RiskOp, RiskPath
+from .scan_report import RiskOp, RiskPath
 
 __all__ = ["analyze", "find_risky_ops", "merge_paths", "merge_risky_ops", "OUTPUT", "LOSS", "UNTRACED"]
 

@@ -2,7 +2,7 @@
 
 Why one typed record: the floor error, the heal's log line, the run report and the healer's decision all talk
 about the same evidence (which pass overflowed, in which module and op, how large the value is in float32,
-which parameters, which sample of the data). Gathered once (:mod:`ampsafe.healing.verdict` replays the batch
+which parameters, which sample of the data). Gathered once (:mod:`ampsafe.healing.floor_replay` replays the batch
 under the sentinel, :class:`ampsafe.healing.Healer` adds what its scan found), each reader takes the fields it
 needs, and the sentence a :class:`~ampsafe.errors.LossScaleFloorError` carries is rendered from them here.
 Pure data: picklable, so ranks all-gather it; no framework import.

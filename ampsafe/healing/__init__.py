@@ -27,7 +27,7 @@ magnitude; backward: the parameters; data: the sample), as one :class:`~ampsafe.
 the floor error, the heal and its log line read.
 
 Inside: :mod:`~ampsafe.healing.evidence` (what the batch shows), :mod:`~ampsafe.healing.healer` (the
-decision), :mod:`~ampsafe.healing.attach` (``heal``: to a scaler, or now), :mod:`~ampsafe.healing.verdict` (the
+decision), :mod:`~ampsafe.healing.attach` (``heal``: to a scaler, or now), :mod:`~ampsafe.healing.floor_replay` (the
 floor's measured verdict), :mod:`~ampsafe.healing.scaler` (what the GradScalers inherit: model resolution,
 capture, built-in heal, ``patience``), :mod:`~ampsafe.healing.fronts` (``scan`` and ``patch``, handed down by
 the package ``ampsafe``: this layer never imports the front). All of it goes through the model's

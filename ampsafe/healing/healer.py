@@ -3,7 +3,7 @@
 Why a class of its own: it holds the only state of a heal (the last inputs, the heals so far) and makes every
 decision collectively (verdicts all-gathered through the model's Backend), so all ranks raise the same error
 or island the same union of paths. It decides on one :class:`~ampsafe.core.verdict.HealVerdict`: the floor's
-measured verdict (the scaler's replay under the sentinel, :mod:`ampsafe.healing.verdict`) completed by one scan
+measured verdict (the scaler's replay under the sentinel, :mod:`ampsafe.healing.floor_replay`) completed by one scan
 of the batch (paths, ops, float32 finiteness and magnitude: :class:`~ampsafe.healing.evidence.ScanProbe`).
 A heal runs the model at most twice (the sentinel's replay and the scan), plus one backward when the verdict
 says the backward overflowed and a ``loss_fn`` lets the scan measure it (the scan runs in float32, Paddle's
@@ -29,14 +29,14 @@ from ..core.capture import InputCapture, example_inputs
 from ..core.graph import FP16_MAX
 from ..core.model import unwrap
 from ..core.modpath import under
-from ..core.report import RiskOp, RiskPath
 from ..core.scale import HealPlan, HealRecord
+from ..core.scan_report import RiskOp, RiskPath
 from ..core.swaps import protection_of
 from ..core.verdict import HealVerdict
 from ..errors import ConfigError, LossScaleFloorError
 from .evidence import ScanProbe, float32_replay, nonfinite_sample, repair_running_stats, restore_scale
+from .floor_replay import anywhere, not_replayed
 from .fronts import fronts
-from .verdict import anywhere, not_replayed
 
 __all__ = ["Healer"]
 

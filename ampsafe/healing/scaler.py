@@ -6,7 +6,7 @@
 At its first ``step`` / ``minimize`` the scaler resolves its model (``model=`` if given, else the smallest
 module whose parameters cover the optimizer's: :meth:`Backend.owner_of`) and keeps the inputs of that model's
 latest forward (:class:`~ampsafe.core.capture.InputCapture`, by reference, dropped after every ``update()``).
-At the floor it replays that batch once under the sentinel (:func:`ampsafe.healing.verdict.measure`) and says
+At the floor it replays that batch once under the sentinel (:func:`ampsafe.healing.floor_replay.measure`) and says
 which pass overflowed (a :class:`~ampsafe.core.verdict.HealVerdict`); with ``on_floor="heal"`` it then heals
 through a :class:`~ampsafe.healing.Healer` (the one ``ampsafe.heal`` attaches: it completes that verdict with
 one scan, islands what overflows, restores the scale; collective under torch.distributed /
@@ -35,9 +35,9 @@ from ..core.verdict import HealVerdict
 from ..errors import ConfigError
 from .evidence import repair_running_stats
 from .floor import HealAtFloor
+from .floor_replay import measure, not_replayed
 from .healer import Healer
 from .trigger import HealTrigger
-from .verdict import measure, not_replayed
 
 __all__ = ["HealingScaler", "ModelEvidence", "check_patience"]
 
@@ -197,7 +197,7 @@ class HealingScaler(ScalerBase):
         return sorted(offenders, key=lambda pair: -index.get(id(pair[0]), -1))
 
     def measure_floor(self, info: FloorInfo, magnitude: bool = True) -> HealVerdict:
-        """Replay the last batch once under the sentinel: what overflowed (see :mod:`ampsafe.healing.verdict`).
+        """Replay the last batch once under the sentinel: what overflowed (see :mod:`ampsafe.healing.floor_replay`).
         ``magnitude=False``: a Healer's scan measures the float32 magnitude instead of a replay of its own."""
         if self._resolved is None:
             return not_replayed(self._unresolved_why or "the scaler took no step yet, so it has no model")

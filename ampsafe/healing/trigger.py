@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from ..core.model import first_nonfinite
 from ..core.sentinel import OVERFLOW
-from .verdict import _quiet
+from .floor_replay import _quiet
 
 __all__ = ["HealTrigger", "Swallowed", "floor_distance", "swallowed_module"]
 

@@ -62,12 +62,12 @@ import threading
 import warnings
 import weakref
 
-from ..core.attr_patches import AttrPatches
+from ..core.ledger import AttrPatches
 
 __all__ = ["install", "install_ppdet", "uninstall", "active", "current", "last", "summary", "amp_less_place"]
 
 _lock = threading.RLock()
-# this emulator's patches of Paddle and ppdet, in the process ledger (core.attr_patches)
+# this emulator's patches of Paddle and ppdet, in the process ledger (core.ledger)
 _originals = AttrPatches("ampsafe.paddle.amp_emulation")
 # (weakref to a layer, its _cast_to_low_precision before decorate(excluded_layers=...) marked it)
 _layer_flags: list[tuple[weakref.ref, bool]] = []

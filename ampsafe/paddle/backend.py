@@ -176,7 +176,7 @@ class PaddleBackend(core.BackendBase):
     # -- the rest of the adapter package
     def _package(self) -> core.Package:
         from . import trace, watch
-        from .patch import PaddleSwaps
+        from .swaps import PaddleSwaps
 
         return core.Package(TENSORS, PaddleAmp(), PaddleSwaps, trace, watch.Watch)
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import paddle
 
-from ..core.attr_patches import AttrPatches
+from ..core.ledger import AttrPatches
 
 __all__ = [
     "OpMode",
@@ -177,7 +177,7 @@ class _State(threading.local):
 
 _local = _State()
 _modes: list[OpMode] = []
-_installed = AttrPatches("ampsafe.paddle.intercept")  # the wrappers in place (core.attr_patches: put back exactly)
+_installed = AttrPatches("ampsafe.paddle.intercept")  # the wrappers in place (core.ledger: put back exactly)
 _lock = threading.RLock()
 
 

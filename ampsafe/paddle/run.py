@@ -12,7 +12,7 @@ In this order:
   Paddle (``min_loss_scaling``); ``AmpScaler`` keeps its own defaults;
 * once ppdet's batch transforms are imported, the ones that turn ``gt_bbox`` into targets check the boxes first.
 
-Every patch goes through the run's ledger (:class:`~ampsafe.core.attr_patches.AttrPatches`), so
+Every patch goes through the run's ledger (:class:`~ampsafe.core.ledger.AttrPatches`), so
 ``ampsafe.auto.uninstall()`` undoes all of it. The run's framework-neutral pieces come in ``site`` (see
 ``Backend.install_run``): this package is below ``ampsafe.run`` and never imports it.
 """

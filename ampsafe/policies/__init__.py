@@ -8,7 +8,7 @@ with the protection name that swap records (:func:`action`). A handler only *pla
 applies the plan transactionally, each change through the action registered for its kind (:func:`apply_change`),
 which swaps the module's class (:mod:`ampsafe.core.swaps`). Selection logic is framework-neutral: a handler sees
 modules only through the model's Backend, its paths (``ctx.modules``) and its ``swaps`` part (``is_conv``,
-``has_bias``..., ``ampsafe.torch.patch`` / ``ampsafe.paddle.patch``).
+``has_bias``..., ``ampsafe.torch.swaps`` / ``ampsafe.paddle.swaps``).
 
 Policy modules are discovered (every public submodule is imported on first use), so a new policy is one new
 module: no shared if/else, table or import list to edit.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.modpath import parts, under
-from ..core.report import RiskPath, ScanReport
+from ..core.scan_report import RiskPath, ScanReport
 from ..core.swaps import protection_of
 from ..errors import ConfigError
 from ._registry import PolicyConfig, action, apply_change, handler, names, protection, register, resolve

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..core.graph import OpKind
 from ..core.modpath import outermost, under
-from ..core.report import RiskOp, RiskPath
+from ..core.scan_report import RiskOp, RiskPath
 from ..core.sentinel import MOVEMENT_OPS
 from ..core.swaps import protection_of, swap
 from . import Change, PatchContext, Plan, PolicyConfig, action, register

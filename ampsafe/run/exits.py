@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import Callable
 
-from ..core.attr_patches import AttrPatches
+from ..core.ledger import AttrPatches
 from .options import ENV_REPORT
 from .records import Ended
 
@@ -103,7 +103,7 @@ def keep_at_exit_first() -> None:
 
 def explain_exit(guards: list) -> None:
     """The script stopped with a forward no optimizer step followed: replay it once in float32 (FP32 guard)."""
-    from .targets import replaying
+    from .target_hooks import replaying
 
     if any(g.exit_origin for g in guards):
         return

@@ -42,8 +42,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core.attr_patches import AttrPatches
 from ..core.backend import FLOAT32
+from ..core.ledger import AttrPatches
 from ..errors import AmpSafeError
 
 __all__ = ["StepGuard", "SkippedStepsError", "through_scaler", "guards", "latest_inputs"]

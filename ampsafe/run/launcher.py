@@ -4,7 +4,7 @@
 Runs an unmodified training command with ampsafe in place: the frameworks' GradScalers resolve to ampsafe's
 (healing at the floor by default: the user ran ampsafe to keep the run alive), every optimizer step that no
 ampsafe scaler guards is guarded (a non-finite loss or gradient skips the step; :mod:`ampsafe.run.guard`),
-detection targets are checked before the model sees them (:mod:`ampsafe.run.targets`), and at the end a report
+detection targets are checked before the model sees them (:mod:`ampsafe.run.target_hooks`), and at the end a report
 says what to change so that the next run needs no healing (:mod:`ampsafe.run.report`). The command runs as a child process (so
 ``torchrun`` / ``paddle.distributed.launch`` workers, ``-m`` modules and plain scripts all work) whose
 ``PYTHONPATH`` starts with a folder holding a ``sitecustomize.py`` that imports :mod:`ampsafe.auto` (and then

@@ -390,7 +390,7 @@ class GuardRecord(_Record):
 
 @dataclass(frozen=True)
 class TargetRecord(_Record):
-    """One checked detection entry point (:class:`~ampsafe.run.targets.TargetHook`)."""
+    """One checked detection entry point (:class:`~ampsafe.run.target_hooks.TargetHook`)."""
 
     where: str = ""
     policy: str = ""

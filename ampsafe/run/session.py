@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 
-from ..core.attr_patches import AttrPatches
+from ..core.ledger import AttrPatches
 from .exits import ExitHooks, explain_exit, keep_at_exit_first
 from .finder import AfterImport
 from .options import RunOptions
@@ -49,7 +49,7 @@ def summary() -> RunSummary:
 
 
 def _targets() -> tuple[TargetRecord, ...]:
-    from .targets import stats
+    from .target_hooks import stats
 
     return tuple(TargetRecord.from_dict(t) for t in stats())
 

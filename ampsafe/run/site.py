@@ -90,7 +90,7 @@ class RunSite:
         return guard
 
     def target_hook(self, where: str, policy: str):
-        """A :class:`~ampsafe.run.targets.TargetHook`: checks the boxes of one entry point, counted in the summary."""
-        from .targets import TargetHook
+        """A :class:`~ampsafe.run.target_hooks.TargetHook`: checks the boxes of one entry point, counted in the summary."""
+        from .target_hooks import TargetHook
 
         return TargetHook(where, policy)

@@ -160,7 +160,7 @@ class TorchBackend(core.BackendBase):
     # -- the rest of the adapter package
     def _package(self) -> core.Package:
         from . import trace, watch
-        from .patch import TorchSwaps
+        from .swaps import TorchSwaps
 
         return core.Package(TENSORS, TorchAmp(), TorchSwaps, trace, watch.Watch)
 

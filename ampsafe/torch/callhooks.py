@@ -9,7 +9,7 @@ keeps feeding the live model's capture.
 Here the hooks are kept in a registry keyed by the module's identity, and the module's *class* gets a
 ``__call__`` that looks the instance up (one dict lookup per call of that class; other instances, copies
 included, pass straight through). That class attribute is patched through the process ledger
-(:mod:`ampsafe.core.attr_patches`, party ``"ampsafe.torch.callhooks"``), which puts it back when the class's last
+(:mod:`ampsafe.core.ledger`, party ``"ampsafe.torch.callhooks"``), which puts it back when the class's last
 hooked instance is released, also when another party patched the same ``__call__`` since. A pickle of the module
 holds no trace of ampsafe; a deep copy is another instance, so it is not hooked.
 
@@ -30,7 +30,7 @@ import weakref
 from types import MethodType
 from typing import Any, Callable
 
-from ..core.attr_patches import AttrPatches
+from ..core.ledger import AttrPatches
 
 __all__ = ["pre_hook", "post_hook", "hooked", "TOP_CALLS"]
 

@@ -33,12 +33,12 @@ from __future__ import annotations
 import functools
 import threading
 
-from ..core.attr_patches import AttrPatches
+from ..core.ledger import AttrPatches
 
 __all__ = ["install", "uninstall", "active", "map_device"]
 
 _lock = threading.RLock()
-# this emulator's patches of torch, in the process ledger (core.attr_patches)
+# this emulator's patches of torch, in the process ledger (core.ledger)
 _originals = AttrPatches("ampsafe.torch.cuda_emulation")
 _state = {"installed": False}
 

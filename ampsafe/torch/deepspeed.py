@@ -13,7 +13,7 @@ heal together (:class:`~ampsafe.healing.Healer` all-gathers its verdicts: every 
 
 The model a heal replays is ``engine.module``, called directly: the engine's own ``forward`` would turn
 ``torch_autocast`` back on inside a float32 replay. Under ``"fp16"`` its parameters are float16, so an island
-upcasts them for its forward (:class:`~ampsafe.torch.patch.FP32Island`).
+upcasts them for its forward (:class:`~ampsafe.torch.swaps.FP32Island`).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _scan_in_float32(model, inputs, **kwargs):
     """``ampsafe.scan`` of a model cast to float16 as if it were float32: its parameters' data upcast for the scan
     (the same tensors put back after: ZeRO's parameters are views of its flat buffers), the inputs upcast."""
     from ..healing.fronts import fronts
-    from .patch import _to_float32
+    from .swaps import _to_float32
     from .tensors import LOW_DTYPES
 
     low = [(p, p.data) for p in model.parameters() if p.dtype in LOW_DTYPES]

@@ -12,7 +12,7 @@ In this order:
   ``Tensor.backward`` notes its loss, and torch's global step pre-hook counts the steps nobody checked;
 * once torchvision's detection models are imported, ``GeneralizedRCNN.forward`` checks its training targets.
 
-Every patch goes through the run's ledger (:class:`~ampsafe.core.attr_patches.AttrPatches`), so
+Every patch goes through the run's ledger (:class:`~ampsafe.core.ledger.AttrPatches`), so
 ``ampsafe.auto.uninstall()`` undoes all of it. The run's framework-neutral pieces (its scaler class, the step
 guard, the target hooks, the banner) come in ``site`` (see ``Backend.install_run``): this package is below
 ``ampsafe.run`` and never imports it.

@@ -1,7 +1,7 @@
 """Ranks that see different evidence under FSDP2 (2 gloo ranks): every forward is collective there, so a rank
 must never replay or scan a batch alone. Rank 0's batch overflows in the forward, rank 1's holds a NaN sample.
 
-Before the heal's branches were decided collectively (``ampsafe.healing.verdict.anywhere``), ``ampsafe.heal`` on
+Before the heal's branches were decided collectively (``ampsafe.healing.floor_replay.anywhere``), ``ampsafe.heal`` on
 these batches ended the run: rank 1 returned its data verdict while rank 0 scanned (FSDP2 all-gathers against an
 all_gather_object), and gloo aborted the processes ("Received data size doesn't match expected size. Is there a
 distributed collective mismatch?") or they waited; a scaler at its floor took a data step on rank 1 and a heal on

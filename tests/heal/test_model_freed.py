@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import ampsafe
-from ampsafe.core import attr_patches
+from ampsafe.core import ledger
 from ampsafe.torch import GradScaler
 from ampsafe_lab.workloads.heal_runs import train_grow
 
 
 def _callhooks_classes() -> list:
-    return [owner for party, owner, _attr in attr_patches.live() if party == "ampsafe.torch.callhooks"]
+    return [owner for party, owner, _attr in ledger.live() if party == "ampsafe.torch.callhooks"]
 
 
 class _Net(torch.nn.Module):  # a class of this test's own: no other test's model patches it
@@ -97,7 +97,7 @@ RUN = (
     """
 import gc, weakref
 import torch
-from ampsafe.core import attr_patches
+from ampsafe.core import ledger
 from ampsafe.run import auto, guard
 auto.install(quiet=True)
 
@@ -117,7 +117,7 @@ def train():
 """
     + FREED_AFTER_THE_RUN
     + """
-assert not [p for p in attr_patches.live() if p[0] == "ampsafe.torch.callhooks"], attr_patches.live()
+assert not [p for p in ledger.live() if p[0] == "ampsafe.torch.callhooks"], ledger.live()
 print("ok")
 """
 )

@@ -1,5 +1,5 @@
 """``ampsafe run``'s framework hooks are each backend's own (``Backend.install_run``), and every patch of the run,
-the emulators and Paddle's op interception is recorded in one ledger (:mod:`ampsafe.core.attr_patches`) that puts
+the emulators and Paddle's op interception is recorded in one ledger (:mod:`ampsafe.core.ledger`) that puts
 everything back."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 import ampsafe
 from ampsafe._framework import REGISTRY, backend_named
-from ampsafe.core.attr_patches import AttrPatches, live
+from ampsafe.core.ledger import AttrPatches, live
 
 RUN = Path(ampsafe.__file__).parent / "run"
 FRAMEWORKS = ("torch", "paddle", "torchvision", "ppdet")
@@ -95,7 +95,7 @@ CHECK = """
 MISSING = object()
 before = [(owner, dict(vars(owner))) for owner in OWNERS]
 import ampsafe.auto as auto
-from ampsafe.core.attr_patches import live
+from ampsafe.core.ledger import live
 
 auto.install(emulate_fp16=True, quiet=True)
 {train}

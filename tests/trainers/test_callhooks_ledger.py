@@ -1,4 +1,4 @@
-"""The per-instance call hooks patch a class's ``__call__`` through the process ledger (``core.attr_patches``):
+"""The per-instance call hooks patch a class's ``__call__`` through the process ledger (``core.ledger``):
 the patch is listed by ``live()`` while the class has hooked instances, undone when the last one goes (removed or
 collected), and undoing it never disturbs another party's patch of the same ``__call__``."""
 
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from ampsafe.core.attr_patches import AttrPatches, live  # noqa: E402
+from ampsafe.core.ledger import AttrPatches, live  # noqa: E402
 from ampsafe.torch.callhooks import hooked, pre_hook  # noqa: E402
 
 PARTY = "ampsafe.torch.callhooks"

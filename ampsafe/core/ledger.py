@@ -1,6 +1,6 @@
 """Every attribute ampsafe sets on another library's object, in one process-wide ledger, and put back exactly.
 
-Who patches: ``ampsafe run``'s child (:mod:`ampsafe.run.auto` and the framework hooks it installs: scalers, the
+Who patches: ``ampsafe run``'s child (:mod:`ampsafe.run.installer` and the framework hooks it installs: scalers, the
 FP32 guard, target checks, trainer integrations), Paddle's op interception (:mod:`ampsafe.paddle.intercept`),
 the two float16 emulators and torch's per-instance call hooks (:mod:`ampsafe.torch.callhooks`). Each holds its
 own :class:`AttrPatches` (a party, named) and undoes its own patches at its own time, but every patch is

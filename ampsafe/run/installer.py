@@ -6,7 +6,7 @@
 * the AMP-safe necks are registered in PaddleOCR / PaddleDetection, so swapped configs build;
 * every optimizer step no enabled ampsafe scaler guards is guarded (:mod:`ampsafe.run.guard`: a non-finite loss
   or gradient skips the step), and detection targets are checked before the model sees them
-  (:mod:`ampsafe.run.targets`: torchvision's ``GeneralizedRCNN``, ppdet's target-building batch transforms);
+  (:mod:`ampsafe.run.target_hooks`: torchvision's ``GeneralizedRCNN``, ppdet's target-building batch transforms);
 * with ``emulate_fp16``, ``ampsafe.torch.cuda_emulation`` / ``ampsafe.paddle.amp_emulation`` are installed.
 
 This module is the wiring: each installation is a :class:`~ampsafe.run.session.RunSession` (its options, ledger,
