@@ -185,7 +185,7 @@ class HealingScaler(ScalerBase):
         trace.arm()
         if origin is None:
             return decision
-        log.info("ampsafe: step %s overflowed; the gradient first went non-finite in %s", decision.step, origin.text)
+        log.debug("ampsafe: step %s overflowed; the gradient first went non-finite in %s", decision.step, origin.text)
         return replace(decision, grad_origin=origin)
 
     # -- the floor -----------------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ import os
 
 
 def torch_critic_worker(rank: int, world: int, port: int, out: str) -> None:
-    """The critic of scripts/train_critic.py under DDP with a bare ``GradScaler("cpu", on_floor="heal")``, each
+    """The critic of scripts/train_critic.py (its model class) under DDP with a bare ``GradScaler("cpu", on_floor="heal")``, each
     rank its own tokens and returns: its value head's gradient overflows float16 in the backward alone."""
     import torch
     import torch.distributed as dist
-    from torch import nn
+    from scripts.train_critic import Critic
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ampsafe.torch import GradScaler
@@ -18,17 +18,6 @@ def torch_critic_worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-
-    class Critic(nn.Module):
-        def __init__(self, vocab: int = 100, width: int = 32):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, width)
-            self.fc1, self.fc2 = nn.Linear(width, width), nn.Linear(width, width)
-            self.value_head = nn.Linear(width, 1)
-
-        def forward(self, tokens):
-            h = nn.functional.gelu(self.fc1(self.embed(tokens)))
-            return self.value_head(nn.functional.gelu(self.fc2(h))).squeeze(-1)
 
     torch.manual_seed(0)
     model = DDP(Critic())

@@ -10,12 +10,6 @@ import json
 import torch
 from torch import nn
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=30)
-parser.add_argument("--out", required=True)
-parser.add_argument("--after", default="", help="Python run once the model is built (a report's fix line)")
-args = parser.parse_args()
-
 
 class Critic(nn.Module):
     def __init__(self, vocab: int = 100, width: int = 32):
@@ -29,40 +23,48 @@ class Critic(nn.Module):
         return self.value_head(nn.functional.gelu(self.fc2(h))).squeeze(-1)
 
 
-torch.manual_seed(0)
-model = Critic()
-if args.after:
-    exec(args.after)
-amax = [0.0]
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--after", default="", help="Python run once the model is built (a report's fix line)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = Critic()
+    if args.after:
+        exec(args.after)
+    amax = [0.0]
+
+    def keep(_module, _inputs, output) -> None:
+        amax[0] = max(amax[0], float(output.detach().abs().max()))
+
+    for m in model.modules():
+        m.register_forward_hook(keep)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024)
+    data = torch.Generator().manual_seed(1)
+    with open(args.out, "w") as out:
+        for step in range(args.steps):
+            tokens = torch.randint(0, 100, (1, 512), generator=data)
+            returns = 100 + torch.randn(1, 512, generator=data)
+            amax[0] = 0.0
+            with torch.autocast("cpu", dtype=torch.float16):
+                values = model(tokens)
+            loss = ((values.float() - returns) ** 2).sum()
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+            row = {
+                "step": step,
+                "loss": float(loss.detach()),
+                "scale": scaler.get_scale(),
+                "amax": amax[0],
+                "finite": finite,
+            }
+            out.write(json.dumps(row) + "\n")
 
 
-def keep(_module, _inputs, output) -> None:
-    amax[0] = max(amax[0], float(output.detach().abs().max()))
-
-
-for m in model.modules():
-    m.register_forward_hook(keep)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-scaler = torch.amp.GradScaler("cpu", init_scale=1024)
-data = torch.Generator().manual_seed(1)
-with open(args.out, "w") as out:
-    for step in range(args.steps):
-        tokens = torch.randint(0, 100, (1, 512), generator=data)
-        returns = 100 + torch.randn(1, 512, generator=data)
-        amax[0] = 0.0
-        with torch.autocast("cpu", dtype=torch.float16):
-            values = model(tokens)
-        loss = ((values.float() - returns) ** 2).sum()
-        optimizer.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        row = {
-            "step": step,
-            "loss": float(loss.detach()),
-            "scale": scaler.get_scale(),
-            "amax": amax[0],
-            "finite": finite,
-        }
-        out.write(json.dumps(row) + "\n")
+if __name__ == "__main__":
+    main()
