@@ -90,7 +90,7 @@ gc.collect()
 assert ref_a() is None and ref_b() is None, "a model of the run is still alive"
 assert g.models() == [] and g._tracked == {}
 assert g.to_dict()["model"] == "Linear"  # the summary still names it
-auto.uninstall()
+installer.uninstall()
 """
 
 RUN = (
@@ -98,8 +98,8 @@ RUN = (
 import gc, weakref
 import torch
 from ampsafe.core import ledger
-from ampsafe.run import auto, guard
-auto.install(quiet=True)
+from ampsafe.run import guard, installer
+installer.install(quiet=True)
 
 def train():
     a, b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
@@ -162,8 +162,8 @@ PADDLE_RUN = (
     """
 import gc, weakref
 import paddle
-from ampsafe.run import auto, guard
-auto.install(quiet=True)
+from ampsafe.run import guard, installer
+installer.install(quiet=True)
 
 def train():
     a, b = paddle.nn.Linear(4, 2), paddle.nn.Linear(4, 2)

@@ -6,7 +6,8 @@ scaler's own per-step figures in the run's ``report.json``.
 This PaddleOCR tree has no VisualDL logger any more (``use_visualdl`` only warns that it was removed) and W&B
 is not installed here, so no logger of its list can be read back offline: the log line is read, which PaddleOCR
 builds from the same ``train_stats.get()`` its loggers get. The recipe is ``test_ppocr_det_train.py``'s at O2,
-where DBHead's ``exp`` overflows on every step from step 0: the scale halves each step, so every series moves.
+where DBHead's ``exp`` overflows on every step from step 0: the scale halves until the heal islands the head and
+puts the scale back to 1024, so every series moves.
 """
 
 from __future__ import annotations
@@ -50,4 +51,6 @@ def test_ppocr_train_log_and_logger_stats_carry_the_scaler_s_figures(paddleocr_s
     logged = _logged(log)
     assert sorted(logged) == list(range(1, STEPS + 1)), sorted(logged)
     assert logged == {n: figures_after(record, n) for n in range(1, STEPS + 1)}
-    assert logged[STEPS]["amp/loss_scale"] == 1024.0 / 2**STEPS and logged[STEPS]["amp/skipped_steps"] == STEPS
+    scales = [logged[n]["amp/loss_scale"] for n in sorted(logged)]
+    assert min(scales) < 1024.0 and logged[STEPS]["amp/skipped_steps"] >= 2, logged  # halved until the heal
+    assert logged[STEPS]["amp/loss_scale"] == 1024.0, logged  # the heal put the scale back

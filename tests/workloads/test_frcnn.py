@@ -85,6 +85,7 @@ def test_frcnn_without_torchvision_raises_missing_framework_error():
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, _Block())
         import ampsafe
+        import ampsafe_lab.workloads
         try:
             ampsafe_lab.workloads.build("frcnn")
         except ampsafe.errors.MissingFrameworkError as exc:

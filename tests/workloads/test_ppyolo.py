@@ -145,6 +145,7 @@ def test_ppyolo_without_ppdet_raises_missing_framework_error():
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, _Block())
         import ampsafe
+        import ampsafe_lab.workloads
         try:
             ampsafe_lab.workloads.build("ppyolo")
         except ampsafe.errors.MissingFrameworkError as exc:

@@ -10,59 +10,10 @@ Every name is importable from here (``from ampsafe.core.scale import ScalerBase`
 """
 
 from ..amp import ON_FLOOR, OnFloor
-from .base import ScalerBase, StepEvidence
-from .floor import (
-    ClampAtFloor,
-    FloorHandler,
-    HookAtFloor,
-    RaiseAtFloor,
-    floor_error,
-    floor_message,
-    names_from_live_modules,
-)
-from .policy import (
-    ScalePolicy,
-    clamp_initial_scale,
-    clampable,
-    policy_for,
-    policy_methods,
-    policy_property,
-)
-from .state import (
-    LOWEST_SCALE,
-    BelowFloor,
-    FloorInfo,
-    HealPlan,
-    HealRecord,
-    LossScaleState,
-    ScalerStats,
-    StepDecision,
-)
+from . import base, floor, policy, state
+from .base import *  # noqa: F403
+from .floor import *  # noqa: F403
+from .policy import *  # noqa: F403
+from .state import *  # noqa: F403
 
-__all__ = [
-    "ScalePolicy",
-    "LossScaleState",
-    "clamp_initial_scale",
-    "policy_for",
-    "StepDecision",
-    "ScalerStats",
-    "HealRecord",
-    "HealPlan",
-    "FloorInfo",
-    "BelowFloor",
-    "LOWEST_SCALE",
-    "OnFloor",
-    "ON_FLOOR",
-    "floor_message",
-    "floor_error",
-    "names_from_live_modules",
-    "clampable",
-    "policy_methods",
-    "policy_property",
-    "ScalerBase",
-    "StepEvidence",
-    "FloorHandler",
-    "RaiseAtFloor",
-    "ClampAtFloor",
-    "HookAtFloor",
-]
+__all__ = [*policy.__all__, *state.__all__, *floor.__all__, *base.__all__, "OnFloor", "ON_FLOOR"]
