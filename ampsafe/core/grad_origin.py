@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Optional
 
-from .modpath import parent
+from .modpath import parent, under
 
 __all__ = ["GradOrigin", "BackwardTrace", "origin_of", "first_agreed"]
 
@@ -68,6 +68,14 @@ class BackwardTrace:
         return self._model()
 
     @property
+    def order(self) -> dict[str, int]:
+        """Module path -> its registration index (a later module runs later in the forward), read once."""
+        if not self._order:
+            model = self.model
+            self._order = {p: i for i, p in enumerate(self.backend.modules(model))} if model is not None else {}
+        return self._order
+
+    @property
     def armed(self) -> bool:
         return bool(self._handles)
 
@@ -76,7 +84,6 @@ class BackwardTrace:
         if self.armed or model is None:
             return
         modules = self.backend.modules(model)
-        self._order = {path: i for i, path in enumerate(modules)}
         for path, module in modules.items():
             if path == "":
                 continue
@@ -114,7 +121,7 @@ class BackwardTrace:
             return None
         key = self._events[first][0]
         readers = {path for k, path, _ in self._events[first:] if k == key}
-        return max(readers, key=lambda p: (p.count(".") + 1, self._order.get(p, -1)))
+        return max(readers, key=lambda p: (p.count(".") + 1, self.order.get(p, -1)))
 
 
 def origin_of(activation: Optional[str], offenders: tuple, order: dict[str, int]) -> Optional[GradOrigin]:
@@ -124,18 +131,16 @@ def origin_of(activation: Optional[str], offenders: tuple, order: dict[str, int]
     activation origin (its gradient went non-finite first)."""
     named = tuple(offenders)
     param_module = parent(named[0]) if named else None
-    if activation is not None and (param_module is None or _after(activation, param_module, order)):
+    if activation is not None and (param_module is None or _runs_after(activation, param_module, order)):
         return GradOrigin(activation, "activation", named)
     if param_module is not None:
         return GradOrigin(param_module, "parameter", named)
     return None
 
 
-def _after(a: str, b: str, order: dict[str, int]) -> bool:
+def _runs_after(a: str, b: str, order: dict[str, int]) -> bool:
     """Whether module ``a`` runs after (or inside) ``b`` in the forward: its backward comes first."""
-    if a == b or a.startswith(b + ".") or b == "":
-        return True
-    return order.get(a, -1) >= order.get(b, -1)
+    return under(a, b) or order.get(a, -1) >= order.get(b, -1)
 
 
 def first_agreed(origins: list) -> Optional[GradOrigin]:

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..core.grad_origin import GradOrigin
+from ..core.modpath import ancestors
 from ..core.scale import LOWEST_SCALE, FloorInfo, HealPlan, HealRecord, HookAtFloor, StepDecision, floor_error
 from ..core.swaps import protection_of
 from ..core.underflow import LOST_LIMIT, measure_underflow, model_grads
@@ -169,7 +170,7 @@ class HealAtFloor(HookAtFloor):
             return False
         modules = scaler._backend().modules(model)
         if origin.module not in modules or any(
-            protection_of(modules[p]) == "island" for p in _with_parents(origin.module) if p in modules
+            protection_of(modules[p]) == "island" for p in ancestors(origin.module) if p in modules
         ):
             return False
         result = healer.patch(model, policy="island", level=healer.level, paths=[origin.module])
@@ -312,15 +313,6 @@ def _lost_at(scaler, scale: float) -> Optional[float]:
     backend = scaler._backend()
     stats = scaler._core.stats
     return measure_underflow(backend, model_grads(backend, model), 1.0, stats.total_steps).lost_at(scale)
-
-
-def _with_parents(path: str) -> list[str]:
-    """``path`` and every module path above it, the root (``""``) last."""
-    out = [path]
-    while path:
-        path = path.rpartition(".")[0]
-        out.append(path)
-    return out
 
 
 def _nth(n: int) -> str:

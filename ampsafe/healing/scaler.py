@@ -179,8 +179,7 @@ class HealingScaler(ScalerBase):
             return decision
         own = {id(p): n for n, p in trace.model.named_parameters()} if offenders else {}
         names = tuple(own.get(id(p), label) for p, label in self._order_offenders(offenders))
-        order = {path: i for i, path in enumerate(self._backend().modules(trace.model))}
-        local = origin_of(trace.activation_origin() if trace.armed else None, names, order)
+        local = origin_of(trace.activation_origin() if trace.armed else None, names, trace.order)
         origin = first_agreed(self._backend().all_gather(local))
         trace.arm()
         if origin is None:
