@@ -191,7 +191,7 @@ def modelopt(islands: Islands, onnx: Any = None) -> EnginePlan:
     if onnx is not None:
         found = node_names(onnx, names)
         patterns = [f"^{re.escape(n)}$" for p in names for n in found[p]]
-        details = {p: ", ".join(found[p]) for p in names}
+        details = {p: ", ".join(found[p]) or "no node (its forward exported none)" for p in names}
         where = "the nodes of the given graph under these modules"
     else:
         patterns = [scope_pattern(p) for p in names]

@@ -46,17 +46,17 @@ def scope_pattern(path: str) -> str:
 
 
 def node_names(onnx_model: Union[str, Path, Any], paths) -> dict[str, list[str]]:
-    """path -> the names of the nodes of ``onnx_model`` (a file or an ``onnx.ModelProto``) its pattern matches.
-    Raises ``ConfigError`` naming the modules no node matches."""
+    """path -> the names of the nodes of ``onnx_model`` (a file or an ``onnx.ModelProto``) its pattern matches (an
+    empty list for a module that exported no node, as an eval-mode dropout). Raises ``ConfigError`` when no module
+    has a node: the graph was not exported with the module scopes, or from another model."""
     import onnx
 
     model = onnx.load(str(onnx_model), load_external_data=False) if isinstance(onnx_model, (str, Path)) else onnx_model
     names = [n.name for n in model.graph.node]
     out = {p: [n for n in names if re.match(scope_pattern(p), n)] for p in paths}
-    missing = [p for p, found in out.items() if not found]
-    if missing:
+    if not any(out.values()):
         raise ConfigError(
-            f"no node of the ONNX graph lies under {', '.join(missing)}: export the model with "
+            f"no node of the ONNX graph lies under {', '.join(out)}: export the model with "
             "`torch.onnx.export(model, args, path, dynamo=False)` (its nodes carry the module scopes) and check that "
             "these modules' forward runs in the exported call."
         )

@@ -164,6 +164,12 @@ def test_deepspeed_plan_trains_with_the_router_computing_in_float32_and_every_fo
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        # the note's claim: under "fp16" the keep list leaves the router's parameters float16 (buffers only)
+        config = {"train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": True}, **result.value}
+        config.pop("torch_autocast")
+        model = router_net()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        assert engine.module.get_submodule(ROUTER).weight.dtype == torch.float16
         losses, _ = train(None)  # torch_autocast alone: the router still computes in float16
         assert not all(map(torch.isfinite, map(torch.tensor, losses)))
         losses, engine = train(result.code)
@@ -248,3 +254,40 @@ def test_modelopt_nodes_to_exclude_name_the_routers_onnx_nodes_and_the_graph_run
     assert all(np.isfinite(out).all() for out in outputs["with"])
     reference = model(x).detach().numpy()
     assert np.allclose(outputs["with"][0], reference, rtol=0.05, atol=0.05)
+
+
+def test_modelopt_patterns_name_exactly_the_healed_t5_modules_nodes_in_hfs_own_onnx_export():
+    """HF's T5 nests ``ModuleList`` blocks (no scope of their own) in called stacks: each pattern matches the
+    nodes under its module in the exported graph and no other module's (``encoder``'s ``wo`` included)."""
+    pytest.importorskip("transformers")
+    onnx = pytest.importorskip("onnx")
+    import re
+
+    sys.path.insert(0, str(HERE.parent / "hf"))
+    from hf_models import batch, build
+
+    model = build("t5").eval()
+    inputs = {k: batch("t5", seed=0)[k] for k in ("input_ids", "attention_mask", "labels")}
+    import io
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (), buffer, kwargs={**inputs, "use_cache": False}, dynamo=False)
+    names = [n.name for n in onnx.load_from_string(buffer.getvalue()).graph.node]
+    result = plan(FIXTURES / "t5_heal.json", "modelopt")
+    found = {path: [n for n in names if re.match(p, n)] for path, p in zip(result.modules, result.value)}
+    ff = "decoder.block.1.layer.2.DenseReluDense"
+    scopes = {f"{ff}.{m}": f"/decoder/block.1/layer.2/DenseReluDense/{m}/" for m in ("wi", "act", "dropout", "wo")}
+    scopes |= {"decoder.final_layer_norm": "/decoder/final_layer_norm/", "lm_head": "/lm_head/"}
+    scopes["decoder.block.1.layer.2.dropout"] = "/decoder/block.1/layer.2/dropout/"
+    assert set(found) == set(scopes)
+    for path, nodes in found.items():
+        assert all(n.startswith(scopes[path]) for n in nodes), (path, nodes[:3])  # its own nodes, no other's
+    for path in (OVERFLOW_WO, "decoder.block.1.layer.2.DenseReluDense.wi", "decoder.final_layer_norm", "lm_head"):
+        assert found[path], path  # every module with weights has nodes (an eval-mode dropout exports none)
+    wo = [n for n in names if "DenseReluDense/wo/" in n]
+    assert len(wo) == 4 and found[OVERFLOW_WO] == ["/decoder/block.1/layer.2/DenseReluDense/wo/MatMul"]
+
+
+OVERFLOW_WO = "decoder.block.1.layer.2.DenseReluDense.wo"
