@@ -15,7 +15,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="ampsafe plan",
         description="The modules an `ampsafe run` report healed, as an engine's own float32 keep list.",
     )
-    parser.add_argument("report", help="the report.json `ampsafe run --report DIR` wrote (or DIR)")
+    parser.add_argument(
+        "report", help="the report.json `ampsafe run --report DIR` wrote (or DIR), or the JSON of `ampsafe scan --json`"
+    )
     parser.add_argument("--to", required=True, choices=list(ENGINES), help="the engine whose words to use")
     parser.add_argument("--onnx", default=None, help="modelopt: the exported graph, to list its exact node names")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -52,7 +52,8 @@ _INDEX = re.compile(r"^\d+$")
 
 
 def module_expr(path: str, root: str = "model") -> str:
-    """``layers.1.router`` -> ``model.layers[1].router`` (the same spelling as the FSDP2 lines)."""
+    """``layers.1.router`` -> ``model.layers[1].router``: the spelling of :func:`ampsafe.torch.fsdp.module_expr`,
+    here for Paddle's lines, which must not import torch (a Paddle-only install has none)."""
     out = root
     for part in path.split(".") if path else ():
         out += f"[{part}]" if _INDEX.match(part) else f".{part}"

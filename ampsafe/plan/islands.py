@@ -91,10 +91,17 @@ def _keep_line_names(line: str | None) -> list[str]:
 
 
 def from_scan(scan: Any, framework: str = "") -> Islands:
-    """The islands of an ``ampsafe.scan`` result: each risky path's first module (the conv/matmul an island
-    starts at) and each risky op's module, in the report's order. Raises ``ConfigError`` when nothing is risky."""
-    modules = [p.start for p in scan.risky] + [op.module for op in scan.risky_ops]
-    modules = [m for m in _ordered(modules) if m]
+    """The islands of an ``ampsafe.scan`` result (its ``ScanReport``, or the JSON ``ampsafe scan --json`` writes):
+    each risky path's first module (the conv/matmul an island starts at) and each risky op's module, in the
+    report's order. Raises ``ConfigError`` when nothing is risky."""
+    if isinstance(scan, Mapping):
+        paths = [p.get("start", "") for p in scan.get("paths") or () if p.get("risky")]
+        ops = [o.get("module", "") for o in scan.get("risky_ops") or ()]
+        framework = framework or str(scan.get("framework") or "")
+    else:
+        paths, ops = [p.start for p in scan.risky], [op.module for op in scan.risky_ops]
+        framework = framework or str(getattr(scan, "framework", "") or "")
+    modules = [m for m in _ordered(paths + ops) if m]
     if not modules:
         raise ConfigError(
             "the scan found no risky path or op: nothing to keep in float32. Scan a batch that overflows (or a "
@@ -110,7 +117,7 @@ def load(source: Union[str, Path, Mapping[str, Any], Islands, Any]) -> Islands:
     if hasattr(source, "risky") and hasattr(source, "risky_ops"):
         return from_scan(source)
     if isinstance(source, Mapping):
-        return from_report(source, "the report")
+        return from_scan(source) if _is_scan(source) else from_report(source, "the report")
     path = Path(source)
     if path.is_dir():
         path = path / "report.json"
@@ -123,6 +130,15 @@ def load(source: Union[str, Path, Mapping[str, Any], Islands, Any]) -> Islands:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not readable JSON ({exc}): give the report.json `ampsafe run` wrote") from exc
+    if isinstance(data, Mapping) and _is_scan(data):
+        return from_scan(data)
     if not isinstance(data, Mapping) or "scalers" not in data:
-        raise ConfigError(f"{path} is not an `ampsafe run` report (no `scalers`): give the report.json it wrote")
+        raise ConfigError(
+            f"{path} is neither an `ampsafe run` report (no `scalers`) nor an `ampsafe scan --json` report (no "
+            "`paths`): give the report.json `ampsafe run` wrote or the JSON `ampsafe scan --json OUT` wrote"
+        )
     return from_report(data, str(path))
+
+
+def _is_scan(data: Mapping[str, Any]) -> bool:
+    return "paths" in data and "risky_ops" in data and "scalers" not in data

@@ -239,7 +239,10 @@ def test_modelopt_nodes_to_exclude_name_the_routers_onnx_nodes_and_the_graph_run
     assert node_names(path, [ROUTER]) == {ROUTER: sorted(matched, key=names.index)}
     assert {n for n in names if any(re.match(p, n) for p in exact.value)} == matched
     # the scan of the same model names the same module: the same plan from an ampsafe.scan result
-    assert plan(ampsafe.scan(router_net(), (x,)), "modelopt").value == result.value
+    scan = ampsafe.scan(router_net(), (x,))
+    assert plan(scan, "modelopt").value == result.value
+    (tmp_path / "scan.json").write_text(scan.to_json())  # as `ampsafe scan --json OUT` writes it
+    assert plan(tmp_path / "scan.json", "modelopt").value == result.value
 
     softmax = {n for n in names if n.endswith("Softmax")}  # float32 under autocast, as in the run
     router_out = next(n.output[0] for n in graph.graph.node if n.name.startswith("/layers.1/router/"))
