@@ -179,6 +179,13 @@ def units_of(model, layers) -> list[str]:
     return [u for u in units if u in owned]
 
 
+def _widened(policy):
+    """``policy`` with float32 compute, and no cast of the unit's output back to a low dtype (the value it hands on
+    is what passes 65504)."""
+    out = policy.output_dtype if policy.output_dtype is None or not _low(policy.output_dtype) else None
+    return dataclasses.replace(policy, param_dtype=torch.float32, output_dtype=out)
+
+
 def widen_units(model, units) -> list[str]:
     """Give the ``fully_shard`` units at ``units`` (module paths) a float32 ``param_dtype`` for the rest of the
     run: their inputs are cast to float32, their parameters all-gathered in float32 (the sharded float32 parameters
@@ -195,11 +202,11 @@ def widen_units(model, units) -> list[str]:
         state = module._get_fsdp_state()
         if not _low(state._mp_policy.param_dtype):
             continue
-        state._mp_policy = dataclasses.replace(state._mp_policy, param_dtype=torch.float32)
+        state._mp_policy = wide = _widened(state._mp_policy)
         for group in _groups(state):
             if not group.is_sharded:
                 group.reshard()
-            group.mp_policy = dataclasses.replace(group.mp_policy, param_dtype=torch.float32)
+            group.mp_policy = wide
             for fsdp_param in group.fsdp_params:
                 _regather(fsdp_param, group.mp_policy)
             group._init_mp_dtypes()  # the group's reduce dtype follows its parameters'

@@ -87,10 +87,14 @@ def test_ampsafe_run_widens_the_fsdp2_units_a_value_passes_between_and_prints_th
         assert s["total_steps"] == STEPS and not any(skipped for i, _, skipped, _ in s["steps"] if i > step)
         assert s["scale"] == 4.0
     lines = r0["fix"]["torch_fsdp2"].splitlines()
-    assert lines == r1["fix"]["torch_fsdp2"].splitlines() == [
-        "fully_shard(model.mid, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
-        "fully_shard(model.last, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
-    ]
+    assert (
+        lines
+        == r1["fix"]["torch_fsdp2"].splitlines()
+        == [
+            "fully_shard(model.mid, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
+            "fully_shard(model.last, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
+        ]
+    )
     assert r0["fix"]["patch"] is None  # no island line: an island of a unit would not hold what it hands on
     for data, md in reports:
         assert all(line in md for line in lines) and "replaces your script's `fully_shard` call" in md
@@ -118,6 +122,6 @@ def test_ampsafe_run_keeps_the_report_of_a_rank_torchrun_stops(tmp_path, free_po
     ended = sorted(r["ended"]["exception"].split(":")[0] for r, _ in reports)
     assert ended == ["RuntimeError", "SIGTERM"], [r["ended"] for r, _ in reports]  # rank 0 failed, rank 1 stopped
     for data, md in reports:  # each rank's summary in the run's summary and its own report
-        assert data["scalers"][0]["total_steps"] == 3
+        assert data["scalers"][0]["total_steps"] == 3 and data["ended"]["exception"] in md
         assert f"[torch, pid {data['pid']}]" in done.stdout
         assert f"{data['pid']}/report.md" in done.stdout

@@ -47,11 +47,15 @@ def test_fsdp2_pure_float16_llama_brink_heals_on_both_ranks_sharded_per_layer_or
     assert all(torch.equal(r0["params"][n], r1["params"][n]) for n in r0["params"])
     assert all(torch.isfinite(p).all() for p in r0["params"].values())
     lines = r0["fix"]["torch_fsdp2"][0].splitlines()
-    assert lines == r1["fix"]["torch_fsdp2"][0].splitlines() == [
-        "fully_shard(model.model.layers[0], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
-        "fully_shard(model.model.layers[1], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
-        "fully_shard(model.model.norm, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, output_dtype=torch.float16))",
-    ]
+    assert (
+        lines
+        == r1["fix"]["torch_fsdp2"][0].splitlines()
+        == [
+            "fully_shard(model.model.layers[0], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
+            "fully_shard(model.model.layers[1], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))",
+            "fully_shard(model.model.norm, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, output_dtype=torch.float16))",
+        ]
+    )
     assert "replaces your script's `fully_shard` call" in r0["fix"]["torch_fsdp2"][1]
     # those lines in place of the user's calls of the layers: no overflow from the brink on
     r0, r1 = (torch.load(tmp_path / f"pure_fix{r}.pt", weights_only=False) for r in (0, 1))

@@ -19,7 +19,7 @@ def test_a_process_that_outlives_the_command_still_has_its_summary_read(tmp_path
     # the shell returns once its background Python has loaded ampsafe (its marker in the reports folder), and the
     # Python ends 2 s later
     wait = f'until ls "${ENV_REPORT}"/*{LOADED} >/dev/null 2>&1; do sleep 0.1; done'
-    command = f"{sys.executable} -c \"{LATE}\" & {wait}; exit 0"
+    command = f'{sys.executable} -c "{LATE}" & {wait}; exit 0'
     run = [sys.executable, "-m", "ampsafe.cli", "run", "--report", str(tmp_path / "report"), "--", "sh", "-c"]
     done = subprocess.run([*run, command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     out = done.stdout + done.stderr

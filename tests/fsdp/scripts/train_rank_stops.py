@@ -12,7 +12,7 @@ torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
-for step in range(3):
+for _ in range(3):
     opt.zero_grad()
     loss = model(torch.ones(2, 4)).pow(2).mean()
     scaler.scale(loss).backward()
