@@ -152,13 +152,17 @@ def write_report_on_sigterm(current: Callable[[], object]) -> None:
     """A launcher that stops the other ranks when one fails (torchrun, ``torch.multiprocessing.spawn``) sends them
     SIGTERM, which ends a Python process without its exit hooks: its summary was lost. Where SIGTERM still has its
     default action (the main thread, no handler of the script's), the handler writes the summary of
-    ``current()`` (the session) first, noting the signal, then ends the process by the same signal."""
+    ``current()`` (the session) first, noting the signal, then ends the process by the same signal. A handler
+    installed later that calls this one too (Lightning's, which lets the trainer finish its step) is in charge:
+    then this one does nothing, and the process ends as that handler decides."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
 
     def terminated(signum, _frame) -> None:
+        if signal.getsignal(signum) is not terminated:
+            return
         signal.signal(signum, signal.SIG_DFL)
         try:
             session = current()

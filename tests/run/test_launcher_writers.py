@@ -27,3 +27,25 @@ def test_a_process_that_outlives_the_command_still_has_its_summary_read(tmp_path
     assert "could not write the run report" not in out
     late = next(line for line in done.stdout.splitlines() if line.startswith("late pid")).split()[-1]
     assert json.loads((tmp_path / "report" / "report.json").read_text())["pid"] == int(late)
+
+
+SIGTERM_CODE = """
+import os, signal, sys, time
+from ampsafe.run.exits import write_report_on_sigterm
+write_report_on_sigterm(lambda: None)
+if sys.argv[1] == "composed":  # as Lightning's _SignalConnector: its own handler, then the one it found
+    found = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: (print("bypassing", flush=True), found(signum, frame)))
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+print("still running", flush=True)
+"""
+
+
+def test_the_sigterm_handler_ends_the_process_unless_a_later_handler_took_sigterm_over():
+    alone = subprocess.run([sys.executable, "-c", SIGTERM_CODE, "alone"], capture_output=True, text=True, timeout=60)
+    assert alone.returncode == -15 and "still running" not in alone.stdout  # as without it: SIGTERM ends it
+    composed = subprocess.run(
+        [sys.executable, "-c", SIGTERM_CODE, "composed"], capture_output=True, text=True, timeout=60
+    )
+    assert composed.returncode == 0 and composed.stdout.split() == ["bypassing", "still", "running"], composed.stderr
