@@ -30,11 +30,14 @@ __all__ = [
 
 
 def paddleocr_classes() -> dict:
-    """name -> class for every neck this package can build for PaddleOCR models (safe and upstream-compatible)."""
+    """name -> class for every neck this package defines for PaddleOCR models (safe and upstream-compatible), which
+    the dbnet builder reads without ppocr; the variants built on ppocr's own classes are added when registering."""
     from ampsafe.paddle.nets import paddleocr_necks as necks
 
     classes = {
-        spec.name: registry.load_class(spec) for spec in registry.SAFE_NECKS.values() if spec.ecosystem == PADDLEOCR
+        spec.name: registry.load_class(spec)
+        for spec in registry.SAFE_NECKS.values()
+        if spec.ecosystem == PADDLEOCR and not spec.upstream_class  # the others subclass ppocr's own classes
     }
     classes.update(DBFPN=necks.DBFPN, RSEFPN=necks.RSEFPN, LKPAN=necks.LKPAN)
     return classes

@@ -131,9 +131,17 @@ def _plan_ocr(arch: Mapping, source: str) -> list[tuple[str, Mapping, str, str]]
             plan.append((where, neck, name, spec.name))
     if not plan:
         listed = ", ".join(f"{where}.name: {name}" for where, _, name in names)
+        reasons = dict.fromkeys(
+            r
+            for _, _, name in names
+            for r in (registry.already_safe_reason(PADDLEOCR, name), registry.not_covered_reason(PADDLEOCR, name))
+            if r
+        )
+        why = "".join(f" {r}." for r in reasons)
         raise ConfigError(
-            f"{source}: no safe variant for {listed}; necks with an AMP-safe variant: {_supported_text(PADDLEOCR)}. "
-            "For other models use ampsafe.patch(model) or `ampsafe run` (loss-scale floor). Nothing written."
+            f"{source}: no safe variant for {listed}.{why} Necks with an AMP-safe variant: "
+            f"{_supported_text(PADDLEOCR)} (`ampsafe swap-neck --list` says why for every neck). For other models use "
+            "ampsafe.patch(model) or `ampsafe run` (loss-scale floor). Nothing written."
         )
     return plan
 
