@@ -148,11 +148,10 @@ NOT_COVERED: dict[tuple[str, str], str] = {
         "where a scan finds them risky) and a loss-scale floor (`ampsafe run`)"
     ),
     (PADDLEOCR, "SequenceEncoder"): (
-        "its path depends on encoder_type: 'reshape' has no conv or matmul; 'svtr' ends in conv + BatchNorm blocks "
-        "(its attention's unnormalized links end inside its LayerNorm-ed blocks); 'fc' ends in an unnormalized "
-        "nn.Linear (the variants normalize convs only); 'rnn' / 'cascadernn' end in an LSTM, which ampsafe's scan "
-        "cannot trace (paddle's rnn op), and whose output is tanh-bounded. Use ampsafe.patch(model) and a "
-        "loss-scale floor (`ampsafe run`)"
+        "its path depends on encoder_type: 'reshape' (in 5 configs) has no conv or matmul; 'rnn' (most recognition "
+        "configs) and 'cascadernn' end in paddle's LSTM, which ampsafe's scan cannot trace (an LSTM's output, "
+        "o * tanh(c), is bounded by construction); 'fc' ends in an unnormalized nn.Linear, and the variants normalize "
+        "convs only. Use ampsafe.patch(model) and a loss-scale floor (`ampsafe run`)"
     ),
 }
 

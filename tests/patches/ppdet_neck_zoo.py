@@ -103,6 +103,9 @@ def main(configs: Path) -> dict:
     )
     out = {"ppdet": ppdet.__file__, "registered": registered, "register": register_paddledet(), "necks": {}}
     for name, (rel, maps) in cases.DET.items():
+        if name not in registered or (rel and not (configs / rel).is_file()):
+            out["necks"][name] = None  # an older ppdet (the installed fallback) or its config copies lack it
+            continue
         section, top = _section(configs, rel, name)
         section = {**cases.DET_DEFAULT_ARGS.get(name, {}), **section}
         inputs = _inputs(maps)

@@ -14,6 +14,7 @@ import ast
 import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 import warnings
@@ -160,6 +161,8 @@ def test_paddleocr_safe_variant_loads_the_upstream_keys_and_checks_safe(ppocr, p
     if spec.upstream_class:  # one rule: a BatchNorm after exactly the convs the check found unnormalized
         assert set(variant.ampsafe_normalized) == set(measured.unnormalized), measured.reason()
         assert missing == {f"{c}.bn.{k}" for c in variant.ampsafe_normalized for k in BN_KEYS}
+        for clone in (copy.deepcopy(variant), pickle.loads(pickle.dumps(variant))):  # EMA copies, checkpoints
+            assert type(clone) is type(variant) and set(clone.state_dict()) == set(variant.state_dict())
     else:  # the hand-written DB necks: their BatchNorms are siblings named *_bn
         assert missing and all("_bn" in k for k in missing)
     assert _check(variant, inputs).safe
@@ -210,7 +213,16 @@ def ppdet_zoo(upstream_tree, tmp_path_factory) -> dict:
     return result
 
 
-def test_the_table_names_exactly_the_necks_ppdet_registers(ppdet_zoo):
+def _record(ppdet_zoo, name: str) -> dict:
+    record = ppdet_zoo["necks"][name]
+    if record is None:
+        pytest.skip(f"{name} (or its config) is not in the ppdet in use, {ppdet_zoo['ppdet']}")
+    return record
+
+
+def test_the_table_names_exactly_the_necks_ppdet_registers(ppdet_zoo, upstream_tree):
+    if not (upstream_tree / "PaddleDetection-src").is_dir():
+        pytest.skip("the table is for PaddleDetection's 2024-10 tree (shared/upstream/PaddleDetection-src), absent")
     assert set(_table(PADDLEDET)) == set(ppdet_zoo["registered"]) == set(cases.DET)
     generic = {s.name for s in registry.SAFE_NECKS.values() if s.ecosystem == PADDLEDET}
     assert set(ppdet_zoo["register"]) == generic  # every variant's upstream class is in this ppdet
@@ -218,7 +230,7 @@ def test_the_table_names_exactly_the_necks_ppdet_registers(ppdet_zoo):
 
 @pytest.mark.parametrize("name", sorted(n for (e, n) in registry.ALREADY_SAFE if e == PADDLEDET))
 def test_ppdet_already_safe_neck_is_measured_safe_for_the_reason_given(ppdet_zoo, name):
-    record, detail = ppdet_zoo["necks"][name], registry.ALREADY_SAFE[(PADDLEDET, name)]
+    record, detail = _record(ppdet_zoo, name), registry.ALREADY_SAFE[(PADDLEDET, name)]
     assert record["safe"], record["reason"]
     assert bool(record["inner"]) == detail.startswith(registry._INNER), (detail, record["inner"])
     if detail.startswith("builds every conv as a conv + "):
@@ -230,7 +242,7 @@ def test_ppdet_safe_variant_loads_the_upstream_keys_and_checks_safe(ppdet_zoo, n
     from ampsafe.paddle.nets.normed_necks import BN_KEYS
 
     spec = registry.safe_neck(PADDLEDET, name)
-    record = ppdet_zoo["necks"][name]
+    record = _record(ppdet_zoo, name)
     variant = record["variant"]
     assert not record["safe"] and variant["safe"], (record["reason"], variant["reason"])
     assert variant["class"] == spec.target.replace(":", ".")
