@@ -142,10 +142,9 @@ _READ_IN = "ppdet 2.6.0 and PaddleDetection's 2024-10 tree"  # the ppdet code AL
 # Upstream necks with an unnormalized path and no safe variant, and why none fits.
 NOT_COVERED: dict[tuple[str, str], str] = {
     (PADDLEOCR, "PRENFPN"): (
-        "its outputs are nn.Linear outputs (gcn_pool.linear, gcn_weight.linear, after the pooled graph convs): the "
-        "variants add a BatchNorm after convs only, and a norm over PREN's per-character features before the head's "
-        "classifier would change what the model computes, not just rescale it. Use ampsafe.patch(model) (FP32 islands "
-        "where a scan finds them risky) and a loss-scale floor (`ampsafe run`)"
+        "its unnormalized outputs are nn.Linear outputs (gcn_pool.linear, gcn_weight.linear, after the pooled graph "
+        "convs), and the variants add a BatchNorm after convs only. Use ampsafe.patch(model) (FP32 islands where a "
+        "scan finds them risky) and a loss-scale floor (`ampsafe run`)"
     ),
     (PADDLEOCR, "SequenceEncoder"): (
         "its path depends on encoder_type: 'reshape' (in 5 configs) has no conv or matmul; 'rnn' (most recognition "
@@ -197,9 +196,9 @@ def already_safe_reason(ecosystem: str, name: str) -> str | None:
 
 
 def not_covered_reason(ecosystem: str, name: str) -> str | None:
-    """Why ``name`` has an unnormalized path but no safe variant; None when it is not one of those."""
+    """Why ``name`` has no safe variant though it may have an unnormalized path; None when it is not one of those."""
     why = NOT_COVERED.get((ecosystem, name))
-    return None if why is None else f"{name} has an unnormalized path to its output but no safe variant: {why}"
+    return None if why is None else f"{name} has no safe variant: {why}"
 
 
 def neck_table() -> list[tuple[str, str, str, str]]:
