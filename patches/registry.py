@@ -102,7 +102,7 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
 # PaddleDetection's own code (the 2024-10 tree, else the installed ppdet) and checks the verdict and the detail.
 _CONV_BN = "builds every conv as a conv + BatchNorm (+ activation) block"  # and the check finds no open path
 _ENDS = "ends every conv path in a BatchNorm before its output"  # measured; some convs not in one-conv blocks
-_INNER = "ends every output in a normalization: its unnormalized layers"  # measured: only inner links are open
+INNER_LINKS = "ends every output in a normalization: its unnormalized layers"  # measured: only inner links are open
 _DET_SAFE = (
     ("PPYOLOFPN", f"{_CONV_BN} (darknet ConvBNLayer; SPP, CoordConv and the detection blocks included)"),
     ("PPYOLOPAN", f"{_CONV_BN} (darknet ConvBNLayer; SPP and the CSP blocks included)"),
@@ -119,10 +119,13 @@ _DET_SAFE = (
     ("DilatedEncoder", f"{_ENDS} (YOLOF's projection: lateral conv + BatchNorm, fpn conv + BatchNorm)"),
     (
         "ESPAN",
-        f"{_INNER}, the squeeze-excite gates' first convs, feed their second, sigmoid-bounded conv",
+        f"{INNER_LINKS}, the squeeze-excite gates' first convs, feed their second, sigmoid-bounded conv",
     ),
-    ("CenterNetDLAFPN", f"{_INNER}, the depthwise transposed-conv upsamplers, feed deformable conv + BatchNorm blocks"),
-    ("BiFPN", f"{_INNER}, the separable convs' depthwise halves, feed their pointwise conv + BatchNorm"),
+    (
+        "CenterNetDLAFPN",
+        f"{INNER_LINKS}, the depthwise transposed-conv upsamplers, feed deformable conv + BatchNorm blocks",
+    ),
+    ("BiFPN", f"{INNER_LINKS}, the separable convs' depthwise halves, feed their pointwise conv + BatchNorm"),
 )
 _OCR_SAFE = (
     ("FPN", f"{_CONV_BN} (PSENet's ConvBNLayer)"),
@@ -130,8 +133,8 @@ _OCR_SAFE = (
     ("PGFPN", f"{_CONV_BN} (PGNet's ConvBNLayer / DeConvBNLayer)"),
     ("CSPPAN", f"{_ENDS} (SLANet's depthwise-separable conv + BatchNorm blocks)"),
     ("RFAdaptor", "builds every matmul as an nn.Linear + BatchNorm1D + ReLU block (RFL's V2S / S2V adaptors)"),
-    ("SASTFPN", f"{_INNER}, the cross-attention's matmuls, end in its softmax or a conv + BatchNorm"),
-    ("CTFPN", f"{_INNER}, the FPEM depthwise convs, feed conv + BatchNorm smoothing blocks"),
+    ("SASTFPN", f"{INNER_LINKS}, the cross-attention's matmuls, end in its softmax or a conv + BatchNorm"),
+    ("CTFPN", f"{INNER_LINKS}, the FPEM depthwise convs, feed conv + BatchNorm smoothing blocks"),
 )
 ALREADY_SAFE: dict[tuple[str, str], str] = {
     **{(PADDLEDET, name): detail for name, detail in _DET_SAFE},

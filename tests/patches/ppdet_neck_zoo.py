@@ -68,13 +68,13 @@ def _inputs(maps):
 def _record(neck, inputs) -> dict:
     from ampsafe.paddle.backend import BACKEND
     from ampsafe.paddle.nets.neck_check import check_neck
-    from ampsafe.paddle.nets.normed_necks import _in_conv_norm_block
+    from ampsafe.paddle.nets.normed_necks import in_conv_norm_block
 
     neck.eval()
     check = check_neck(neck, inputs)
     parents = {id(c): (p, n) for p in [neck, *neck.sublayers()] for n, c in p.named_children()}
     convs = {p: s for p, s in neck.named_sublayers() if isinstance(s, BACKEND.swaps.convs)}
-    unpaired = [p for p, c in convs.items() if not _in_conv_norm_block(*parents[id(c)])]
+    unpaired = [p for p, c in convs.items() if not in_conv_norm_block(*parents[id(c)])]
     return {
         "safe": check.safe,
         "to_output": list(check.to_output),

@@ -116,14 +116,14 @@ def _assert_reason(detail: str, check, neck) -> None:
     """The already-safe detail says what the check measured: no open path; only inner links when it says so;
     every conv in a one-conv conv + norm block when it says so."""
     from ampsafe.paddle.backend import BACKEND
-    from ampsafe.paddle.nets.normed_necks import _in_conv_norm_block
+    from ampsafe.paddle.nets.normed_necks import in_conv_norm_block
 
     assert check.safe, check.reason()
-    assert bool(check.inner) == detail.startswith(registry._INNER), (detail, check.inner)
+    assert bool(check.inner) == detail.startswith(registry.INNER_LINKS), (detail, check.inner)
     if detail.startswith("builds every conv as a conv + "):
         parents = {id(c): (p, n) for p in [neck, *neck.sublayers()] for n, c in p.named_children()}
         convs = [c for _, c in neck.named_sublayers() if isinstance(c, BACKEND.swaps.convs)]
-        assert convs and all(_in_conv_norm_block(*parents[id(c)]) for c in convs), detail
+        assert convs and all(in_conv_norm_block(*parents[id(c)]) for c in convs), detail
     if "nn.Linear" in detail:
         assert "linear" in set(check.ops.values()) and check.normalized_paths, check.reason()
 
@@ -232,7 +232,7 @@ def test_the_table_names_exactly_the_necks_ppdet_registers(ppdet_zoo, upstream_t
 def test_ppdet_already_safe_neck_is_measured_safe_for_the_reason_given(ppdet_zoo, name):
     record, detail = _record(ppdet_zoo, name), registry.ALREADY_SAFE[(PADDLEDET, name)]
     assert record["safe"], record["reason"]
-    assert bool(record["inner"]) == detail.startswith(registry._INNER), (detail, record["inner"])
+    assert bool(record["inner"]) == detail.startswith(registry.INNER_LINKS), (detail, record["inner"])
     if detail.startswith("builds every conv as a conv + "):
         assert record["all_conv_bn"], record["unpaired"]
 

@@ -72,7 +72,7 @@ def check_neck(neck, example_inputs: tuple) -> NeckCheck:
     neck is left as it was (mode included); its forward runs once."""
     report = scan(neck, example_inputs)
     ops = {p.start: p.start_op for p in report.paths}
-    open_paths = {p.start: set(p.ends) for p in report.paths if not p.normalized and not p.protected}
+    open_paths = {p.start: set(p.ends) for p in report.paths if not p.normalized}
     to_output = [s for s, ends in open_paths.items() if ends & {OUTPUT, LOSS, UNTRACED}]
     reached = set(to_output)
     feeding: list[str] = []

@@ -33,12 +33,12 @@ from ...core.swaps import protection_of, swap
 from ...policies.convbn import ConvBNLayer
 from ..backend import BACKEND
 
-__all__ = ["normalize_convs", "variant_class", "generic_specs", "BN_KEYS"]
+__all__ = ["normalize_convs", "in_conv_norm_block", "variant_class", "generic_specs", "BN_KEYS"]
 
 BN_KEYS = ("weight", "bias", "_mean", "_variance")  # the keys of the BatchNorm after a normalized conv: <conv>.bn.*
 
 
-def _in_conv_norm_block(parent, name: str) -> bool:
+def in_conv_norm_block(parent, name: str) -> bool:
     """``parent.<name>`` is the conv of a conv + norm block: its parent holds exactly one conv and a norm."""
     swaps = BACKEND.swaps
     children = dict(parent.named_children())
@@ -63,7 +63,7 @@ def normalize_convs(layer, patterns: tuple[str, ...]) -> tuple[str, ...]:
         ):
             continue
         parent, name = parents[id(sub)]
-        if _in_conv_norm_block(parent, name):
+        if in_conv_norm_block(parent, name):
             continue
         swap(sub, ConvBNLayer, bn=swaps.new_batch_norm(sub), act=None)
         done.append(path)
