@@ -2,8 +2,11 @@
 PaddleOCR and PaddleDetection, their registration, and the config neck swap.
 
     ampsafe.patches.swap_neck("configs/det/det_mv3_db.yml", out="det_mv3_db_safe.yml")
-    ampsafe.patches.register_paddleocr()   # AmpSafeDBFPN / AmpSafeRSEFPN / AmpSafeLKPAN buildable by name
-    ampsafe.patches.register_paddledet()   # AmpSafeFPN in ppdet's workspace
+    ampsafe.patches.register_paddleocr()   # AmpSafeDBFPN / RSEFPN / LKPAN / FCEFPN / FPN_UNet / TableFPN by name
+    ampsafe.patches.register_paddledet()   # AmpSafeFPN / CLRFPN / HRFPN in ppdet's workspace
+
+``ampsafe swap-neck --list`` prints, for every neck class of PaddleOCR and PaddleDetection, whether it has a safe
+variant, needs none (the measured reason) or is not covered (why): :func:`registry.render_neck_table`.
 
 The neck classes are Paddle code, defined in :mod:`ampsafe.paddle.nets` (``paddleocr_necks`` and ``ppdet_necks``
 here re-export them by name); nothing here imports paddle until a neck is built or registered.

@@ -12,6 +12,7 @@ read off ``__init__``'s signature; registering a name twice raises, so this chec
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from ampsafe.errors import ConfigError
@@ -29,11 +30,14 @@ __all__ = [
 
 
 def paddleocr_classes() -> dict:
-    """name -> class for every neck this package can build for PaddleOCR models (safe and upstream-compatible)."""
+    """name -> class for every neck this package defines for PaddleOCR models (safe and upstream-compatible), which
+    the dbnet builder reads without ppocr; the variants built on ppocr's own classes are added when registering."""
     from ampsafe.paddle.nets import paddleocr_necks as necks
 
     classes = {
-        spec.name: registry.load_class(spec) for spec in registry.SAFE_NECKS.values() if spec.ecosystem == PADDLEOCR
+        spec.name: registry.load_class(spec)
+        for spec in registry.SAFE_NECKS.values()
+        if spec.ecosystem == PADDLEOCR and not spec.upstream_class  # the others subclass ppocr's own classes
     }
     classes.update(DBFPN=necks.DBFPN, RSEFPN=necks.RSEFPN, LKPAN=necks.LKPAN)
     return classes
@@ -58,12 +62,29 @@ def _wrap_build_neck(original, classes: dict):
     return build_neck
 
 
+def _loadable(ecosystem: str) -> dict:
+    """name -> class of the variants built on an upstream class (:mod:`ampsafe.paddle.nets.normed_necks`) whose
+    upstream class the ppocr / ppdet in use has (a neck added in a later release is skipped)."""
+    classes = {}
+    for spec in registry.SAFE_NECKS.values():
+        if spec.ecosystem != ecosystem or not spec.upstream_class:
+            continue
+        module, attr = spec.upstream_class.split(":")
+        try:
+            getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            continue
+        classes[spec.name] = registry.load_class(spec)
+    return classes
+
+
 def _register_ppocr(classes: dict) -> list[str] | None:
     try:
         import ppocr.modeling.necks as ppocr_necks
     except ImportError:
         return None
     safe = {n: c for n, c in classes.items() if n in registry.safe_names(PADDLEOCR)}
+    safe.update(_loadable(PADDLEOCR))
     for name, cls in safe.items():
         setattr(ppocr_necks, name, cls)
         support = getattr(ppocr_necks, "support_dict", None)  # module-level in some forks
@@ -109,14 +130,16 @@ def ppocr_registration_line(done: dict | None = None) -> str:
 
 
 def register_paddledet() -> list[str]:
-    """Register the safe ppdet necks in ``ppdet.core.workspace`` with their full schema. Idempotent; also
-    correct when a config naming them was loaded first (its section is kept). Returns the names."""
+    """Register the safe ppdet necks in ``ppdet.core.workspace`` with their full schema (those built on an
+    upstream class only when the ppdet in use has it). Idempotent; also correct when a config naming them was
+    loaded first (its section is kept). Returns the names."""
     from ppdet.core import workspace
     from ppdet.core.config.schema import SchemaDict
 
     names = []
+    generic = _loadable(PADDLEDET)
     for spec in registry.SAFE_NECKS.values():
-        if spec.ecosystem != PADDLEDET:
+        if spec.ecosystem != PADDLEDET or (spec.upstream_class and spec.name not in generic):
             continue
         cls = registry.load_class(spec)
         existing = workspace.global_config.get(cls.__name__)

@@ -16,6 +16,10 @@ __all__ = [
     "SAFE_NECKS",
     "ALREADY_SAFE",
     "already_safe_reason",
+    "NOT_COVERED",
+    "not_covered_reason",
+    "neck_table",
+    "render_neck_table",
     "ppdet_version",
     "safe_neck",
     "safe_names",
@@ -34,11 +38,26 @@ class SafeNeck:
     name: str  # the name the safe variant is registered / written under
     target: str  # "module:attribute" of the class
     new_keys: str  # the state_dict keys the variant adds (an upstream checkpoint lacks only these)
+    # variants built by one rule (ampsafe.paddle.nets.normed_necks): the upstream class ("module:attribute" in the
+    # ppocr / ppdet in use) and the fnmatch patterns of the convs that get a BatchNorm after them (<conv>.bn.*)
+    upstream_class: str = ""
+    normalizes: tuple[str, ...] = ()
 
 
 # where the classes are defined: Paddle code, in the Paddle package (ampsafe.patches.*_necks re-export them)
 _OCR = "ampsafe.paddle.nets.paddleocr_necks"
 _DET = "ampsafe.paddle.nets.ppdet_necks"
+_NORMED = "ampsafe.paddle.nets.normed_necks"  # the variants made by one rule: upstream class + BatchNorm per conv
+
+
+def _normed(ecosystem: str, upstream_class: str, *normalizes: str) -> SafeNeck:
+    """A variant :mod:`ampsafe.paddle.nets.normed_necks` builds: ``upstream_class`` with a BatchNorm after each conv
+    matching ``normalizes``; the new keys are ``<conv>.bn.weight/bias/_mean/_variance`` for each."""
+    upstream = upstream_class.rpartition(":")[2]
+    name = f"AmpSafe{upstream}"
+    keys = ", ".join(f"{p}.bn.*" for p in normalizes)
+    return SafeNeck(ecosystem, upstream, name, f"{_NORMED}:{name}", keys, upstream_class, tuple(normalizes))
+
 
 SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
     (s.ecosystem, s.upstream): s
@@ -66,23 +85,77 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
             "<conv>_norm.* after each conv: fpn_inner_res5_sum_norm, fpn_inner_res{2..4}_sum_lateral_norm, "
             "fpn_res{2..5}_sum_norm (+ fpn_{6..}_norm with extra convs)",
         ),
+        # PaddleOCR: FCENet's FPN (norm_type None in its configs) and DRRG's U-Net FPN; TableFPN is in build_neck's
+        # list though no config names it
+        _normed(PADDLEOCR, "ppocr.modeling.necks.fce_fpn:FCEFPN", "fpn_inner_res*", "fpn_res*_sum", "fpn_[0-9]*"),
+        _normed(PADDLEOCR, "ppocr.modeling.necks.fpn_unet:FPN_UNet", "up4", "up_block*"),
+        _normed(PADDLEOCR, "ppocr.modeling.necks.table_fpn:TableFPN", "in*_conv", "fuse_conv"),
+        # PaddleDetection (2024-10 tree): CLRNet's FPN (norm_type None) and HRNet's / ViTDet's HRFPN
+        _normed(PADDLEDET, "ppdet.modeling.necks.clrnet_fpn:CLRFPN", "lateral_convs.*", "fpn_convs.*"),
+        _normed(PADDLEDET, "ppdet.modeling.necks.hrfpn:HRFPN", "reduction", "fpn_conv*"),
     )
 }
 
-# Upstream necks that were read (in ppdet 2.6.0's sources) and have no unnormalized conv: nothing to swap.
-# name -> what builds each conv; already_safe_reason() words the refusal. tests/patches/test_ppdet.py checks
-# that every conv of each, built by the installed ppdet, is a conv + norm block.
+# Upstream necks with no unnormalized conv/matmul path to their output: nothing to swap. (ecosystem, name) -> what
+# ampsafe.paddle.nets.neck_check measured on the neck built at a configuration of its tree's configs (the phrase
+# follows "<owner>'s <name> "). tests/patches/test_neck_zoo.py builds every one from PaddleOCR's and
+# PaddleDetection's own code (the 2024-10 tree, else the installed ppdet) and checks the verdict and the detail.
+_CONV_BN = "builds every conv as a conv + BatchNorm (+ activation) block"  # and the check finds no open path
+_ENDS = "ends every conv path in a BatchNorm before its output"  # measured; some convs not in one-conv blocks
+INNER_LINKS = "ends every output in a normalization: its unnormalized layers"  # measured: only inner links are open
+_DET_SAFE = (
+    ("PPYOLOFPN", f"{_CONV_BN} (darknet ConvBNLayer; SPP, CoordConv and the detection blocks included)"),
+    ("PPYOLOPAN", f"{_CONV_BN} (darknet ConvBNLayer; SPP and the CSP blocks included)"),
+    ("PPYOLOTinyFPN", f"{_CONV_BN} (darknet ConvBNLayer; SPP and the depthwise detection blocks included)"),
+    ("YOLOv3FPN", f"{_CONV_BN} (darknet ConvBNLayer)"),
+    ("CustomCSPPAN", f"{_CONV_BN} (PP-YOLOE's ConvBNLayer / RepVGG blocks; SPP included)"),
+    ("YOLOCSPPAN", f"{_CONV_BN} (YOLOX's BaseConv / CSP layers)"),
+    ("TTFFPN", f"{_CONV_BN} (TTFNet's upsample / shortcut blocks; the lite neck of pafnet_lite)"),
+    ("BlazeNeck", f"{_CONV_BN} (BlazeFace's FPN and SSH blocks, fpn_ssh)"),
+    ("CenterNetHarDNetFPN", f"{_CONV_BN} (HarDNet's ConvLayer / transition-up blocks)"),
+    ("ChannelMapper", "builds every conv as a conv + GroupNorm block (norm_type 'gn', its default and PETR's)"),
+    ("CSPPAN", f"{_ENDS} (PicoDet's depthwise-separable conv + BatchNorm blocks)"),
+    ("LCPAN", f"{_ENDS} (PicoDet-LCNet's depthwise-separable conv + BatchNorm blocks)"),
+    ("DilatedEncoder", f"{_ENDS} (YOLOF's projection: lateral conv + BatchNorm, fpn conv + BatchNorm)"),
+    (
+        "ESPAN",
+        f"{INNER_LINKS}, the squeeze-excite gates' first convs, feed their second, sigmoid-bounded conv",
+    ),
+    (
+        "CenterNetDLAFPN",
+        f"{INNER_LINKS}, the depthwise transposed-conv upsamplers, feed deformable conv + BatchNorm blocks",
+    ),
+    ("BiFPN", f"{INNER_LINKS}, the separable convs' depthwise halves, feed their pointwise conv + BatchNorm"),
+)
+_OCR_SAFE = (
+    ("FPN", f"{_CONV_BN} (PSENet's ConvBNLayer)"),
+    ("EASTFPN", f"{_CONV_BN} (EAST's ConvBNLayer / DeConvBNLayer)"),
+    ("PGFPN", f"{_CONV_BN} (PGNet's ConvBNLayer / DeConvBNLayer)"),
+    ("CSPPAN", f"{_ENDS} (SLANet's depthwise-separable conv + BatchNorm blocks)"),
+    ("RFAdaptor", "builds every matmul as an nn.Linear + BatchNorm1D + ReLU block (RFL's V2S / S2V adaptors)"),
+    ("SASTFPN", f"{INNER_LINKS}, the cross-attention's matmuls, end in its softmax or a conv + BatchNorm"),
+    ("CTFPN", f"{INNER_LINKS}, the FPEM depthwise convs, feed conv + BatchNorm smoothing blocks"),
+)
 ALREADY_SAFE: dict[tuple[str, str], str] = {
-    (PADDLEDET, name): detail
-    for name, detail in (
-        ("PPYOLOFPN", "darknet ConvBNLayer; SPP, CoordConv and the detection blocks included"),
-        ("PPYOLOPAN", "darknet ConvBNLayer; SPP and the CSP blocks included"),
-        ("PPYOLOTinyFPN", "darknet ConvBNLayer; SPP and the depthwise detection blocks included"),
-        ("YOLOv3FPN", "darknet ConvBNLayer"),
-        ("CustomCSPPAN", "PP-YOLOE's ConvBNLayer / RepVGG blocks; SPP included"),
-    )
+    **{(PADDLEDET, name): detail for name, detail in _DET_SAFE},
+    **{(PADDLEOCR, name): detail for name, detail in _OCR_SAFE},
 }
-_READ_IN = "2.6.0"  # the ppdet whose sources ALREADY_SAFE was read from
+_READ_IN = "ppdet 2.6.0 and PaddleDetection's 2024-10 tree"  # the ppdet code ALREADY_SAFE was measured on
+
+# Upstream necks with an unnormalized path and no safe variant, and why none fits.
+NOT_COVERED: dict[tuple[str, str], str] = {
+    (PADDLEOCR, "PRENFPN"): (
+        "its unnormalized outputs are nn.Linear outputs (gcn_pool.linear, gcn_weight.linear, after the pooled graph "
+        "convs), and the variants add a BatchNorm after convs only. Use ampsafe.patch(model) (FP32 islands where a "
+        "scan finds them risky) and a loss-scale floor (`ampsafe run`)"
+    ),
+    (PADDLEOCR, "SequenceEncoder"): (
+        "its path depends on encoder_type: 'reshape' (in 5 configs) has no conv or matmul; 'rnn' (most recognition "
+        "configs) and 'cascadernn' end in paddle's LSTM, which ampsafe's scan cannot trace (an LSTM's output, "
+        "o * tanh(c), is bounded by construction); 'fc' ends in an unnormalized nn.Linear, and the variants normalize "
+        "convs only. Use ampsafe.patch(model) and a loss-scale floor (`ampsafe run`)"
+    ),
+}
 
 
 def ppdet_version() -> str | None:
@@ -100,24 +173,58 @@ def ppdet_version() -> str | None:
 
 
 def already_safe_reason(ecosystem: str, name: str) -> str | None:
-    """Why ``name`` needs no safe variant, naming the installed ppdet; None when it is not one of those."""
+    """Why ``name`` needs no safe variant (naming the ppdet in use for PaddleDetection); None when it is not one."""
     detail = ALREADY_SAFE.get((ecosystem, name))
     if detail is None:
         return None
+    if ecosystem == PADDLEOCR:
+        return (
+            f"PaddleOCR's {name} {detail}, so it has no unnormalized path to its output and no safe variant is "
+            "needed. For the rest of the model use ampsafe.patch(model) (FP32 islands where a scan finds them risky) "
+            "and a loss-scale floor (`ampsafe run -- python tools/train.py ...`)"
+        )
     version = ppdet_version()
     if version is None:
         # a source tree's ppdet (PaddleDetection's tools/ put it on sys.path) has no package metadata: the
         # version in use is unknown here, not absent
-        owner, source = "ppdet's", f"; read in ppdet {_READ_IN}'s sources; the ppdet in use has no version metadata"
+        owner, source = "ppdet's", f" (measured on {_READ_IN}; the ppdet in use has no version metadata)"
     else:
         owner, source = f"ppdet {version}'s", ""
     return (
-        f"{owner} {name} builds every conv as a conv + BatchNorm (+ activation) block ({detail}{source}), so it "
-        "has no unnormalized path and no safe variant is needed. The float16 risk in these detectors is the "
-        "head's final convs, which feed the loss unnormalized by design: protect them with ampsafe.patch(model) "
-        "(FP32 islands where a scan finds them risky) and a loss-scale floor (`ampsafe run -- python "
-        "tools/train.py ...` or ampsafe.paddle.GradScaler)"
+        f"{owner} {name} {detail}{source}, so it has no unnormalized path to its output and no safe variant is "
+        "needed. The float16 risk in these detectors is the head's final convs, which feed the loss unnormalized by "
+        "design: protect them with ampsafe.patch(model) (FP32 islands where a scan finds them risky) and a "
+        "loss-scale floor (`ampsafe run -- python tools/train.py ...` or ampsafe.paddle.GradScaler)"
     )
+
+
+def not_covered_reason(ecosystem: str, name: str) -> str | None:
+    """Why ``name`` has no safe variant though it may have an unnormalized path; None when it is not one of those."""
+    why = NOT_COVERED.get((ecosystem, name))
+    return None if why is None else f"{name} has no safe variant: {why}"
+
+
+def neck_table() -> list[tuple[str, str, str, str]]:
+    """Every upstream neck class this registry knows, as (tree, neck, status, detail) rows sorted by tree and
+    name: ``safe variant`` (detail: the variant and its new keys), ``already safe`` or ``not covered`` (detail:
+    why). tests/patches/test_neck_zoo.py checks that these are exactly the classes each tree registers."""
+    rows = [
+        (s.ecosystem, s.upstream, "safe variant", f"{s.name} (new keys: {s.new_keys})") for s in SAFE_NECKS.values()
+    ]
+    rows += [(eco, name, "already safe", detail) for (eco, name), detail in ALREADY_SAFE.items()]
+    rows += [(eco, name, "not covered", why) for (eco, name), why in NOT_COVERED.items()]
+    return sorted(rows, key=lambda r: (r[0], r[1].lower()))
+
+
+_TREES = {PADDLEOCR: "PaddleOCR", PADDLEDET: "PaddleDetection"}
+
+
+def render_neck_table() -> str:
+    """:func:`neck_table` as a Markdown table (``ampsafe swap-neck --list``)."""
+    lines = ["| tree | neck | status | variant / why |", "|---|---|---|---|"]
+    for eco, name, status, detail in neck_table():
+        lines.append(f"| {_TREES[eco]} | {name} | {status} | {detail.replace('|', '/')} |")
+    return "\n".join(lines)
 
 
 def safe_neck(ecosystem: str, upstream: str) -> SafeNeck | None:

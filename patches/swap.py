@@ -131,9 +131,17 @@ def _plan_ocr(arch: Mapping, source: str) -> list[tuple[str, Mapping, str, str]]
             plan.append((where, neck, name, spec.name))
     if not plan:
         listed = ", ".join(f"{where}.name: {name}" for where, _, name in names)
+        reasons = dict.fromkeys(
+            r
+            for _, _, name in names
+            for r in (registry.already_safe_reason(PADDLEOCR, name), registry.not_covered_reason(PADDLEOCR, name))
+            if r
+        )
+        why = "".join(f" {r}." for r in reasons)
         raise ConfigError(
-            f"{source}: no safe variant for {listed}; necks with an AMP-safe variant: {_supported_text(PADDLEOCR)}. "
-            "For other models use ampsafe.patch(model) or `ampsafe run` (loss-scale floor). Nothing written."
+            f"{source}: no safe variant for {listed}.{why} Necks with an AMP-safe variant: "
+            f"{_supported_text(PADDLEOCR)} (`ampsafe swap-neck --list` says why for every neck). For other models use "
+            "ampsafe.patch(model) or `ampsafe run` (loss-scale floor). Nothing written."
         )
     return plan
 
@@ -495,10 +503,20 @@ def main(argv: list[str] | None = None) -> int:
         prog="ampsafe swap-neck",
         description="Rewrite a PaddleOCR / PaddleDetection config to the AMP-safe neck (BatchNorm after each conv).",
     )
-    parser.add_argument("config", help="the config .yml to read (never modified)")
+    parser.add_argument("config", nargs="?", help="the config .yml to read (never modified)")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print every PaddleOCR / PaddleDetection neck class: safe variant, already safe (why) or not covered (why)",
+    )
     parser.add_argument("-o", "--output", help="where to write (default: <name>_ampsafe.yml next to the input)")
     parser.add_argument("--mode", default="convbn", help="convbn (the only mode the swap offers)")
     args = parser.parse_args(argv)
+    if args.list:
+        print(registry.render_neck_table())
+        return 0
+    if args.config is None:
+        parser.error("a config is needed (or --list)")
     _check_mode(args.mode)
     written, changes = _swap_file(Path(args.config), args.mode, Path(args.output) if args.output else None)
     for where, what in changes:

@@ -21,11 +21,27 @@ FRCNN = "PaddleDetection/configs/faster_rcnn/faster_rcnn_r50_fpn_1x_coco.yml"
 
 
 def test_register_paddledet_is_idempotent_and_keeps_the_full_schema(ppdet_workspace):
-    assert register_paddledet() == ["AmpSafeFPN"]
-    assert register_paddledet() == ["AmpSafeFPN"]  # a second call must not raise "already registered"
+    import importlib
+
+    from ampsafe.patches.registry import PADDLEDET, SAFE_NECKS
+
+    def in_this_ppdet(spec) -> bool:
+        module, attr = spec.upstream_class.split(":")
+        try:
+            return hasattr(importlib.import_module(module), attr)
+        except ImportError:  # a neck added after this ppdet (CLRFPN is not in 2.6.0)
+            return False
+
+    generic = [s for s in SAFE_NECKS.values() if s.ecosystem == PADDLEDET and s.upstream_class and in_this_ppdet(s)]
+    names = register_paddledet()
+    assert names == ["AmpSafeFPN", *(s.name for s in generic)]
+    assert register_paddledet() == names  # a second call must not raise "already registered"
     schema = ppdet_workspace.global_config["AmpSafeFPN"].schema
     assert {"out_channel", "has_extra_convs", "norm_type", "spatial_scales"} <= set(schema)
     assert schema["norm_type"].default == "bn"
+    for spec in generic:  # the one-rule variants: the upstream class's schema, defaults included
+        safe, upstream = (ppdet_workspace.global_config[n].schema for n in (spec.name, spec.upstream))
+        assert {k: v.default for k, v in safe.items()} == {k: v.default for k, v in upstream.items()}
 
 
 def test_yaml_keys_reach_the_safe_neck_through_create(isolated_ppdet, tmp_path):
@@ -100,7 +116,7 @@ def test_yolov3_fpn_ppyolo_pan_and_ppyoloe_pan_have_every_conv_normalized():
 
     from ampsafe.patches.registry import ALREADY_SAFE
 
-    assert {n for _, n in ALREADY_SAFE} == {"PPYOLOFPN", "PPYOLOPAN", "PPYOLOTinyFPN", "YOLOv3FPN", "CustomCSPPAN"}
+    assert {"PPYOLOFPN", "PPYOLOPAN", "PPYOLOTinyFPN", "YOLOv3FPN", "CustomCSPPAN"} <= {n for _, n in ALREADY_SAFE}
     for neck in (
         YOLOv3FPN(in_channels=[64, 128, 256], norm_type="bn"),
         PPYOLOPAN(in_channels=[64, 128, 256], norm_type="bn", drop_block=True, spp=True, conv_block_num=2),
@@ -161,5 +177,8 @@ def test_ppyolofpn_refusal_without_ppdet_says_which_sources_were_read(upstream, 
     monkeypatch.setattr(metadata, "version", not_installed)
     message = _refusal(upstream, tmp_path)
     assert "ppdet's PPYOLOFPN builds every conv" in message
-    assert "read in ppdet 2.6.0's sources; the ppdet in use has no version metadata" in message
+    assert (
+        "measured on ppdet 2.6.0 and PaddleDetection's 2024-10 tree; the ppdet in use has no version metadata"
+        in message
+    )
     assert "no ppdet is installed" not in message  # a source tree's ppdet may be the one in use

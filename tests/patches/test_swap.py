@@ -150,7 +150,9 @@ def test_cli_refusal_exits_nonzero_with_the_message(upstream, tmp_path, capsys):
     )
     assert code == 1
     err = capsys.readouterr().err
-    assert "EASTFPN" in err and "DBFPN, LKPAN, RSEFPN" in err
+    assert "no safe variant for Architecture.Neck.name: EASTFPN" in err
+    assert "PaddleOCR's EASTFPN builds every conv as a conv + BatchNorm" in err  # the measured reason
+    assert "DBFPN, FCEFPN, FPN_UNet, LKPAN, RSEFPN, TableFPN" in err
     assert not (tmp_path / "e.yml").exists()
 
 

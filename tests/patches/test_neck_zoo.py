@@ -1,0 +1,256 @@
+"""Every neck class PaddleOCR and PaddleDetection register, built by the tree's own code at a configuration of its
+own configs (tests/patches/neck_zoo_cases.py) and checked from the built object (ampsafe.paddle.nets.neck_check):
+the registry's table (ampsafe.patches.registry.neck_table) says for each one what the check measures, and each
+safe variant loads the upstream neck's state_dict with only its documented new keys missing and checks safe.
+
+PaddleOCR runs in this process (its ``ppocr`` from shared/upstream/PaddleOCR-src). PaddleDetection runs in one
+subprocess (tests/patches/ppdet_neck_zoo.py) with shared/upstream/PaddleDetection-src first on PYTHONPATH, so that
+the tree is the ppdet read, whichever ppdet this process imported; without the tree, the installed ppdet.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import neck_zoo_cases as cases
+import pytest
+
+from ampsafe.patches import registry
+from ampsafe.patches.registry import PADDLEDET, PADDLEOCR
+
+HERE = Path(__file__).parent
+
+
+def _table(ecosystem: str) -> dict[str, tuple[str, str]]:
+    return {name: (status, detail) for eco, name, status, detail in registry.neck_table() if eco == ecosystem}
+
+
+def test_neck_table_lists_every_neck_once_and_renders_it():
+    rows = registry.neck_table()
+    assert len({(eco, name) for eco, name, _, _ in rows}) == len(rows)
+    text = registry.render_neck_table()
+    assert text.count("\n") == len(rows) + 1
+    for _eco, name, status, _ in rows:
+        assert f"| {name} | {status} |" in text
+
+
+def test_swap_neck_list_prints_the_table_without_importing_paddle():
+    code = "import sys; from ampsafe.patches import swap; swap.main(['--list']); assert 'paddle' not in sys.modules"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == registry.render_neck_table()
+
+
+# ------------------------------------------------------------------------------------------------- PaddleOCR
+
+
+@pytest.fixture(scope="module")
+def ppocr(paddleocr_src):
+    sys.path.insert(0, str(paddleocr_src))
+    try:
+        import ppocr.modeling.necks as necks
+
+        yield necks
+    finally:
+        sys.path.remove(str(paddleocr_src))
+
+
+def _support_dict(src: Path) -> set[str]:
+    """The names ``ppocr.modeling.necks.build_neck`` accepts, read from its code (a list local to the function)."""
+    tree = ast.parse((src / "ppocr/modeling/necks/__init__.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "support_dict" for t in node.targets):
+            return {element.value for element in node.value.elts}
+    raise AssertionError("no support_dict in ppocr/modeling/necks/__init__.py")
+
+
+def _ocr_args(src: Path, name: str) -> dict:
+    import yaml
+
+    rel, maps = cases.OCR[name]
+    section = {}
+    if rel:
+        arch = yaml.safe_load((src / "configs" / rel).read_text(encoding="utf-8"))["Architecture"]
+        section = {k: v for k, v in arch["Neck"].items() if k != "name"}
+        assert arch["Neck"]["name"] == name
+    channels = [c for c, _, _ in maps]
+    in_channels = channels[0] if name in ("SequenceEncoder", "RFAdaptor") else channels
+    extra = cases.OCR_TABLEFPN_ARGS if name == "TableFPN" else {}
+    return {**extra, **section, "in_channels": in_channels}
+
+
+def _ocr_inputs(name: str) -> tuple:
+    import paddle
+
+    paddle.seed(0)
+    maps = [paddle.rand([1, c, h, w]) for c, h, w in cases.OCR[name][1]]
+    return (maps[0],) if name == "SequenceEncoder" else (maps,)
+
+
+def _ocr_build(ppocr, name: str, src: Path, cls=None):
+    args = _ocr_args(src, name)
+    neck = ppocr.build_neck({"name": name, **copy.deepcopy(args)}) if cls is None else cls(**copy.deepcopy(args))
+    neck.eval()
+    return neck
+
+
+def test_the_table_names_exactly_the_necks_paddleocrs_build_neck_accepts(paddleocr_src):
+    assert set(_table(PADDLEOCR)) == _support_dict(paddleocr_src) == set(cases.OCR)
+
+
+def _check(neck, inputs):
+    from ampsafe.paddle.nets.neck_check import check_neck
+
+    return check_neck(neck, inputs)
+
+
+def _assert_reason(detail: str, check, neck) -> None:
+    """The already-safe detail says what the check measured: no open path; only inner links when it says so;
+    every conv in a one-conv conv + norm block when it says so."""
+    from ampsafe.paddle.backend import BACKEND
+    from ampsafe.paddle.nets.normed_necks import in_conv_norm_block
+
+    assert check.safe, check.reason()
+    assert bool(check.inner) == detail.startswith(registry.INNER_LINKS), (detail, check.inner)
+    if detail.startswith("builds every conv as a conv + "):
+        parents = {id(c): (p, n) for p in [neck, *neck.sublayers()] for n, c in p.named_children()}
+        convs = [c for _, c in neck.named_sublayers() if isinstance(c, BACKEND.swaps.convs)]
+        assert convs and all(in_conv_norm_block(*parents[id(c)]) for c in convs), detail
+    if "nn.Linear" in detail:
+        assert "linear" in set(check.ops.values()) and check.normalized_paths, check.reason()
+
+
+@pytest.mark.parametrize("name", sorted(n for (e, n) in registry.ALREADY_SAFE if e == PADDLEOCR))
+def test_paddleocr_already_safe_neck_is_measured_safe_for_the_reason_given(ppocr, paddleocr_src, name):
+    neck = _ocr_build(ppocr, name, paddleocr_src)
+    _assert_reason(registry.ALREADY_SAFE[(PADDLEOCR, name)], _check(neck, _ocr_inputs(name)), neck)
+
+
+def _load(variant, upstream):
+    import numpy as np
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # paddle warns once per key it skips
+        missing, unexpected = variant.set_state_dict(upstream.state_dict())
+    state = variant.state_dict()
+    assert all(np.array_equal(state[k].numpy(), v.numpy()) for k, v in upstream.state_dict().items())
+    return set(missing), set(unexpected)
+
+
+@pytest.mark.parametrize("name", sorted(s.upstream for s in registry.SAFE_NECKS.values() if s.ecosystem == PADDLEOCR))
+def test_paddleocr_safe_variant_loads_the_upstream_keys_and_checks_safe(ppocr, paddleocr_src, name):
+    from ampsafe.paddle.nets.normed_necks import BN_KEYS
+
+    spec = registry.safe_neck(PADDLEOCR, name)
+    inputs = _ocr_inputs(name)
+    upstream = _ocr_build(ppocr, name, paddleocr_src)
+    measured = _check(upstream, inputs)
+    assert not measured.safe and _table(PADDLEOCR)[name][0] == "safe variant"
+    variant = _ocr_build(ppocr, name, paddleocr_src, cls=registry.load_class(spec))
+    missing, unexpected = _load(variant, upstream)
+    assert not unexpected
+    assert missing == set(variant.state_dict()) - set(upstream.state_dict())
+    if spec.upstream_class:  # one rule: a BatchNorm after exactly the convs the check found unnormalized
+        assert set(variant.ampsafe_normalized) == set(measured.unnormalized), measured.reason()
+        assert missing == {f"{c}.bn.{k}" for c in variant.ampsafe_normalized for k in BN_KEYS}
+        for clone in (copy.deepcopy(variant), pickle.loads(pickle.dumps(variant))):  # EMA copies, checkpoints
+            assert type(clone) is type(variant) and set(clone.state_dict()) == set(variant.state_dict())
+    else:  # the hand-written DB necks: their BatchNorms are siblings named *_bn
+        assert missing and all("_bn" in k for k in missing)
+    assert _check(variant, inputs).safe
+
+
+def test_paddleocr_not_covered_necks_end_where_a_conv_norm_cannot_go(ppocr, paddleocr_src):
+    from ampsafe.scanner import ScanError
+
+    assert {n for (e, n) in registry.NOT_COVERED if e == PADDLEOCR} == {"PRENFPN", "SequenceEncoder"}
+    pren = _check(_ocr_build(ppocr, "PRENFPN", paddleocr_src), _ocr_inputs("PRENFPN"))
+    assert pren.to_output and {pren.ops[p] for p in pren.to_output} == {"linear"}, pren.reason()
+    x = _ocr_inputs("SequenceEncoder")
+    encoder = {"in_channels": cases.OCR["SequenceEncoder"][1][0][0], "hidden_size": 96}
+    fc = _check(ppocr.build_neck({"name": "SequenceEncoder", "encoder_type": "fc", **encoder}), x)
+    assert {fc.ops[p] for p in fc.to_output} == {"linear"}
+    reshape = _check(ppocr.build_neck({"name": "SequenceEncoder", "encoder_type": "reshape", **encoder}), x)
+    assert reshape.safe and not reshape.ops
+    rnn = _ocr_build(ppocr, "SequenceEncoder", paddleocr_src)  # rec_icdar15_train.yml: encoder_type rnn
+    assert rnn.encoder_type == "rnn"
+    with pytest.raises(ScanError):
+        _check(rnn, x)
+
+
+# ------------------------------------------------------------------------------------------------- ppdet
+
+
+@pytest.fixture(scope="module")
+def ppdet_zoo(upstream_tree, tmp_path_factory) -> dict:
+    """tests/patches/ppdet_neck_zoo.py's JSON, run on PaddleDetection-src when present (else installed ppdet)."""
+    from bench.ppocr_optin import write_shim
+
+    src = upstream_tree / "PaddleDetection-src"
+    configs = src / "configs" if src.is_dir() else upstream_tree / "PaddleDetection" / "configs"
+    shim = write_shim(tmp_path_factory.mktemp("ppdet-shim"))  # numpy.sctypes for the tree's imgaug import
+    path = [str(shim), *([str(src)] if src.is_dir() else []), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "ppdet_neck_zoo.py"), str(configs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])  # the tree's ppdet prints warnings first
+    if src.is_dir():
+        assert result["ppdet"] == str(src / "ppdet" / "__init__.py")
+    return result
+
+
+def _record(ppdet_zoo, name: str) -> dict:
+    record = ppdet_zoo["necks"][name]
+    if record is None:
+        pytest.skip(f"{name} (or its config) is not in the ppdet in use, {ppdet_zoo['ppdet']}")
+    return record
+
+
+def test_the_table_names_exactly_the_necks_ppdet_registers(ppdet_zoo, upstream_tree):
+    if not (upstream_tree / "PaddleDetection-src").is_dir():
+        pytest.skip("the table is for PaddleDetection's 2024-10 tree (shared/upstream/PaddleDetection-src), absent")
+    assert set(_table(PADDLEDET)) == set(ppdet_zoo["registered"]) == set(cases.DET)
+    generic = {s.name for s in registry.SAFE_NECKS.values() if s.ecosystem == PADDLEDET}
+    assert set(ppdet_zoo["register"]) == generic  # every variant's upstream class is in this ppdet
+
+
+@pytest.mark.parametrize("name", sorted(n for (e, n) in registry.ALREADY_SAFE if e == PADDLEDET))
+def test_ppdet_already_safe_neck_is_measured_safe_for_the_reason_given(ppdet_zoo, name):
+    record, detail = _record(ppdet_zoo, name), registry.ALREADY_SAFE[(PADDLEDET, name)]
+    assert record["safe"], record["reason"]
+    assert bool(record["inner"]) == detail.startswith(registry.INNER_LINKS), (detail, record["inner"])
+    if detail.startswith("builds every conv as a conv + "):
+        assert record["all_conv_bn"], record["unpaired"]
+
+
+@pytest.mark.parametrize("name", sorted(s.upstream for s in registry.SAFE_NECKS.values() if s.ecosystem == PADDLEDET))
+def test_ppdet_safe_variant_loads_the_upstream_keys_and_checks_safe(ppdet_zoo, name):
+    from ampsafe.paddle.nets.normed_necks import BN_KEYS
+
+    spec = registry.safe_neck(PADDLEDET, name)
+    record = _record(ppdet_zoo, name)
+    variant = record["variant"]
+    assert not record["safe"] and variant["safe"], (record["reason"], variant["reason"])
+    assert variant["class"] == spec.target.replace(":", ".")
+    assert not variant["unexpected"] and variant["same_values"]
+    assert set(variant["missing"]) == set(variant["new_keys"])
+    unnormalized = set(record["to_output"]) | set(record["feeding"])
+    if spec.upstream_class:
+        assert set(variant["normalized"]) == unnormalized
+        assert set(variant["missing"]) == {f"{c}.bn.{k}" for c in unnormalized for k in BN_KEYS}
+    else:  # AmpSafeFPN: a sibling <conv>_norm per conv
+        assert set(variant["missing"]) == {f"{c}_norm.{k}" for c in unnormalized for k in BN_KEYS}
