@@ -116,11 +116,11 @@ def _is_norm(path: str) -> bool:
 
 
 def fsdp2(islands: Islands) -> EnginePlan:
-    from ..torch.fsdp import fix_lines
+    from ..torch.fsdp import fully_shard_lines
 
     names = list(islands.keep)
     # a float32 norm output meets float16 layers after it: FSDP2 casts a module's inputs, not its output
-    lines = fix_lines(names, back={p: "torch.float16" for p in names if _is_norm(p)})
+    lines = fully_shard_lines(names, back={p: "torch.float16" for p in names if _is_norm(p)})
     code = "\n".join(
         [
             "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard",
@@ -133,6 +133,11 @@ def fsdp2(islands: Islands) -> EnginePlan:
         "to float32; run them before the `fully_shard` calls of the modules that enclose them (the model's own "
         "included), with the same `mesh=` as yours."
     )
+    if islands.widened:
+        note += (
+            f" The run's heal gave the units {', '.join(islands.widened)} float32 compute: their lines replace "
+            "your script's own `fully_shard` calls of those modules."
+        )
     return EnginePlan("fsdp2", tuple(names), code, value=lines, note=note)
 
 

@@ -29,7 +29,8 @@ class Islands:
     ``measured``: the run's measured HF keep list (empty when none was measured); ``framework``: ``"torch"``,
     ``"paddle"`` or ``""`` (unknown); ``source``: where they came from, for the plan's words; ``model``: the
     model's class name when the run recorded it; ``hf``: whether the model is an HF transformers model (the run
-    measures HF's list for those only; None: unknown, as for a scan)."""
+    measures HF's list for those only; None: unknown, as for a scan); ``widened``: the engine units a heal gave
+    float32 compute (FSDP2 units: their permanent fix replaces the script's own ``fully_shard`` call)."""
 
     modules: tuple[str, ...]
     measured: tuple[str, ...] = ()
@@ -37,6 +38,7 @@ class Islands:
     source: str = ""
     model: str = ""
     hf: bool | None = None
+    widened: tuple[str, ...] = ()
 
     @property
     def keep(self) -> tuple[str, ...]:
@@ -58,9 +60,10 @@ def from_report(report: Mapping[str, Any], source: str = "report.json") -> Islan
         summary = RunSummary.from_dict(report)
     except Exception as exc:  # noqa: BLE001 - any unreadable report is the user's input
         raise ConfigError(f"{source} is not an `ampsafe run` report ({type(exc).__name__}: {exc})") from exc
-    healed, scanned, measured, framework, model, hf = [], [], [], "", "", False
+    healed, widened, scanned, measured, framework, model, hf = [], [], [], [], "", "", False
     for s in summary.scalers:
         healed += [p for h in s.heal_records for p in h.paths]
+        widened += [p for h in s.heal_records for p in h.widened]
         scan = s.backoff_scan
         scanned += list((scan.modules if scan else ()) or ())
         measured += list(s.hf_keep_in_fp32 or ()) + _keep_line_names(scan.hf_keep if scan else None)
@@ -76,7 +79,15 @@ def from_report(report: Mapping[str, Any], source: str = "report.json") -> Islan
             "from `ampsafe.scan(model, inputs)` on a batch that overflows."
         )
     how = "healed" if healed else "found by the backoff scan"
-    return Islands(_ordered(modules), _ordered(measured), framework, f"{source}: the modules the run {how}", model, hf)
+    return Islands(
+        _ordered(modules),
+        _ordered(measured),
+        framework,
+        f"{source}: the modules the run {how}",
+        model,
+        hf,
+        _ordered(widened),
+    )
 
 
 def _keep_line_names(line: str | None) -> list[str]:

@@ -42,7 +42,6 @@ __all__ = [
     "fsdp_modules",
     "float16_sharded",
     "float32_params",
-    "fix_lines",
     "fully_shard_lines",
     "units_of",
     "widen_units",
@@ -239,9 +238,6 @@ def fully_shard_lines(paths, root: str = "model", back: dict | None = None) -> l
             f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32{out}))"
         )
     return lines
-
-
-fix_lines = fully_shard_lines  # the earlier name
 
 
 def _normalizes(module) -> bool:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from ampsafe.plan import plan
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LAYERS = SCRIPTS / "train_layers_fsdp.py"
 STEPS = 14
@@ -96,6 +98,8 @@ def test_ampsafe_run_widens_the_fsdp2_units_a_value_passes_between_and_prints_th
         ]
     )
     assert r0["fix"]["patch"] is None  # no island line: an island of a unit would not hold what it hands on
+    planned = plan(r0, "fsdp2")  # `ampsafe plan report.json --to fsdp2`: the same lines, in place of the calls
+    assert list(planned.value) == lines and "units mid, last float32 compute" in planned.note
     for data, md in reports:
         assert all(line in md for line in lines) and "replaces your script's `fully_shard` call" in md
         assert "--on-floor heal" not in md and "--on-floor heal" not in json.dumps(data)  # it was on
