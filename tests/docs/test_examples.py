@@ -64,3 +64,12 @@ def test_a_broken_example_fails(tmp_path, block):
             example.evaluate()
     finally:
         EXAMPLES._teardown(namespace)
+
+
+def test_every_relative_link_of_the_readme_resolves():
+    """README.md is read on the repository's host and on the package index, outside the site: its links to docs/
+    and bench/results/ must name files that exist (the site's own links are checked by ``mkdocs build --strict``)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+    assert targets
+    assert [t for t in targets if t and not (REPO / t).exists()] == []
