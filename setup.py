@@ -10,7 +10,9 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 # the one version: ampsafe.__version__ (read, not imported: setup.py needs none of ampsafe's requirements)
-VERSION = re.search(r'^__version__ = "([^"]+)"', Path("ampsafe/__init__.py").read_text(encoding="utf-8"), re.M)[1]
+HERE = Path(__file__).resolve().parent
+INIT = (HERE / "ampsafe" / "__init__.py").read_text(encoding="utf-8")
+VERSION = re.search(r'^__version__ = "([^"]+)"', INIT, re.M)[1]
 DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
 
 # the library only: the lab (lab/ampsafe_lab, distribution ampsafe-lab) is its own distribution, lab/setup.py
@@ -20,7 +22,7 @@ setup(
     name="ampsafe",
     version=VERSION,
     description="Safe mixed-precision training for PyTorch and PaddlePaddle: scan, patch, robust GradScaler, NaN sentinel",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     classifiers=[
