@@ -62,3 +62,8 @@ def test_the_metadata_declares_the_extras_classifiers_and_entry_point(metadata):
 def test_the_metadata_declares_a_license_and_project_urls(metadata):
     assert metadata.get("License-Expression") or metadata.get("License")
     assert metadata.get_all("Project-URL")
+
+
+def test_the_readme_lists_every_extra(metadata):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert [e for e in metadata.get_all("Provides-Extra") if f"`[{e}]`" not in readme] == []
