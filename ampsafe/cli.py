@@ -20,6 +20,10 @@ COMMANDS = {
         "ampsafe.run.launcher",
         "run an unmodified training script with ampsafe's scalers: ampsafe run -- python train.py",
     ),
+    "plan": (
+        "ampsafe.plan.cli",
+        "the modules a run report healed, as an engine's float32 list: plan REPORT --to ENGINE",
+    ),
     "bench": (LAB, "run the benchmark suite (quick|full) and write bench/results (needs ampsafe-lab)"),
 }
 

@@ -460,6 +460,13 @@ class Sharding:
         outside is stored in float16 there, past any FP32 island of a module."""
         return []
 
+    def widen(self, model, layers: list[str]) -> list[str]:
+        """Give the engine's units that own the modules at ``layers`` (those whose inputs it casts to float16, see
+        :meth:`low_inputs`) float32 compute for the rest of the run, on this rank (every rank widens the same);
+        returns the units widened, [] where the engine cannot (then a value stored in float16 between them stays
+        past any island)."""
+        return []
+
 
 class Site(Protocol):
     """The run's framework-neutral pieces, as ``Backend.install_run(options, ledger, site)`` gets them: they live

@@ -226,6 +226,44 @@ class Healer:
     def _anywhere(self, flag: bool) -> bool:
         return anywhere(self.backend, self.model, flag)
 
+    def _widen(self, step: int, found: HealVerdict, history) -> Optional[HealPlan]:
+        """A value past 65504 passes between the engine's units (FSDP2 sharded per layer), which cast their inputs
+        to float16: the units every such path passes through get float32 compute for the rest of the run
+        (:meth:`~ampsafe.core.backend.Sharding.widen`; ``found`` is every rank's, so every rank widens the same), and
+        the path's modules outside them become FP32 islands (a norm after the stream goes back to float16 there).
+        None when the engine widens nothing."""
+        streams = _streams(found.paths)
+        layers = list(dict.fromkeys(m for p in streams for m in (p.start, *p.layers)))
+        widened = tuple(self.backend.sharding.widen(self.model, layers))
+        if not widened:
+            return None
+        rest = [m for m in layers if m and not any(under(m, u) for u in widened)]
+        result = self.patch(self.model, policy="island", level=self.level, paths=rest) if rest else None
+        islanded = tuple(result.patched) if result is not None else ()
+        reset = repair_running_stats(self.backend, self.model)
+        restored = restore_scale(history)
+        record = HealRecord(
+            step=step,
+            paths=widened + tuple(m for m in islanded if m not in widened),
+            found=tuple(p.start for p in streams),
+            amax={p.start: p.amax for p in streams},
+            reset_running_stats=tuple(reset),
+            verdict=found,
+            widened=widened,
+        )
+        self.heals.append(record)
+        log.warning(
+            "ampsafe heal at step %s: a value past 65504 (max amax %s) passes between %s, whose inputs the engine "
+            "casts to float16: gave %s float32 compute for the rest of the run%s; scale restored to %s",
+            step,
+            _fmt_max(record.amax),
+            ", ".join(widened),
+            "them" if len(widened) > 1 else "it",
+            f", islanded {', '.join(islanded)}" if islanded else "",
+            restored,
+        )
+        return HealPlan(record.paths, restored, record)
+
     def __call__(self, scaler=None, info=None, *, off_floor: bool = False) -> Optional[HealPlan]:
         """Heal on the last batch (the scaler's hook). ``off_floor=True`` (a streak of overflows above the floor):
         heal only when the scanned forward pass overflows, else return ``None`` (also when no heals are left),
@@ -278,6 +316,9 @@ class Healer:
         found = _merged(local, verdicts)
         stored = _stored_low(found.paths, self.backend.sharding.low_inputs(self.model))
         if stored is not None:
+            plan = self._widen(step, found, history)
+            if plan is not None:
+                return plan
             path, entered = stored
             raise fail(
                 f"not healed: the path from {path.start} reaches |x| = {path.amax:.4g} in float32 on the replayed "
@@ -352,6 +393,11 @@ class Healer:
             f"; reset non-finite running statistics of {', '.join(reset)}" if reset else "",
         )
         return HealPlan(islanded, restored, record)
+
+
+def _streams(paths) -> list[RiskPath]:
+    """The paths whose float32 value passes float16's max in the forward (finite in float32)."""
+    return [p for p in paths if p.overflows_in == "forward" and FP16_MAX < _amax(p) < math.inf]
 
 
 def _common_peak(paths, swallowed: Optional[str]) -> Optional[str]:

@@ -30,7 +30,17 @@ from ..core.ledger import AttrPatches
 from .options import ENV_REPORT
 from .records import Ended
 
-__all__ = ["ExitHooks", "explain_exit", "write_report", "mark_loaded", "LOADED", "at_exit", "keep_at_exit_first"]
+__all__ = [
+    "ExitHooks",
+    "explain_exit",
+    "write_report",
+    "write_report_on_sigterm",
+    "mark_loaded",
+    "LOADED",
+    "at_exit",
+    "keep_at_exit_first",
+    "alive",
+]
 
 LOADED = ".loaded"  # ``<pid>.loaded`` in ``AMPSAFE_RUN_REPORT``: this process loaded ampsafe
 
@@ -113,19 +123,57 @@ def explain_exit(guards: list) -> None:
                 return
 
 
-def write_report(session) -> None:
+def write_report(session, *, explain: bool = True) -> None:
     """``<pid>.json`` in ``AMPSAFE_RUN_REPORT``: the summary of ``session`` (a
-    :class:`~ampsafe.run.session.RunSession`), when it is still installed."""
+    :class:`~ampsafe.run.session.RunSession`), when it is still installed. Written whole or not at all (a
+    temporary file renamed into place), so the parent never reads half a summary. ``explain=False``: no replay
+    of the last forward first (a process told to stop now)."""
     directory = os.environ.get(ENV_REPORT)
     if not directory or not session.open:
         return
-    if not session.exits.raised:  # --watch's sentinel stopped the run: its error names the origin already
+    if explain and not session.exits.raised:  # --watch's sentinel stopped the run: its error names the origin
         explain_exit(session.guards)
+    path = os.path.join(directory, f"{os.getpid()}.json")
     try:
-        with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as fh:
+        with open(path + ".part", "w", encoding="utf-8") as fh:
             json.dump(session.summary().to_dict(), fh, default=repr)
+        os.replace(path + ".part", path)
     except OSError as exc:
         print(f"[ampsafe] could not write the run report: {exc}", file=sys.stderr)
+
+
+TERMINATED = (
+    "SIGTERM: the process was told to stop (torchrun and torch.multiprocessing send it to the other ranks when one "
+    "ends with an error)"
+)
+
+
+def write_report_on_sigterm(current: Callable[[], object]) -> None:
+    """A launcher that stops the other ranks when one fails (torchrun, ``torch.multiprocessing.spawn``) sends them
+    SIGTERM, which ends a Python process without its exit hooks: its summary was lost. Where SIGTERM still has its
+    default action (the main thread, no handler of the script's), the handler writes the summary of
+    ``current()`` (the session) first, noting the signal, then ends the process by the same signal. A handler
+    installed later that calls this one too (Lightning's, which lets the trainer finish its step) is in charge:
+    then this one does nothing, and the process ends as that handler decides."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def terminated(signum, _frame) -> None:
+        if signal.getsignal(signum) is not terminated:
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        try:
+            session = current()
+            if session is not None and session.open:
+                if session.exits.ended is None:
+                    session.exits.ended = Ended(exception=TERMINATED)
+                write_report(session, explain=False)
+        finally:
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, terminated)
 
 
 def mark_loaded() -> None:
@@ -138,6 +186,22 @@ def mark_loaded() -> None:
             open(os.path.join(directory, f"{os.getpid()}{LOADED}"), "w").close()
         except OSError:
             pass  # the marker only words the parent's message
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, which no longer runs, is not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process holds the pid
+        return True
+    return True
 
 
 def died_text(signum: int, loaded: bool) -> str:

@@ -17,7 +17,7 @@ scalers, guards, watches, changes and ending), entered by :func:`install` and le
 
 from __future__ import annotations
 
-from .exits import at_exit, mark_loaded, write_report
+from .exits import at_exit, mark_loaded, write_report, write_report_on_sigterm
 from .launcher import format_summary
 from .options import ENV_OPTIONS, ENV_REPORT, RunOptions
 from .session import LOCK, RunSession, current
@@ -113,4 +113,5 @@ def install_from_env() -> RunOptions:
     options = install_options(RunOptions.from_env())
     mark_loaded()
     at_exit(_write_report)
+    write_report_on_sigterm(current)
     return options

@@ -25,11 +25,12 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
-from .exits import LOADED, died_text
+from .exits import LOADED, alive, died_text
 from .options import DEFAULT_REPORT_DIR, ENV_OPTIONS, ENV_REPORT, ON_BAD_TARGET, ON_FLOOR, RunOptions
 
 __all__ = ["main", "options_from_config", "format_summary", "SITECUSTOMIZE", "RunOptions", "ENV_OPTIONS", "ENV_REPORT"]
@@ -231,6 +232,45 @@ def _reports(report_dir: str) -> list[dict]:
     return out
 
 
+WRITER_WAIT_S = 30.0  # as long as torchrun gives the other ranks between its SIGTERM and its SIGKILL
+
+
+def _run_command(command: list[str], env: dict) -> int:
+    """The command's exit status. On Ctrl-C (which the command got too) it is given time to end and write its
+    summaries, and killed only on a second Ctrl-C or after :data:`WRITER_WAIT_S`: status 130."""
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"ampsafe run: cannot start {command[0]!r}: {exc}") from exc
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=WRITER_WAIT_S)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        return 130
+
+
+def _wait_for_writers(report_dir: str, limit: float = WRITER_WAIT_S) -> None:
+    """Wait (at most ``limit`` seconds) for every process that loaded ampsafe and has not written its summary yet
+    while it still runs: a launcher may return before the ranks it started have ended (torchrun's workers run in
+    sessions of their own, and outlive it when it is killed), and the reports folder goes with the run's
+    temporary folder."""
+    deadline = time.monotonic() + limit
+    directory = Path(report_dir)
+    while time.monotonic() < deadline:
+        pending = [
+            int(p.name[: -len(LOADED)])
+            for p in directory.glob(f"*{LOADED}")
+            if p.name[: -len(LOADED)].isdigit() and not (directory / f"{p.name[: -len(LOADED)]}.json").exists()
+        ]
+        if not any(alive(pid) for pid in pending):
+            return
+        time.sleep(0.1)
+
+
 def _write_run_report(reports: list[dict], options: RunOptions, command: list[str], returncode: int) -> None:
     """``--report DIR``: report.md / report.json / scale.png per process, and where they are."""
     if not options.report:
@@ -280,12 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(site_dir)
         os.makedirs(report_dir)
         Path(site_dir, "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
-        try:
-            returncode = subprocess.call(command, env=_child_env(options, site_dir, report_dir))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"ampsafe run: cannot start {command[0]!r}: {exc}") from exc
-        except KeyboardInterrupt:
-            returncode = 130
+        returncode = _run_command(command, _child_env(options, site_dir, report_dir))
+        _wait_for_writers(report_dir)
         reports = _reports(report_dir)
         loaded = bool(reports) or any(Path(report_dir).glob(f"*{LOADED}"))
     for change in sorted({c for r in reports for c in r.get("changes", [])}):

@@ -58,13 +58,14 @@ def _active(report: RunSummary) -> bool:
 
 
 def _healed_paths(report: RunSummary) -> dict[str, list[str]]:
-    """framework -> the module paths healed (in heal order, each once): the heal records the scalers kept, which
-    are the modules each heal's log line named."""
+    """framework -> the module paths healed into FP32 islands (in heal order, each once): the heal records the
+    scalers kept, which are the modules each heal's log line named. An engine unit the heal widened is not an
+    island (an island of it would not hold the value it hands on): the engine's own lines fix it."""
     out: dict[str, list[str]] = {}
     for s in report.scalers:
         for h in s.heal_records:
             paths = out.setdefault(s.framework, [])
-            paths += [p for p in h.paths if p not in paths]
+            paths += [p for p in h.paths if p not in paths and p not in h.widened]
     return out
 
 
@@ -405,6 +406,12 @@ def _overflow_advice(s: ScalerRecord) -> list[str]:
             "`--on-floor heal` so the offending paths become FP32 islands, then apply the patch line this report "
             "gives."
         ]
+    if s.floor_hits and not s.heal_records and not s.below_floor:  # on_floor was heal: never advise it
+        return out + [
+            f"{s.class_name}: {s.floor_hits} floor hit(s) with on_floor={s.on_floor!r} and neither a heal nor the "
+            "reason for none recorded: the process ended before its heal at the floor did (how the run ended is "
+            "below). `ampsafe.scan(model, batch)` on a batch of that step names the paths near float16's max."
+        ]
     if s.overflow_steps and not s.floor_hits and not s.heal_records:
         return out + [_backoff_advice(s)]
     return out
@@ -494,6 +501,11 @@ def _scaler_line(s: ScalerRecord) -> str:
     heals = "; ".join(
         f"step {h.step}: {', '.join(h.paths) or '(no paths)'}"
         + (" (its gradient overflowed at the floor, the forward in range)" if h.cause == "backward" else "")
+        + (
+            f" ({', '.join(h.widened)}: float32 policy for the run, a value past 65504 passes between them)"
+            if h.widened
+            else ""
+        )
         for h in s.heal_records
     )
     below = "; ".join(f"step {b.step}: {b.floor:g} -> {b.scale:g}" for b in s.below_floor[:10])

@@ -172,7 +172,8 @@ class TrackedScaler:
                 h.verdict.where if h.verdict is not None else "", ""
             )
             paths = tuple(prefixed(self.holder_path, h.paths))
-            out.append(Heal(step=h.step, paths=paths, scale_after=h.scale_after, cause=cause))
+            widened = tuple(prefixed(self.holder_path, getattr(h, "widened", ())))
+            out.append(Heal(step=h.step, paths=paths, scale_after=h.scale_after, cause=cause, widened=widened))
         return tuple(out)
 
     def _scan(self) -> BackoffScan | None:

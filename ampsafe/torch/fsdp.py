@@ -14,7 +14,15 @@ the permanent fix is FSDP2's own per-module policy, applied before the enclosing
     fully_shard(model.decoder.block[1].layer[2].DenseReluDense.wo,
                 mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))
 
-(:func:`fix_lines`), which gives the module float32 parameters and casts its floating inputs to float32.
+(:func:`fully_shard_lines`, the one formatter of these lines), which gives the module float32 parameters and casts
+its floating inputs to float32.
+
+A value past 65504 that one ``fully_shard`` unit hands to another (per-layer sharding, torchtitan's and verl's
+layout) is cast to float16 by the receiving unit's pre-forward hook, past any island. FSDP2 reads a unit's policy
+at every forward (``FSDPState._mp_policy`` for the input and output casts, ``FSDPParam.param_dtype`` for the
+all-gather), so :func:`widen_units` gives those units a float32 ``param_dtype`` for the rest of the run, as
+:func:`float32_params` does for the length of a replay; the permanent fix is the same policy in the user's own
+``fully_shard`` call of each unit.
 """
 
 from __future__ import annotations
@@ -35,11 +43,15 @@ __all__ = [
     "float16_sharded",
     "float32_params",
     "fix_lines",
+    "fully_shard_lines",
+    "units_of",
+    "widen_units",
     "module_expr",
     "engine_fix",
     "low_input_modules",
     "zero3_partitioned",
     "ADVICE",
+    "UNIT_ADVICE",
 ]
 
 
@@ -61,6 +73,15 @@ def fsdp_modules(model) -> list:
 
 def _low(dtype) -> bool:
     return dtype in (torch.float16, torch.bfloat16)
+
+
+def _groups(state) -> list:
+    """The FSDP parameter groups of one ``fully_shard`` state (none for a unit that holds no parameters)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # a torch with one group per state
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return list(groups)
 
 
 def float16_sharded(model) -> bool:
@@ -114,19 +135,14 @@ def float32_params(model) -> Iterator[None]:
             wide = dataclasses.replace(state._mp_policy, param_dtype=torch.float32)
             saved.append(("state", state, state._mp_policy))
             state._mp_policy = wide
-            group = state._fsdp_param_group
-            if group is None:
-                continue
-            if not group.is_sharded:
-                group.reshard()
-            saved.append(("group", group, group.mp_policy))
-            group.mp_policy = dataclasses.replace(group.mp_policy, param_dtype=torch.float32)
-            for fsdp_param in group.fsdp_params:
-                saved.append(("param", fsdp_param, _save_param(fsdp_param)))
-                fsdp_param.init_dtype_attrs(group.mp_policy)
-                fsdp_param.all_gather_outputs = []
-                if hasattr(fsdp_param, "_unsharded_param"):
-                    del fsdp_param._unsharded_param
+            for group in _groups(state):
+                if not group.is_sharded:
+                    group.reshard()
+                saved.append(("group", group, group.mp_policy))
+                group.mp_policy = dataclasses.replace(group.mp_policy, param_dtype=torch.float32)
+                for fsdp_param in group.fsdp_params:
+                    saved.append(("param", fsdp_param, _save_param(fsdp_param)))
+                    _regather(fsdp_param, group.mp_policy)
         yield
     finally:
         for kind, owner, old in reversed(saved):
@@ -140,6 +156,64 @@ def float32_params(model) -> Iterator[None]:
                 _load_param(owner, old)
 
 
+def _regather(fsdp_param, policy) -> None:
+    """``fsdp_param`` all-gathers in ``policy``'s ``param_dtype`` from its next unshard on: FSDP2 keeps the buffers
+    of its first all-gather (``FSDPParam.init_all_gather_outputs`` and ``init_unsharded_param`` return early once
+    they exist), so they are dropped with the dtype attributes set again (``init_dtype_attrs``)."""
+    fsdp_param.init_dtype_attrs(policy)
+    fsdp_param.all_gather_outputs = []
+    if hasattr(fsdp_param, "_unsharded_param"):
+        del fsdp_param._unsharded_param
+
+
+def units_of(model, layers) -> list[str]:
+    """The ``fully_shard`` units (module paths, the root left out) that own the modules at ``layers``: for each,
+    the innermost ``fully_shard`` module that is it or encloses it; in model order, each once."""
+    shards = set(fsdp_modules(model))
+    units = [name for name, module in model.named_modules() if name and module in shards]
+    owned = set()
+    for layer in layers:
+        inner = [u for u in units if layer == u or layer.startswith(u + ".")]
+        if inner:
+            owned.add(max(inner, key=len))
+    return [u for u in units if u in owned]
+
+
+def _widened(policy):
+    """``policy`` with float32 compute, and no cast of the unit's output back to a low dtype (the value it hands on
+    is what passes 65504)."""
+    out = policy.output_dtype if policy.output_dtype is None or not _low(policy.output_dtype) else None
+    return dataclasses.replace(policy, param_dtype=torch.float32, output_dtype=out)
+
+
+def widen_units(model, units) -> list[str]:
+    """Give the ``fully_shard`` units at ``units`` (module paths) a float32 ``param_dtype`` for the rest of the
+    run: their inputs are cast to float32, their parameters all-gathered in float32 (the sharded float32 parameters
+    and the optimizer are untouched), their gradients reduced in float32. Returns the units changed (those with a
+    low ``param_dtype``). Every rank must widen the same units: the all-gathers of a unit then carry float32 on all
+    of them. A unit still unsharded (after a forward under no grad) is resharded first."""
+    modules = dict(model.named_modules())
+    shards = set(fsdp_modules(model))
+    changed = []
+    for path in units:
+        module = modules.get(path)
+        if module is None or module not in shards:
+            continue
+        state = module._get_fsdp_state()
+        if not _low(state._mp_policy.param_dtype):
+            continue
+        state._mp_policy = wide = _widened(state._mp_policy)
+        for group in _groups(state):
+            if not group.is_sharded:
+                group.reshard()
+            group.mp_policy = wide
+            for fsdp_param in group.fsdp_params:
+                _regather(fsdp_param, group.mp_policy)
+            group._init_mp_dtypes()  # the group's reduce dtype follows its parameters'
+        changed.append(path)
+    return changed
+
+
 _INDEX = re.compile(r"^\d+$")
 
 
@@ -151,10 +225,12 @@ def module_expr(path: str, root: str = "model") -> str:
     return out
 
 
-def fix_lines(paths, root: str = "model", back: dict | None = None) -> list[str]:
+def fully_shard_lines(paths, root: str = "model", back: dict | None = None) -> list[str]:
     """The FSDP2 lines that keep ``paths`` in float32 for good: one ``fully_shard`` each, to run before the
-    ``fully_shard`` calls of the modules that enclose them (the model's own included). ``back``: path -> the dtype
-    (``"torch.float16"``) its output goes back to (``output_dtype``), for the float16 layers after it."""
+    ``fully_shard`` calls of the modules that enclose them (the model's own included), or in place of the script's
+    own call of a module it already shards. ``back``: path -> the dtype (``"torch.float16"``) its output goes back
+    to (``output_dtype``), for the float16 layers after it. The one formatter of these lines (the report's, and
+    any plan's)."""
     back = back or {}
     lines = []
     for p in paths:
@@ -163,6 +239,9 @@ def fix_lines(paths, root: str = "model", back: dict | None = None) -> list[str]
             f"fully_shard({module_expr(p, root)}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32{out}))"
         )
     return lines
+
+
+fix_lines = fully_shard_lines  # the earlier name
 
 
 def _normalizes(module) -> bool:
@@ -177,6 +256,13 @@ ADVICE = (
     "float32: run these lines before the `fully_shard` calls of the modules that enclose them (the model's own "
     "included), with the same `mesh=` as yours:"
 )
+UNIT_ADVICE = (
+    "FSDP2 casts the inputs of each `fully_shard` unit to its float16 `param_dtype`, so a value past 65504 that "
+    "one unit hands to the next is stored in float16 there, past any FP32 island; the heal gave these units a "
+    "float32 policy for the run. Make it permanent with FSDP2's own policy: each line replaces your script's "
+    "`fully_shard` call of that module (same `mesh=` and other arguments as yours; run the ones of modules you did "
+    "not shard before the calls of the modules that enclose them):"
+)
 
 
 def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
@@ -190,8 +276,10 @@ def engine_fix(model, paths) -> dict[str, tuple[str, str]]:
     # a float32 norm output meets float16 layers after it ("expected m1 and m2 to have the same dtype"); FSDP2 casts
     # a module's inputs, not its output, so a normalization's goes back to the model's dtype, which holds it
     low = str(fsdp_modules(model)[0]._get_fsdp_state()._mp_policy.param_dtype)
-    lines = fix_lines(kept, back={p: low for p in kept if _normalizes(modules[p])})
-    return {"torch_fsdp2": ("\n".join(lines), ADVICE)} if lines else {}
+    lines = fully_shard_lines(kept, back={p: low for p in kept if _normalizes(modules[p])})
+    shards = set(fsdp_modules(model))
+    advice = UNIT_ADVICE if any(modules[p] in shards for p in kept) else ADVICE
+    return {"torch_fsdp2": ("\n".join(lines), advice)} if lines else {}
 
 
 def zero3_partitioned(model) -> bool:
@@ -215,3 +303,6 @@ class Fsdp2(Sharding):
 
     def low_inputs(self, model) -> list[str]:
         return low_input_modules(model)
+
+    def widen(self, model, layers: list[str]) -> list[str]:
+        return widen_units(model, [u for u in units_of(model, layers) if u in low_input_modules(model)])

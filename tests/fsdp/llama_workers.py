@@ -10,12 +10,15 @@ INIT_SCALE = 4.0  # two halvings to the floor (min_scale 1)
 
 
 def _shard(model, mesh, dtype, per_layer: bool) -> None:
+    """The user's sharding: each decoder layer (``per_layer``), then the model; a layer a printed fix line already
+    sharded keeps that line's policy (the line replaces the user's call of it)."""
     import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers if per_layer else ():
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        if not isinstance(layer, FSDPModule):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
@@ -23,8 +26,9 @@ def brink_worker(rank: int, world: int, port: int, out: str, modes: tuple) -> No
     """For each of ``modes``, from the brink, ``STEPS`` steps under ampsafe's scaler with ``on_floor="heal"``: what
     the scaler did each step, its heals, and the error that ended the run (if one did), saved as
     ``<out>/<mode><rank>.pt``. "pure": FSDP2 ``param_dtype`` float16, each decoder layer and the model sharded;
-    "root": the same, the model alone sharded; "fix": as "root", after the ``fully_shard`` lines the previous mode's
-    heal printed; "autocast": ``param_dtype`` float32 per layer, the forward under
+    "pure_fix": as "pure", the ``fully_shard`` lines its heal printed in place of the calls of those layers (and
+    before the model's); "root": the same, the model alone sharded; "fix": as "root", after the ``fully_shard``
+    lines the "root" heal printed; "autocast": ``param_dtype`` float32 per layer, the forward under
     ``torch.autocast("cpu", torch.float16)`` (measured: its heal's scan raised "aten.mm.default got mixed
     torch.Tensor and DTensor"; not tested)."""
     import torch
@@ -36,10 +40,11 @@ def brink_worker(rank: int, world: int, port: int, out: str, modes: tuple) -> No
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
-    fix = ""
+    fixes = {}
     for mode in modes:
+        fix = fixes.get({"fix": "root", "pure_fix": "pure"}.get(mode), "")
         record = _run(mode, mesh, rank, world, fix)
-        fix = record["fix"].get("torch_fsdp2", ("", ""))[0] or fix
+        fixes[mode] = record["fix"].get("torch_fsdp2", ("", ""))[0]
         torch.save(record, os.path.join(out, f"{mode}{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
@@ -55,7 +60,7 @@ def _run(mode: str, mesh, rank: int, world: int, fix: str) -> dict:
     workload, _, first = llama_brink.brink_start(0)
     model = workload.model
     names = {"fully_shard": lambda m, **kw: fully_shard(m, mesh=mesh, **kw), "torch": torch}
-    for line in fix.splitlines() if mode == "fix" else ():
+    for line in fix.splitlines():
         exec(line, {**names, "MixedPrecisionPolicy": MixedPrecisionPolicy, "model": model})  # the printed line
     per_layer = mode not in ("root", "fix")
     _shard(model, mesh, torch.float32 if mode == "autocast" else torch.float16, per_layer=per_layer)

@@ -92,7 +92,8 @@ class HealRecord:
     ``found``: the path starts and risky-op modules the heal named (``paths`` is what islanding them turned into
     FP32 islands); ``ops``: the risky ops as ``module:op``; ``amax``: float32 max |value| per found path or op;
     ``reset_running_stats``: normalization layers whose non-finite statistics were reset; ``verdict``: the
-    evidence the heal decided on.
+    evidence the heal decided on; ``widened``: the engine's units among ``paths`` given float32 compute instead of
+    an island (FSDP2 units a value past 65504 passes between, :meth:`~ampsafe.core.backend.Sharding.widen`).
     """
 
     step: int
@@ -104,6 +105,7 @@ class HealRecord:
     amax: Mapping[str, Optional[float]] = field(default_factory=dict, hash=False)
     reset_running_stats: tuple = ()
     verdict: Optional[HealVerdict] = field(default=None, hash=False)
+    widened: tuple = ()
 
     def to_dict(self) -> dict:
         """What reports read (``ScalerStats.to_dict``): the step, the islanded paths and the scales."""
