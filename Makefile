@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The brink checkpoints the demo, tests and bench share (the library's own default is ~/.cache/ampsafe).
 export AMPSAFE_CACHE ?= $(CURDIR)/.cache/ampsafe
 
-.PHONY: venv demo test test-isa lint format bench clean
+.PHONY: venv demo test test-isa lint format bench docs clean
 
 $(STAMP): requirements-dev.txt setup.py lab/setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -27,8 +27,8 @@ demo: $(STAMP)
 	$(BIN)/ampsafe demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check ampsafe patches tests bench lab
-	$(BIN)/ruff format --check ampsafe patches tests bench lab
+	$(BIN)/ruff check ampsafe patches tests bench lab conftest.py docs/hooks
+	$(BIN)/ruff format --check ampsafe patches tests bench lab conftest.py docs/hooks
 
 format: $(STAMP)
 	$(BIN)/ruff format ampsafe patches tests bench lab
@@ -53,5 +53,9 @@ test-isa: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/ampsafe bench --suite quick
 
+# the documentation site (mkdocs.yml, docs/) into site/; tests/docs builds it too
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info lab/build lab/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info lab/build lab/*.egg-info .pytest_cache

@@ -4,18 +4,37 @@ PaddlePaddle is deliberately not a requirement: `paddlepaddle` and `paddlepaddle
 `paddle` module, so a dependency on one would clobber a user's other. Install your Paddle build first.
 """
 
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+# the one version: ampsafe.__version__ (read, not imported: setup.py needs none of ampsafe's requirements)
+HERE = Path(__file__).resolve().parent
+INIT = (HERE / "ampsafe" / "__init__.py").read_text(encoding="utf-8")
+VERSION = re.search(r'^__version__ = "([^"]+)"', INIT, re.M)[1]
+DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
 
 # the library only: the lab (lab/ampsafe_lab, distribution ampsafe-lab) is its own distribution, lab/setup.py
 packages = find_packages(include=["ampsafe", "ampsafe.*"], exclude=["lab", "lab.*"]) + ["ampsafe.patches"]
 
 setup(
     name="ampsafe",
-    version="0.1.0",
+    version=VERSION,
     description="Safe mixed-precision training for PyTorch and PaddlePaddle: scan, patch, robust GradScaler, NaN sentinel",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+    keywords=["mixed precision", "float16", "AMP", "GradScaler", "PyTorch", "PaddlePaddle"],
     packages=packages,
     # `patches/` (ready-made patches for upstream model families) is installed as `ampsafe.patches`.
     package_dir={"ampsafe.patches": "patches"},
@@ -54,7 +73,9 @@ setup(
         # numpy.sctypes shim as the tests' sitecustomize has)
         "paddleocr": ["scikit-image", "imgaug", "lmdb", "rapidfuzz"],
         "bench": ["matplotlib", "rich", "pycocotools"],
-        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff"],
+        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "sybil==10.1.0", *DOCS],
+        # the documentation site: mkdocs build --strict (mkdocs.yml, docs/)
+        "docs": DOCS,
     },
     entry_points={"console_scripts": ["ampsafe=ampsafe.cli:main"]},
 )

@@ -31,11 +31,19 @@ COMMANDS = {
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items())
-    return f"usage: ampsafe COMMAND [ARGS]\n\ncommands:\n{rows}\n\n'ampsafe COMMAND --help' for a command's options."
+    return (
+        f"usage: ampsafe [--version] COMMAND [ARGS]\n\ncommands:\n{rows}\n\n"
+        "'ampsafe COMMAND --help' for a command's options."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        from . import __version__
+
+        print(f"ampsafe {__version__}")
+        return 0
     if not argv or argv[0] in {"-h", "--help"}:
         print(_usage())
         return 0 if argv else 2
