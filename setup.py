@@ -25,6 +25,8 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
+    license="MIT",
+    license_files=["LICENSE"],
     classifiers=[
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",

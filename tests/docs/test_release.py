@@ -58,10 +58,10 @@ def test_the_metadata_declares_the_extras_classifiers_and_entry_point(metadata):
     assert "ampsafe run -- python train.py" in metadata.get_payload()  # the README is the long description
 
 
-@pytest.mark.xfail(strict=True, reason="the project has chosen no license and no public URL yet (the lead decides)")
-def test_the_metadata_declares_a_license_and_project_urls(metadata):
-    assert metadata.get("License-Expression") or metadata.get("License")
-    assert metadata.get_all("Project-URL")
+def test_the_metadata_declares_the_license_and_ships_its_text(metadata):
+    assert (metadata["License-Expression"] or metadata["License"]) == "MIT"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    assert (REPO / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
 
 
 def test_the_readme_lists_every_extra(metadata):
