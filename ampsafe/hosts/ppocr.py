@@ -29,12 +29,15 @@ def register_necks(session, module) -> None:
 def dynamic_scale_fix(scale: float) -> dict:
     """PaddleOCR's words for a dynamic loss scale from ``scale``: the two ``Global`` keys its ``tools/train.py``
     reads into ``paddle.amp.GradScaler(init_loss_scaling=scale_loss, use_dynamic_loss_scaling=...)`` (defaults
-    1.0 and False: with ``use_amp: True`` alone the scale is fixed at 1), as YAML keys and as ``-o`` overrides."""
+    1.0 and False: with ``use_amp: True`` alone the scale is fixed at 1), as YAML keys and as ``-o`` overrides
+    (with where they go: PaddleOCR reads only the last ``-o`` of a command)."""
     config = {"Global.use_dynamic_loss_scaling": "True", "Global.scale_loss": f"{float(scale):g}"}
     return {
         "trainer": "PaddleOCR",
         "config": config,
         "overrides": "-o " + " ".join(f"{k}={v}" for k, v in config.items()),
+        # tools/program.py's ArgsParser takes -o with nargs="+": a second -o replaces the first
+        "overrides_note": "the pairs go into the command's one -o list (PaddleOCR keeps only its last -o)",
     }
 
 

@@ -262,8 +262,8 @@ class StaticScale(_Record):
     finite, its fractions of gradient elements zero / subnormal in float16 (:mod:`ampsafe.core.underflow`);
     ``chosen_scale``: the dynamic start ampsafe chose from that measurement
     (:func:`~ampsafe.core.underflow.lift_scale`) and ``subnormal_at_chosen`` its projected subnormal fraction of
-    the non-zero elements; ``trainer``, ``config`` (key -> value) and ``overrides`` (the command-line form): the
-    trainer's own fix (PaddleOCR's ``Global`` keys); ``code``: the framework's line; ``note``: why nothing was
+    the non-zero elements; ``trainer``, ``config`` (key -> value) and ``overrides`` (the command-line form, and
+    ``overrides_note``: where it goes): the trainer's own fix (PaddleOCR's ``Global`` keys); ``code``: the framework's line; ``note``: why nothing was
     measured, if so."""
 
     level: str = ""
@@ -280,6 +280,7 @@ class StaticScale(_Record):
     trainer: str = ""
     config: Mapping[str, str] = field(default_factory=dict)
     overrides: str = ""
+    overrides_note: str = ""
     code: str = ""
     note: str = ""
 

@@ -145,7 +145,8 @@ def static_scale_lines(report: RunSummary) -> list[str]:
             "",
         ]
         if t.overrides:
-            lines += [f"Add to the {t.trainer or 'training'} command line:", "", "```bash", t.overrides, "```", ""]
+            where = f" ({t.overrides_note})" if t.overrides_note else ""
+            lines += [f"On the {t.trainer or 'training'} command line{where}:", "", "```bash", t.overrides, "```", ""]
         if t.config:
             lines += [f"or in the {t.trainer or 'training'} config:", "", "```yaml", *_yaml(t.config), "```", ""]
         if t.code:

@@ -15,12 +15,13 @@ scaler keeps the script's arguments, so the run trains as the script asked). The
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Optional
 
 from ..core.underflow import LOST_LIMIT, Underflow, lift_scale
 from .records import StaticScale
 
-__all__ = ["StaticScaleWatch", "static_scale_of", "TRAP_SCALE"]
+__all__ = ["StaticScaleWatch", "static_scale_of", "note_level", "TRAP_SCALE"]
 
 TRAP_SCALE = 1.0  # a fixed scale at or below this is no loss scaling at all
 
@@ -47,6 +48,21 @@ def _level(scaler) -> str:
     emulator, level, _ = state
     level = str(getattr(emulator, "level", None) or level or "")
     return level if level in ("O1", "O2") else ""
+
+
+def note_level(scaler, optimizer) -> None:
+    """Before ``scaler`` unscales ``optimizer``'s gradients: the level of the step's forward, as the FP32 guard
+    saw it (at step 0 the scaler has captured no forward yet), for a scaler the session names static."""
+    from .guard import forward_precision
+    from .session import current
+
+    session = current()
+    tracked = next((t for t in session.scalers if t.scaler is scaler), None) if session is not None else None
+    watch = getattr(tracked, "static", None)
+    if watch is None or watch.level:
+        return
+    found = re.search(r"\bO[12]\b", forward_precision(optimizer) or "")
+    watch.level = found.group(0) if found else ""
 
 
 def _call(kwargs: dict) -> str:
@@ -116,11 +132,13 @@ class StaticScaleWatch:
     def _measured_line(self) -> str:
         u, (trainer, code) = self.measured, self._fix()
         fix = trainer.get("overrides") or code
+        where = trainer.get("overrides_note")
         yaml = ", ".join(f"{k}: {v}" for k, v in trainer.get("config", {}).items())
         return (
             f"step {u.step}: {self.words}: {u.zero:.2%} of {u.elements:,} gradient elements are zero in float16 and "
             f"{u.subnormal:.2%} subnormal (below 2^-14); fix: {fix}"
-            + (f" (in the config: {yaml})" if yaml else "")
+            + (f" ({where})" if where else "")
+            + (f", or in the config: {yaml}" if yaml else "")
             + f"; at scale {self.chosen:g} {u.subnormal_at(self.chosen):.2%} of the non-zero elements would stay "
             "subnormal (see report.md)"
         )
@@ -143,6 +161,7 @@ class StaticScaleWatch:
             trainer=trainer.get("trainer", ""),
             config=dict(trainer.get("config", {})),
             overrides=trainer.get("overrides", ""),
+            overrides_note=trainer.get("overrides_note", ""),
             code=code,
             note="" if u is not None else "no step with finite gradients was sampled (underflow sampling off?)",
         )
