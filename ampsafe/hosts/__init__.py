@@ -25,8 +25,8 @@ banner, its list of changes, its ledger); a host never imports the run.
   error. ``set_attr(owner, name, value)`` patches one attribute (in the run's ledger), ``tell(line)`` puts a
   line in the banner when the switch acts.
 - ``static_scale``: ``fn(scale) -> dict`` with the trainer's own words for a dynamic loss scale starting at
-  ``scale`` (``trainer``, ``config``: key -> value, ``overrides``: the command-line form, ``overrides_note``:
-  where it goes), for a run whose
+  ``scale`` (``trainer``, ``source``: the settings that built the static scaler, ``config``: key -> value,
+  ``overrides``: the command-line form, ``overrides_note``: where it goes), for a run whose
   scaler was built static at scale 1 (:mod:`ampsafe.run.static_scale`); the host answers when one of its
   modules is imported (:func:`running`).
 

@@ -34,6 +34,7 @@ def dynamic_scale_fix(scale: float) -> dict:
     config = {"Global.use_dynamic_loss_scaling": "True", "Global.scale_loss": f"{float(scale):g}"}
     return {
         "trainer": "PaddleOCR",
+        "source": "PaddleOCR's Global.scale_loss / Global.use_dynamic_loss_scaling (defaults 1.0 / False)",
         "config": config,
         "overrides": "-o " + " ".join(f"{k}={v}" for k, v in config.items()),
         # tools/program.py's ArgsParser takes -o with nargs="+": a second -o replaces the first

@@ -132,12 +132,15 @@ def _before_unscale(scaler) -> None:
 
 
 def _note_level(scaler, optimizer) -> None:
-    """A scaler built static at scale 1 learns the AMP level of the step's forward while the FP32 guard still
-    holds it (:mod:`ampsafe.run.static_scale`); advice only."""
-    from .static_scale import note_level
+    """A scaler the run named static at scale 1 (:mod:`ampsafe.run.static_scale`) learns the AMP level of the
+    step's forward while the FP32 guard still holds it; advice only."""
+    from .static_scale import watch_of
 
+    watch = watch_of(scaler)
+    if watch is None:
+        return
     try:
-        note_level(scaler, optimizer)
+        watch.note_level(optimizer)
     except Exception:  # noqa: BLE001 - the level is a word of the report; training goes on
         pass
 

@@ -16,14 +16,25 @@ scaler keeps the script's arguments, so the run trains as the script asked). The
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any, Callable, Optional
 
 from ..core.underflow import LOST_LIMIT, Underflow, lift_scale
 from .records import StaticScale
 
-__all__ = ["StaticScaleWatch", "static_scale_of", "note_level", "TRAP_SCALE"]
+__all__ = ["StaticScaleWatch", "static_scale_of", "watch_of", "TRAP_SCALE"]
 
 TRAP_SCALE = 1.0  # a fixed scale at or below this is no loss scaling at all
+# scaler -> its watch; weak, and off the scaler, so that pickling a scaler never drags the run along
+_WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def watch_of(scaler) -> Optional[StaticScaleWatch]:
+    """The :class:`StaticScaleWatch` of a scaler the run named static, or None."""
+    try:
+        return _WATCHES.get(scaler)
+    except TypeError:  # a scaler that takes no weak reference is never watched
+        return None
 
 
 def static_scale_of(scaler) -> Optional[float]:
@@ -48,21 +59,6 @@ def _level(scaler) -> str:
     emulator, level, _ = state
     level = str(getattr(emulator, "level", None) or level or "")
     return level if level in ("O1", "O2") else ""
-
-
-def note_level(scaler, optimizer) -> None:
-    """Before ``scaler`` unscales ``optimizer``'s gradients: the level of the step's forward, as the FP32 guard
-    saw it (at step 0 the scaler has captured no forward yet), for a scaler the session names static."""
-    from .guard import forward_precision
-    from .session import current
-
-    session = current()
-    tracked = next((t for t in session.scalers if t.scaler is scaler), None) if session is not None else None
-    watch = getattr(tracked, "static", None)
-    if watch is None or watch.level:
-        return
-    found = re.search(r"\bO[12]\b", forward_precision(optimizer) or "")
-    watch.level = found.group(0) if found else ""
 
 
 def _call(kwargs: dict) -> str:
@@ -97,15 +93,30 @@ class StaticScaleWatch:
         self.say = say
         self.measured: Optional[Underflow] = None
         self.chosen: Optional[float] = None
-        trainer = _trainer_fix(self.scale).get("trainer", "")
+        self.sampled = False  # the run's underflow series was there at a step
+        try:
+            _WATCHES[scaler] = self
+        except TypeError:  # no weak reference: the level comes from the scaler's own capture only
+            pass
+        source = _trainer_fix(self.scale).get("source", "")
         built = f"{framework}'s GradScaler({_call(kwargs)})" if kwargs else f"{framework}'s GradScaler"
-        if trainer == "PaddleOCR":
-            built += ", from PaddleOCR's Global.scale_loss / Global.use_dynamic_loss_scaling (defaults 1.0 / False)"
+        if source:
+            built += f", from {source}"
         say(
             f"{built}: a static loss scale of {self.scale:g}, no dynamic scaling: a step with an inf is still "
             "skipped, but the scale never moves and gradients below 6e-8 flush to zero in float16 without a word; "
             "kept as built (training unchanged), measured, and the fix printed at the first step with finite gradients"
         )
+
+    def note_level(self, optimizer) -> None:
+        """Before the scaler unscales ``optimizer``'s gradients: the level of the step's forward, as the FP32
+        guard saw it (at step 0 the scaler has captured no forward yet). Called by the run's scaler class."""
+        if self.level:
+            return
+        from .guard import forward_precision
+
+        found = re.search(r"\bO[12]\b", forward_precision(optimizer) or "")
+        self.level = found.group(0) if found else ""
 
     @property
     def words(self) -> str:
@@ -117,6 +128,7 @@ class StaticScaleWatch:
         sampled step's gradients were finite (a skipped step's inf says nothing of underflow)."""
         if not self.level:
             self.level = _level(scaler)
+        self.sampled = self.sampled or series is not None
         latest = getattr(series, "latest", None)
         if self.measured is not None or decision.found_inf or latest is None or latest.step != decision.step:
             return
@@ -143,6 +155,13 @@ class StaticScaleWatch:
             "subnormal (see report.md)"
         )
 
+    def _note(self) -> str:
+        if self.measured is not None:
+            return ""
+        if not self.sampled:
+            return "the run sampled no gradient underflow (--no-underflow or --headroom-every 0)"
+        return "no sampled step had finite gradients"
+
     def record(self) -> StaticScale:
         u = self.measured
         trainer, code = self._fix()
@@ -163,5 +182,5 @@ class StaticScaleWatch:
             overrides=trainer.get("overrides", ""),
             overrides_note=trainer.get("overrides_note", ""),
             code=code,
-            note="" if u is not None else "no step with finite gradients was sampled (underflow sampling off?)",
+            note=self._note(),
         )
