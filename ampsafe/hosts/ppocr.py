@@ -38,7 +38,7 @@ def dynamic_scale_fix(scale: float) -> dict:
         "config": config,
         "overrides": "-o " + " ".join(f"{k}={v}" for k, v in config.items()),
         # tools/program.py's ArgsParser takes -o with nargs="+": a second -o replaces the first
-        "overrides_note": "the pairs go into the command's one -o list (PaddleOCR keeps only its last -o)",
+        "overrides_note": "the pairs go into the command's one -o list: PaddleOCR keeps only its last -o",
     }
 
 
