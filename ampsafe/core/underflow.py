@@ -37,6 +37,7 @@ __all__ = [
     "Underflow",
     "measure_underflow",
     "judge_scale",
+    "lift_scale",
     "model_grads",
     "FP16_TINY",
     "FP16_MIN_SUBNORMAL",
@@ -48,6 +49,8 @@ FP16_TINY = 2.0**-14  # float16's smallest normal: below it a value keeps fewer 
 FP16_MIN_SUBNORMAL = 2.0**-24  # float16's smallest subnormal: at or below half of it a value rounds to zero
 _FLUSH_LOG2 = -25.0  # |v| <= 2**-25 rounds to zero in float16 (round half to even)
 LOST_LIMIT = 0.01  # judge_scale's default: a scale that flushes more than 1% of the non-zero gradient is named
+LIFT_CAP = 2.0**15  # lift_scale's highest proposal: the scale a dynamic scaler starts from, not where it ends
+LIFT_HEADROOM_BITS = 4  # lift_scale keeps the largest measured gradient this many bits below float16's 2**16
 WORST_MODULES = 5  # modules kept in Underflow.per_module
 
 
@@ -91,6 +94,16 @@ class Underflow:
             elif e - 1 < cut:
                 lost += n * (cut - (e - 1))
         return lost / total
+
+    def subnormal_at(self, scale: float) -> float:
+        """The fraction of the elements non-zero now that would still sit below 2**-14 (or flush) in float16 at
+        ``scale``, a scale at or above this one (a power-of-two ratio: the histogram's bins move whole). Counted by
+        bin, so a value exactly on 2**-14 counts as below it."""
+        total = self.nonzero
+        if total == 0 or not scale >= self.scale:
+            return 0.0
+        shift = math.log2(scale / self.scale)
+        return sum(n for e, n in self.exponents if e + shift <= -14) / total
 
     def to_dict(self) -> dict[str, Any]:
         """The record's fields as JSON holds them (the histogram left out: it judges scales in the run)."""
@@ -178,3 +191,24 @@ def judge_scale(underflow: Underflow, scale: float, limit: float = LOST_LIMIT) -
         f"at scale {underflow.scale:g} (step {underflow.step}) to zero, more than the {limit:.0%} allowed "
         "(measured on the parameter gradients: the activation gradients inside the backward lose at least as much)"
     )
+
+
+def lift_scale(
+    underflow: Underflow, limit: float = LOST_LIMIT, cap: float = LIFT_CAP, headroom_bits: int = LIFT_HEADROOM_BITS
+) -> float:
+    """The loss scale to start a dynamic scaler from, chosen from one measurement: the smallest power-of-two
+    multiple of the measured scale at which at most ``limit`` (1%) of the non-zero gradient elements still sit below
+    float16's smallest normal (:meth:`Underflow.subnormal_at`), kept so that the largest measured element stays
+    ``headroom_bits`` below 2**16 and at most ``cap``; never below the measured scale.
+
+    Why a start and not an answer: the measurement sees the parameter gradients only, and the elements already
+    flushed at the measured scale are not in its histogram; a dynamic scaler moves on from this value."""
+    scale = float(underflow.scale)
+    if not underflow.exponents or not scale > 0:
+        return max(scale, 1.0)
+    top = max(e for e, _ in underflow.exponents)
+    highest = min(float(cap), scale * 2.0 ** (16 - headroom_bits - top))
+    chosen = scale
+    while chosen * 2 <= highest and underflow.subnormal_at(chosen) > limit:
+        chosen *= 2
+    return chosen

@@ -24,6 +24,11 @@ banner, its list of changes, its ledger); a host never imports the run.
   the attributes it patches: a version without one of them gets one warning line (:func:`apply`), never an
   error. ``set_attr(owner, name, value)`` patches one attribute (in the run's ledger), ``tell(line)`` puts a
   line in the banner when the switch acts.
+- ``static_scale``: ``fn(scale) -> dict`` with the trainer's own words for a dynamic loss scale starting at
+  ``scale`` (``trainer``, ``source``: the settings that built the static scaler, ``config``: key -> value,
+  ``overrides``: the command-line form, ``overrides_note``: where it goes), for a run whose
+  scaler was built static at scale 1 (:mod:`ampsafe.run.static_scale`); the host answers when one of its
+  modules is imported (:func:`running`).
 
 No host module imports its trainer, or a framework, when it is imported: each reaches them inside the
 functions that need them.
@@ -39,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["Host", "hosts", "install", "targets", "apply", "emulating"]
+__all__ = ["Host", "hosts", "install", "targets", "apply", "emulating", "running"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,12 @@ class Host:
     loggers: Mapping[str, Callable] = field(default_factory=dict)
     emulation: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     emulate: Callable | None = None
+    static_scale: Callable | None = None
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The trainer's modules this host hooks (any of them imported: the trainer is running)."""
+        return (*self.registers, *self.loggers, *self.emulation)
 
 
 @functools.cache
@@ -65,6 +76,11 @@ def hosts() -> dict[str, Host]:
         host = importlib.import_module(f"{__name__}.{info.name}").HOST
         found[host.name] = host
     return found
+
+
+def running() -> list[Host]:
+    """The hosts whose trainer this process has imported (one of :attr:`Host.modules` in ``sys.modules``)."""
+    return [h for h in hosts().values() if any(m in sys.modules for m in h.modules)]
 
 
 def install(session) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import Host
 from ._install import training_stats
 
-__all__ = ["register_necks", "HOST"]
+__all__ = ["register_necks", "dynamic_scale_fix", "HOST"]
 
 
 def register_necks(session, module) -> None:
@@ -26,8 +26,25 @@ def register_necks(session, module) -> None:
         session.say(ppocr_registration_line(done))
 
 
+def dynamic_scale_fix(scale: float) -> dict:
+    """PaddleOCR's words for a dynamic loss scale from ``scale``: the two ``Global`` keys its ``tools/train.py``
+    reads into ``paddle.amp.GradScaler(init_loss_scaling=scale_loss, use_dynamic_loss_scaling=...)`` (defaults
+    1.0 and False: with ``use_amp: True`` alone the scale is fixed at 1), as YAML keys and as ``-o`` overrides
+    (with where they go: PaddleOCR reads only the last ``-o`` of a command)."""
+    config = {"Global.use_dynamic_loss_scaling": "True", "Global.scale_loss": f"{float(scale):g}"}
+    return {
+        "trainer": "PaddleOCR",
+        "source": "PaddleOCR's Global.scale_loss / Global.use_dynamic_loss_scaling (defaults 1.0 / False)",
+        "config": config,
+        "overrides": "-o " + " ".join(f"{k}={v}" for k, v in config.items()),
+        # tools/program.py's ArgsParser takes -o with nargs="+": a second -o replaces the first
+        "overrides_note": "the pairs go into the command's one -o list: PaddleOCR keeps only its last -o",
+    }
+
+
 HOST = Host(
     "ppocr",
     registers={"ppocr.modeling.necks": register_necks},
     loggers={"ppocr.utils.stats": training_stats},
+    static_scale=dynamic_scale_fix,
 )

@@ -79,6 +79,18 @@ def latest_inputs(model) -> tuple[tuple, dict] | None:
     return None
 
 
+def forward_precision(optimizer) -> str | None:
+    """Why the latest training forward of ``optimizer``'s model computed in float16 (the guard's
+    ``low_precision`` words, ``"float16 auto_cast O1 (emulated)"``), as a guard saw it since the step began, or
+    None: what a run's scaler, which sees no forward before its first step, reads for the step's AMP level."""
+    for guard in _guards:
+        model = guard._known(optimizer) if guard.enabled else None
+        tracked = guard._tracked.get(id(model)) if model is not None else None
+        if tracked is not None and tracked.low:
+            return tracked.low
+    return None
+
+
 def _depth(name: str) -> int:
     return getattr(_tls, name, 0)
 

@@ -30,6 +30,7 @@ __all__ = [
     "HeadroomAlert",
     "Headroom",
     "UnderflowRecord",
+    "StaticScale",
     "AddScaler",
     "NoScaler",
     "ScalerRecord",
@@ -250,6 +251,42 @@ class UnderflowRecord(_Record):
 
 
 @dataclass(frozen=True)
+class StaticScale(_Record):
+    """A scaler built with a fixed loss scale of 1 (``use_dynamic_loss_scaling=False``, ``init_loss_scaling=1``:
+    PaddleOCR's ``Global.use_amp: True`` alone): skipped steps still skip, but the scale never moves, so nothing
+    lifts the gradients float16 flushes. Read from the scaler the script built, never from a config file.
+
+    ``level``: the AMP level of its first step's forward ("O2", "" unknown); ``scale``: the fixed scale;
+    ``dynamic``: always False here (the field says what was seen); ``words``: the one phrase the banner and the
+    report use (``"O2, static loss scale 1, no dynamic scaling"``); ``kwargs``: the script's arguments to the
+    scaler; ``step``, ``zero``, ``subnormal``, ``elements``: the first sampled step whose gradients were
+    finite, its fractions of gradient elements zero / subnormal in float16 (:mod:`ampsafe.core.underflow`);
+    ``chosen_scale``: the dynamic start ampsafe chose from that measurement
+    (:func:`~ampsafe.core.underflow.lift_scale`) and ``subnormal_at_chosen`` its projected subnormal fraction of
+    the non-zero elements; ``trainer``, ``config`` (key -> value) and ``overrides`` (the command-line form, and
+    ``overrides_note``: where it goes): the trainer's own fix (PaddleOCR's ``Global`` keys); ``code``: the framework's line; ``note``: why nothing was
+    measured, if so."""
+
+    level: str = ""
+    scale: float | None = None
+    dynamic: bool = False
+    words: str = ""
+    kwargs: Mapping[str, str] = field(default_factory=dict)
+    step: int | None = None
+    zero: float | None = None
+    subnormal: float | None = None
+    elements: int = 0
+    chosen_scale: float | None = None
+    subnormal_at_chosen: float | None = None
+    trainer: str = ""
+    config: Mapping[str, str] = field(default_factory=dict)
+    overrides: str = ""
+    overrides_note: str = ""
+    code: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class ScalerRecord(_Record):
     """One scaler the run built: the summary's row. ``steps``: ``(step, scale, overflow, floor hit)`` per step
     (the plot); ``island_levels``: level -> (where, advice) of the framework's levels whose island line differs;
@@ -260,6 +297,7 @@ class ScalerRecord(_Record):
         "backoff_scan": BackoffScan,
         "headroom": Headroom,
         "underflow": UnderflowRecord,
+        "static_scale": StaticScale,
     }
     _MANY: ClassVar[Mapping[str, type]] = {
         "heal_records": Heal,
@@ -300,6 +338,7 @@ class ScalerRecord(_Record):
     below_floor: tuple[BelowFloorStep, ...] = ()
     refusals: tuple[Refusal, ...] = ()
     underflow: UnderflowRecord | None = None  # gradient underflow on the sampled steps, before the unscale
+    static_scale: StaticScale | None = None  # built with a fixed loss scale of 1 (the scale never moves)
 
     @property
     def overflowed(self) -> bool:

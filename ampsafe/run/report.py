@@ -149,6 +149,7 @@ def problems(report: Summary, returncode: int | None = None) -> list[str]:
                 f"{' (steps ' + _cut(skipped_at, 10) + ')' if skipped_at else ''}, {s.floor_hits} floor "
                 f"hits, {s.heals} heals{'; ' + _input_steps(s, 10) if s.input_steps else ''}"
             )
+    out += [f"{s.class_name}: {s.static_scale.words}" for s in report.scalers if s.static_scale is not None]
     for g in report.guards:
         if g.skipped_steps:
             out.append(f"FP32 guard ({g.framework}): {g.skipped_steps} step(s) skipped")
@@ -219,7 +220,8 @@ def format_summary(reports: list[Summary], returncode: int | None = None) -> str
             guarded = " (its optimizer steps went through the FP32 guard)" if guards else ""
             lines.append(head + _disabled_text(s.disabled_reason) + guarded)
             continue
-        lines.append(head + _scaler_counts(s, 8))
+        static = f"; {s.static_scale.words} (see report.md)" if s.static_scale is not None else ""
+        lines.append(head + _scaler_counts(s, 8) + static)
     for pid, g in guards:
         lines += _guard_lines(pid, g)
     for pid, t in targets:
@@ -471,9 +473,10 @@ def permanent_fix(
     all_paths = [p for paths in healed.values() for p in paths]
     levels = _level_islands(report, healed)
     advice = [a for g in report.guards for a in _guard_advice(g, report.watch)]
-    from .report_underflow import no_scaler_advice
+    from .report_underflow import no_scaler_advice, static_scale_advice
 
     advice += no_scaler_advice(report)
+    advice += static_scale_advice(report)
     advice += [
         f"{t.where}: {t.bad_boxes} bad box(es) ({t.policy}); first: {t.first}. Fix the "
         "annotations, or keep `--on-bad-target drop`."

@@ -7,9 +7,9 @@ records (:class:`~ampsafe.run.records.UnderflowRecord`, :class:`~ampsafe.run.rec
 
 from __future__ import annotations
 
-from .records import AddScaler, GuardRecord, NoScaler, RunSummary, UnderflowRecord
+from .records import AddScaler, GuardRecord, NoScaler, RunSummary, StaticScale, UnderflowRecord
 
-__all__ = ["underflow_lines", "no_scaler_advice", "add_scaler_code"]
+__all__ = ["underflow_lines", "no_scaler_advice", "add_scaler_code", "static_scale_lines", "static_scale_advice"]
 
 
 def _fractions(u: UnderflowRecord) -> str:
@@ -59,7 +59,7 @@ def _no_scaler(g: GuardRecord) -> NoScaler | None:
 def underflow_lines(report: RunSummary) -> list[str]:
     """``## Gradient underflow``: per sampled scaler and per guard of float16 steps without a scaler (the lines
     that add one, in the framework's words); [] when nothing was sampled or seen."""
-    lines: list[str] = []
+    lines: list[str] = static_scale_lines(report)
     for s in report.scalers:
         if s.underflow is not None and (s.underflow.samples or s.underflow.note):
             lines += _series_lines(f"{s.framework} scaler (read before each unscale)", s.underflow)
@@ -105,4 +105,77 @@ def no_scaler_advice(report: RunSummary) -> list[str]:
             f"{g.framework}: the optimizer steps ran a float16 backward with no loss scaler ({n.why}, from step "
             f"{n.step}){measured}: add one" + (f": {code}" if code else "") + " (see Gradient underflow)."
         )
+    return out
+
+
+def _built(t: StaticScale) -> str:
+    return f"GradScaler({', '.join(f'{k}={v}' for k, v in t.kwargs.items())})" if t.kwargs else "GradScaler"
+
+
+def _measured(t: StaticScale) -> str:
+    if t.step is None:
+        return f"nothing measured ({t.note})" if t.note else "nothing measured"
+    return (
+        f"at step {t.step}, {t.zero:.2%} of {t.elements:,} gradient elements were zero in float16 (an upper bound "
+        f"on what it flushed: a zero of float32 counts too) and {t.subnormal:.2%} subnormal (below 2^-14)"
+    )
+
+
+def static_scale_lines(report: RunSummary) -> list[str]:
+    """Per scaler built with a fixed loss scale of 1: what it is, what was measured, and the fix ampsafe chose
+    from the measurement, in the trainer's words (config keys and command-line overrides) and the framework's."""
+    lines: list[str] = []
+    for s in report.scalers:
+        t = s.static_scale
+        if t is None:
+            continue
+        by = f"by {t.trainer} " if t.trainer else ""
+        lines += [
+            f"**{s.framework} scaler: {t.words}** (built {by}as {_built(t)}): a step with an inf is still skipped, but "
+            f"the scale never moves, so a gradient below float16's smallest subnormal flushes to zero; "
+            f"{_measured(t)}. ampsafe kept the scaler as built (training unchanged).",
+            "",
+        ]
+        if t.chosen_scale is None:
+            continue
+        lines += [
+            f"Use dynamic loss scaling from {t.chosen_scale:g}, the lowest power of two at which at most 1% of the "
+            f"measured non-zero gradient elements stay below 2^-14 ({t.subnormal_at_chosen:.2%} there; the dynamic "
+            "scaler moves on from it):",
+            "",
+        ]
+        if t.overrides:
+            where = f" ({t.overrides_note})" if t.overrides_note else ""
+            lines += [f"On the {t.trainer or 'training'} command line{where}:", "", "```bash", t.overrides, "```", ""]
+        if t.config:
+            lines += [f"or in the {t.trainer or 'training'} config:", "", "```yaml", *_yaml(t.config), "```", ""]
+        if t.code:
+            lines += ["or in code:" if t.trainer else "In code:", "", "```python", t.code, "```", ""]
+    return lines
+
+
+def _yaml(config) -> list[str]:
+    """``Global.scale_loss: 32`` keys as nested YAML lines, grouped under their sections."""
+    out, section = [], None
+    for key, value in config.items():
+        head, _, name = key.rpartition(".")
+        if head != section:
+            out.append(f"{head}:")
+            section = head
+        out.append(f"  {name}: {value}")
+    return out
+
+
+def static_scale_advice(report: RunSummary) -> list[str]:
+    """One sentence per scaler built with a fixed loss scale of 1: the fix's advice."""
+    out = []
+    for s in report.scalers:
+        t = s.static_scale
+        if t is None:
+            continue
+        fix = f"`{t.overrides}`" if t.overrides else f"`{t.code}`" if t.code else "dynamic loss scaling"
+        measured = (
+            f" ({t.zero:.1%} of the gradient elements zero in float16 at step {t.step})" if t.step is not None else ""
+        )
+        out.append(f"{s.framework} scaler: {t.words}{measured}: use {fix} (see Gradient underflow).")
     return out

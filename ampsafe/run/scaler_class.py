@@ -82,6 +82,7 @@ def with_floor(
             (:meth:`~ampsafe.run.headroom.HeadroomSampler.before_unscale`); the framework's ``step`` and
             ``minimize`` unscale through here too."""
             _before_unscale(self)
+            _note_level(self, optimizer)
             return super().unscale_(optimizer, *args, **kwargs)
 
         def _run_scale(self) -> float | None:
@@ -128,6 +129,20 @@ def _before_unscale(scaler) -> None:
     except Exception as exc:  # noqa: BLE001 - training goes on without the sample
         if sampler.underflow is not None:
             sampler.underflow.note = f"underflow sampling stopped: {type(exc).__name__}: {exc}"[:300]
+
+
+def _note_level(scaler, optimizer) -> None:
+    """A scaler the run named static at scale 1 (:mod:`ampsafe.run.static_scale`) learns the AMP level of the
+    step's forward while the FP32 guard still holds it; advice only."""
+    from .static_scale import watch_of
+
+    watch = watch_of(scaler)
+    if watch is None:
+        return
+    try:
+        watch.note_level(optimizer)
+    except Exception:  # noqa: BLE001 - the level is a word of the report; training goes on
+        pass
 
 
 def _through_scaler(cls: type, name: str) -> Callable:

@@ -142,6 +142,8 @@ class RunSession:
                 tracked.headroom = HeadroomSampler(
                     scaler, every, prefix=lambda: tracked.holder_path, model=model, underflow=self.options.underflow
                 )
+        if self.open:
+            self._static_scale(tracked, scaler, framework, kwargs)
         if self.open and self.options.watch:
             tracked.watch = ScalerWatch(self, scaler)
             tracked.watch.arm()
@@ -150,6 +152,14 @@ class RunSession:
 
             tensorboard(self, tracked)
         return tracked
+
+    def _static_scale(self, tracked: TrackedScaler, scaler, framework: str, kwargs: dict) -> None:
+        """A scaler built with a fixed scale of 1: named now, measured on its steps (ampsafe.run.static_scale)."""
+        from .static_scale import StaticScaleWatch, static_scale_of
+
+        scale = static_scale_of(scaler)
+        if scale is not None:
+            tracked.static = StaticScaleWatch(scaler, framework, kwargs, scale, self.say)
 
     def reloaded(self, scaler, before: float | None) -> None:
         """The scaler's state was loaded from a checkpoint: an event of the run (the report lists it)."""

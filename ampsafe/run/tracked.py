@@ -114,6 +114,7 @@ class TrackedScaler:
         self.bad_inputs: list[BadInputStep] = []  # steps skipped for a non-finite model input (data)
         self.origins: list[OverflowOrigin] = []  # overflowing steps' backward evidence
         self.board: str | None = None  # --tensorboard: the folder of its event file (ampsafe.run.loggers)
+        self.static: Any = None  # built with a fixed scale of 1 (ampsafe.run.static_scale), or None
         self._hf_follow: Callable = follow(scaler)
 
     def on_step(self, decision) -> None:
@@ -140,6 +141,8 @@ class TrackedScaler:
                 self.headroom.on_step(self.scaler, decision)
             except Exception as exc:  # noqa: BLE001 - a sample is advice: training goes on without it
                 self.headroom.stop(f"sampling stopped at step {decision.step}: {type(exc).__name__}: {exc}"[:300])
+        if self.static is not None:
+            self.static.on_step(self.scaler, decision, getattr(self.headroom, "underflow", None))
         if self.watch is not None:
             self.watch.on_step(decision)
 
@@ -225,6 +228,7 @@ class TrackedScaler:
             below_floor=tuple(BelowFloorStep(**b.to_dict()) for b in getattr(stats, "below_floor", ())),
             refusals=tuple(Refusal(step, why[:2000]) for step, why in getattr(stats, "refusals", ())),
             underflow=self._underflow(),
+            static_scale=self.static.record() if self.static is not None else None,
         )
 
     def _underflow(self):

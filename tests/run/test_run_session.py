@@ -16,7 +16,7 @@ SCALER_KEYS = {
     "class", "framework", "script_kwargs", "scale", "disabled_reason", "model", "model_path", "heal_records",
     "hf_keep_in_fp32", "steps", "watch_backoffs", "backoff_scan", "island_levels", "engine_fixes", "reloads",
     "input_steps", "bad_inputs", "headroom", "underflow", "on_floor", "overflow_origins", "below_floor", "refusals",
-    "total_steps", "skipped_steps", "overflow_steps", "floor_hits", "scale_history", "heals",
+    "static_scale", "total_steps", "skipped_steps", "overflow_steps", "floor_hits", "scale_history", "heals",
 }  # fmt: skip
 GUARD_KEYS = {
     "framework", "model", "total_steps", "skipped_steps", "skipped_at", "offenders", "scaler_steps",
