@@ -6,7 +6,9 @@ PaddleOCR and PaddleDetection, their registration, and the config neck swap.
     ampsafe.patches.register_paddledet()   # AmpSafeFPN / CLRFPN / HRFPN in ppdet's workspace
 
 ``ampsafe swap-neck --list`` prints, for every neck class of PaddleOCR and PaddleDetection, whether it has a safe
-variant, needs none (the measured reason) or is not covered (why): :func:`registry.render_neck_table`.
+variant, needs none (the measured reason) or is not covered (why): :func:`registry.render_neck_table`, checked
+against :func:`neck_check.check_neck` (``ampsafe.scan`` on the built neck: is there an unnormalized path to its
+output?).
 
 The neck classes are Paddle code, defined in :mod:`ampsafe.paddle.nets` (``paddleocr_necks`` and ``ppdet_necks``
 here re-export them by name); nothing here imports paddle until a neck is built or registered.

@@ -97,7 +97,7 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
 }
 
 # Upstream necks with no unnormalized conv/matmul path to their output: nothing to swap. (ecosystem, name) -> what
-# ampsafe.paddle.nets.neck_check measured on the neck built at a configuration of its tree's configs (the phrase
+# ampsafe.patches.neck_check measured on the neck built at a configuration of its tree's configs (the phrase
 # follows "<owner>'s <name> "). tests/patches/test_neck_zoo.py builds every one from PaddleOCR's and
 # PaddleDetection's own code (the 2024-10 tree, else the installed ppdet) and checks the verdict and the detail.
 _CONV_BN = "builds every conv as a conv + BatchNorm (+ activation) block"  # and the check finds no open path

@@ -1,5 +1,5 @@
 """Every neck class PaddleOCR and PaddleDetection register, built by the tree's own code at a configuration of its
-own configs (tests/patches/neck_zoo_cases.py) and checked from the built object (ampsafe.paddle.nets.neck_check):
+own configs (tests/patches/neck_zoo_cases.py) and checked from the built object (ampsafe.patches.neck_check):
 the registry's table (ampsafe.patches.registry.neck_table) says for each one what the check measures, and each
 safe variant loads the upstream neck's state_dict with only its documented new keys missing and checks safe.
 
@@ -107,7 +107,7 @@ def test_the_table_names_exactly_the_necks_paddleocrs_build_neck_accepts(paddleo
 
 
 def _check(neck, inputs):
-    from ampsafe.paddle.nets.neck_check import check_neck
+    from ampsafe.patches.neck_check import check_neck
 
     return check_neck(neck, inputs)
 

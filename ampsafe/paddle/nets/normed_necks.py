@@ -13,7 +13,7 @@ BatchNorm is the conv's child ``<conv>.bn`` (new keys ``<conv>.bn.weight``, ``.b
 Which convs: those whose sublayer path matches one of the spec's ``normalizes`` patterns
 (:data:`ampsafe.patches.registry.SAFE_NECKS`), except a conv that already sits in a conv + norm block (a config
 that sets the neck's ``norm_type`` builds those): it is left as it is. tests/patches/test_neck_zoo.py checks that
-the patterns name exactly the convs :func:`ampsafe.paddle.nets.neck_check.check_neck` finds unnormalized.
+the patterns name exactly the convs :func:`ampsafe.patches.neck_check.check_neck` finds unnormalized.
 
 The classes are built on first use (module ``__getattr__``) under their registered name, with ``__module__`` this
 module, so ``pickle`` and ``copy.deepcopy`` find them again; their ``__init__`` carries the upstream signature,

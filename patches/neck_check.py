@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.paths import LOSS, OUTPUT, UNTRACED
-from ...scanner import scan
+from ampsafe.core.paths import LOSS, OUTPUT, UNTRACED
+from ampsafe.scanner import scan
 
 __all__ = ["NeckCheck", "check_neck"]
 
