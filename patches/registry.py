@@ -41,8 +41,8 @@ class SafeNeck:
     target: str  # "module:attribute" of the class
     new_keys: str  # the state_dict keys the variant adds (an upstream checkpoint lacks only these)
     # variants built by one rule (ampsafe.paddle.nets.normed_necks): the upstream class ("module:attribute" in the
-    # ppocr / ppdet in use) and the fnmatch patterns of the convs / nn.Linear layers that get a BatchNorm after them
-    # (<layer>.bn.*)
+    # ppocr / ppdet in use) and the fnmatch patterns of the convs / nn.Linear layers that get a norm after them
+    # (<conv>.bn.*, <linear>.norm.*)
     upstream_class: str = ""
     normalizes: tuple[str, ...] = ()
 
@@ -50,16 +50,17 @@ class SafeNeck:
 # where the classes are defined: Paddle code, in the Paddle package (ampsafe.patches.*_necks re-export them)
 _OCR = "ampsafe.paddle.nets.paddleocr_necks"
 _DET = "ampsafe.paddle.nets.ppdet_necks"
-_NORMED = "ampsafe.paddle.nets.normed_necks"  # the variants made by one rule: upstream class + BatchNorm per layer
+_NORMED = "ampsafe.paddle.nets.normed_necks"  # the variants made by one rule: upstream class + a norm per layer
 
 
-def _normed(ecosystem: str, upstream_class: str, *normalizes: str) -> SafeNeck:
+def _normed(ecosystem: str, upstream_class: str, *convs: str, linears: tuple[str, ...] = ()) -> SafeNeck:
     """A variant :mod:`ampsafe.paddle.nets.normed_necks` builds: ``upstream_class`` with a BatchNorm after each conv
-    or linear matching ``normalizes``; the new keys are ``<layer>.bn.weight/bias/_mean/_variance`` for each."""
+    matching ``convs`` (new keys ``<conv>.bn.weight/bias/_mean/_variance``) and a LayerNorm after each nn.Linear
+    matching ``linears`` (new keys ``<linear>.norm.weight/bias``)."""
     upstream = upstream_class.rpartition(":")[2]
     name = f"AmpSafe{upstream}"
-    keys = ", ".join(f"{p}.bn.*" for p in normalizes)
-    return SafeNeck(ecosystem, upstream, name, f"{_NORMED}:{name}", keys, upstream_class, tuple(normalizes))
+    keys = ", ".join([*(f"{p}.bn.*" for p in convs), *(f"{p}.norm.*" for p in linears)])
+    return SafeNeck(ecosystem, upstream, name, f"{_NORMED}:{name}", keys, upstream_class, (*convs, *linears))
 
 
 SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
@@ -94,10 +95,12 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
         _normed(PADDLEOCR, "ppocr.modeling.necks.fpn_unet:FPN_UNet", "up4", "up_block*"),
         _normed(PADDLEOCR, "ppocr.modeling.necks.table_fpn:TableFPN", "in*_conv", "fuse_conv"),
         # PREN's graph convs (GCN: Conv1D over the regions, then nn.Linear over the features) end its output
-        _normed(PADDLEOCR, "ppocr.modeling.necks.pren_fpn:PRENFPN", "gcn_*.conv_n", "gcn_*.linear"),
+        _normed(PADDLEOCR, "ppocr.modeling.necks.pren_fpn:PRENFPN", "gcn_*.conv_n", linears=("gcn_*.linear",)),
         # the recognition encoder: its output is a Linear's with encoder_type 'fc' and with a cascade built
         # with_linear; at its other settings nothing matches (SETTING_SAFE: the swap refuses them)
-        _normed(PADDLEOCR, "ppocr.modeling.necks.rnn:SequenceEncoder", "encoder.fc", "encoder.encoder.*.linear"),
+        _normed(
+            PADDLEOCR, "ppocr.modeling.necks.rnn:SequenceEncoder", linears=("encoder.fc", "encoder.encoder.*.linear")
+        ),
         # PaddleDetection (2024-10 tree): CLRNet's FPN (norm_type None) and HRNet's / ViTDet's HRFPN
         _normed(PADDLEDET, "ppdet.modeling.necks.clrnet_fpn:CLRFPN", "lateral_convs.*", "fpn_convs.*"),
         _normed(PADDLEDET, "ppdet.modeling.necks.hrfpn:HRFPN", "reduction", "fpn_conv*"),

@@ -164,7 +164,7 @@ def _assert_one_rule(spec, upstream, measured, variant, inputs) -> None:
     from paddle import nn
 
     from ampsafe.paddle.backend import BACKEND
-    from ampsafe.paddle.nets.normed_necks import BN_KEYS
+    from ampsafe.paddle.nets.normed_necks import BN_KEYS, LN_KEYS, added_keys
 
     missing, unexpected = _load(variant, upstream)
     assert not unexpected
@@ -177,7 +177,10 @@ def _assert_one_rule(spec, upstream, measured, variant, inputs) -> None:
         normable = {p for p in measured.unnormalized if isinstance(layers.get(p), kinds)}
         assert set(variant.ampsafe_normalized) == normable, measured.reason()
         assert set(measured.unnormalized) - normable <= set(checked.inner), checked.reason()
-        assert missing == {f"{c}.bn.{k}" for c in variant.ampsafe_normalized for k in BN_KEYS}
+        convs = {p for p in normable if isinstance(layers[p], BACKEND.swaps.convs)}
+        expected = {f"{c}.bn.{k}" for c in convs for k in BN_KEYS}
+        assert missing == expected | {f"{p}.norm.{k}" for p in normable - convs for k in LN_KEYS}
+        assert added_keys(variant) == missing
         for clone in (copy.deepcopy(variant), pickle.loads(pickle.dumps(variant))):  # EMA copies, checkpoints
             assert type(clone) is type(variant) and set(clone.state_dict()) == set(variant.state_dict())
     else:  # the hand-written DB necks: their BatchNorms are siblings named *_bn
@@ -240,6 +243,7 @@ def test_sequence_encoder_cascade_with_linear_gets_its_linears_normalized(ppocr,
     stages = len(args["out_channels"])
     assert variant.ampsafe_normalized == tuple(f"encoder.encoder.{i}.linear" for i in range(stages))
     assert set(measured.to_output) | set(measured.inner) == set(variant.ampsafe_normalized)
+    assert missing == {f"encoder.encoder.{i}.linear.norm.{k}" for i in range(stages) for k in ("weight", "bias")}
 
 
 def test_swap_refuses_an_rnn_sequence_encoder_with_the_measured_reason_and_swaps_a_linear_one(paddleocr_src, tmp_path):

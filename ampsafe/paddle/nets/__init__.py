@@ -4,7 +4,8 @@
   gate the RSE necks share (the lab's MobileNetV3 reuses it);
 - ``ppdet_necks``: PaddleDetection's FPN with a normalization after each conv (imports ``ppdet``);
 - ``normed_necks``: the other safe variants, made by one rule from the upstream class of the ppocr / ppdet in use
-  (FCEFPN, FPN_UNet, TableFPN, CLRFPN, HRFPN: a BatchNorm after each unnormalized conv, upstream keys kept);
+  (FCEFPN, FPN_UNet, TableFPN, PRENFPN, SequenceEncoder, CLRFPN, HRFPN: a BatchNorm after each unnormalized conv or
+  ``nn.Linear``, upstream keys kept);
 - ``neck_check``: whether a built neck has an unnormalized conv/matmul path to its output, measured with
   ``ampsafe.scan`` (what the registry's neck table is checked against).
 

@@ -1,31 +1,35 @@
 """AMP-safe variants of upstream necks made by one rule: the upstream class, and after its ``__init__`` a fresh
-BatchNorm after each of its unnormalized convs and ``nn.Linear`` layers (:func:`normalize_layers`).
+normalization after each of its unnormalized convs and ``nn.Linear`` layers (:func:`normalize_layers`).
 
 Why one rule instead of a hand-written class per neck: the unnormalized necks of PaddleOCR and PaddleDetection
 (FCEFPN, FPN_UNet, CLRFPN, HRFPN, PRENFPN...) share one problem, convs or linears whose outputs reach the neck's
-output with no normalization after them, and one fix, a BatchNorm after each such layer. The variant is a subclass
-of the upstream class (built from the tree in use: ``ppocr`` / ``ppdet``), so its constructor arguments, its forward
-and every upstream ``state_dict`` key are upstream's. Each normalized conv becomes ampsafe's ``convbn`` layer
-(:class:`~ampsafe.policies.convbn.ConvBNLayer`: the conv's class swapped, its parameters untouched), each normalized
-linear a :class:`LinearBNLayer` (the same swap); the new BatchNorm is the layer's child ``<layer>.bn`` (new keys
-``<layer>.bn.weight``, ``.bias``, ``._mean``, ``._variance``). An upstream checkpoint therefore loads with only those
-keys missing.
+output with no normalization after them, and one fix, a normalization after each such layer. The variant is a
+subclass of the upstream class (built from the tree in use: ``ppocr`` / ``ppdet``), so its constructor arguments, its
+forward and every upstream ``state_dict`` key are upstream's. Each normalized conv becomes ampsafe's ``convbn`` layer
+(:class:`~ampsafe.policies.convbn.ConvBNLayer`: the conv's class swapped, its parameters untouched), whose new
+BatchNorm is its child ``<conv>.bn`` (new keys ``<conv>.bn.weight``, ``.bias``, ``._mean``, ``._variance``: BN_KEYS);
+each normalized linear a :class:`LinearNormLayer` (the same swap), whose new LayerNorm is its child
+``<linear>.norm`` (new keys ``<linear>.norm.weight``, ``.bias``: LN_KEYS). An upstream checkpoint therefore loads
+with only those keys missing (:func:`added_keys`).
 
-Why a BatchNorm after a linear, and over its last axis (``BatchNorm1D(out_features, data_format="NLC")``): the
-linears of these necks (PRENFPN's graph convs, SequenceEncoder's ``fc`` and cascade linears) act on the last axis
-of a ``[batch, length, features]`` sequence, so each output feature is normalized over batch and length, as a conv's
-BatchNorm normalizes each channel over batch and space. A LayerNorm would normalize each position over its features
-instead; the BatchNorm is chosen because it is the convs' rule (the same keys, ``BN_KEYS``; Paddle keeps it float32
-under O2's ``decorate``) and because a fresh one (mean 0, variance 1, weight 1, bias 0) is the identity in eval mode,
-up to its epsilon: an upstream checkpoint loaded into the variant evaluates as upstream's until it is trained again.
-A LayerNorm changes the outputs from the first step.
+Why a LayerNorm after a linear rather than a ``BatchNorm1D``: the linears of these necks (PRENFPN's graph convs,
+SequenceEncoder's ``fc`` and cascade linears) act on the last axis of a ``[batch, length, features]`` sequence, the
+axis a LayerNorm normalizes as it is (any rank, no ``data_format``), each position on its own, so the statistics do
+not depend on the batch size or on the other positions of a line; a BatchNorm1D needs ``data_format="NLC"`` and mixes
+batch and length. Measured on PaddleOCR's SPIN config (rec_r32_gaspin_bilstm_att.yml, cascade with_linear) under its
+tools/train.py, AMP O2 (float16 emulated), ``ampsafe run``, batch 2, 4 steps from scale 1024: with a BatchNorm1D
+after the linears the first three steps overflowed (scale 1024 -> 128), with a LayerNorm the first one (-> 512);
+upstream's neck, none. What a BatchNorm would have kept: a fresh one is the identity in eval mode, so an upstream
+checkpoint evaluates as upstream's until it is trained; a LayerNorm changes the outputs from the first step. Paddle
+keeps LayerNorm in float32 (O1 black list; O2's ``decorate`` keeps its weights float32 for float16).
 
 Which layers: those whose sublayer path matches one of the spec's ``normalizes`` patterns
-(:data:`ampsafe.patches.registry.SAFE_NECKS`), except one that already sits in a layer + norm block (a config
-that sets the neck's ``norm_type`` builds those): it is left as it is. tests/patches/test_neck_zoo.py checks that
-the patterns name exactly the layers :func:`ampsafe.paddle.nets.neck_check.check_neck` finds unnormalized. A pattern
-that matches nothing at a setting changes nothing there (SequenceEncoder's variant normalizes ``encoder.fc`` and the
-cascade's linears; built with ``encoder_type`` 'rnn', 'reshape' or 'svtr' it is upstream's class and nothing more).
+(:data:`ampsafe.patches.registry.SAFE_NECKS`), except one that already sits in a layer + norm block of its kind (a
+config that sets the neck's ``norm_type`` builds those): it is left as it is. tests/patches/test_neck_zoo.py checks
+that the patterns name exactly the layers :func:`ampsafe.paddle.nets.neck_check.check_neck` finds unnormalized. A
+pattern that matches nothing at a setting changes nothing there (SequenceEncoder's variant normalizes ``encoder.fc``
+and the cascade's linears; built with ``encoder_type`` 'rnn', 'reshape' or 'svtr' it is upstream's class and nothing
+more).
 
 The classes are built on first use (module ``__getattr__``) under their registered name, with ``__module__`` this
 module, so ``pickle`` and ``copy.deepcopy`` find them again; their ``__init__`` carries the upstream signature,
@@ -51,33 +55,43 @@ __all__ = [
     "normalize_layers",
     "in_conv_norm_block",
     "in_norm_block",
-    "LinearBNLayer",
+    "LinearNormLayer",
+    "added_keys",
     "variant_class",
     "generic_specs",
     "BN_KEYS",
+    "LN_KEYS",
 ]
 
-BN_KEYS = ("weight", "bias", "_mean", "_variance")  # the keys of the BatchNorm after a normalized layer: <layer>.bn.*
+BN_KEYS = ("weight", "bias", "_mean", "_variance")  # the keys of the BatchNorm after a normalized conv: <conv>.bn.*
+LN_KEYS = ("weight", "bias")  # the keys of the LayerNorm after a normalized linear: <linear>.norm.*
 
 
-class LinearBNLayer(ConvBNLayer):
-    """ampsafe's convbn layer for an ``nn.Linear``: linear, then ``self.bn``, a ``BatchNorm1D`` over the last axis
-    (see the module doc). Outputs of more than three axes have their middle axes folded into one for the norm."""
+class LinearNormLayer(ConvBNLayer):
+    """ampsafe's convbn treatment for an ``nn.Linear``: linear, then ``self.norm``, a LayerNorm over the output
+    features (the last axis; see the module doc for why not a BatchNorm)."""
 
-    _ampsafe_attrs = ("bn",)
+    _ampsafe_attrs = ("norm",)
 
     def forward(self, *args, **kwargs):
-        out = self._ampsafe_base.forward(self, *args, **kwargs)
-        if out.ndim > 3:  # BatchNorm1D takes [N, C] and [N, L, C]
-            return self.bn(out.flatten(1, -2)).reshape(out.shape)
-        return self.bn(out)
+        return self.norm(self._ampsafe_base.forward(self, *args, **kwargs))
 
 
-def _linear_batch_norm(linear) -> nn.Layer:
-    """A fresh ``BatchNorm1D`` over the linear's output features (the last axis), in the linear's train mode."""
-    bn = nn.BatchNorm1D(linear.weight.shape[1], data_format="NLC")
-    bn.train() if linear.training else bn.eval()
-    return bn
+def _linear_norm(linear) -> nn.Layer:
+    """A fresh LayerNorm over the linear's output features, in the linear's train mode."""
+    norm = nn.LayerNorm(linear.weight.shape[1])
+    norm.train() if linear.training else norm.eval()
+    return norm
+
+
+def added_keys(variant) -> set[str]:
+    """The ``state_dict`` keys a variant has that its upstream class has not: the new norm's, per normalized layer."""
+    layers = dict(variant.named_sublayers())
+    return {
+        f"{path}.norm.{k}" if isinstance(layers[path], LinearNormLayer) else f"{path}.bn.{k}"
+        for path in variant.ampsafe_normalized
+        for k in (LN_KEYS if isinstance(layers[path], LinearNormLayer) else BN_KEYS)
+    }
 
 
 def in_norm_block(parent, name: str, kinds: tuple) -> bool:
@@ -95,8 +109,8 @@ def in_conv_norm_block(parent, name: str) -> bool:
 
 def normalize_layers(layer, patterns: tuple[str, ...]) -> tuple[str, ...]:
     """Follow every conv and ``nn.Linear`` of ``layer`` whose path matches one of ``patterns`` (fnmatch) with a
-    fresh BatchNorm: ampsafe's convbn swap for a conv, :class:`LinearBNLayer` for a linear (new keys
-    ``<layer>.bn.*``). Layers already in a layer + norm block of their kind, or already patched, are left alone.
+    fresh normalization: ampsafe's convbn swap for a conv (new keys ``<conv>.bn.*``), :class:`LinearNormLayer` for a
+    linear (new keys ``<linear>.norm.*``). Layers already in a layer + norm block of their kind, or already patched, are left alone.
     Returns the paths normalized."""
     swaps = BACKEND.swaps
     parents = {
@@ -112,7 +126,7 @@ def normalize_layers(layer, patterns: tuple[str, ...]) -> tuple[str, ...]:
         if kinds is swaps.convs:
             swap(sub, ConvBNLayer, bn=swaps.new_batch_norm(sub), act=None)
         else:
-            swap(sub, LinearBNLayer, bn=_linear_batch_norm(sub))
+            swap(sub, LinearNormLayer, norm=_linear_norm(sub))
         done.append(path)
     return tuple(done)
 
@@ -138,7 +152,7 @@ def variant_class(spec: registry.SafeNeck) -> type:
         "__module__": __name__,
         "__qualname__": spec.name,
         "__doc__": (
-            f"{base.__name__} ({spec.upstream_class}) with a BatchNorm after each of its unnormalized convs / linears "
+            f"{base.__name__} ({spec.upstream_class}) with a norm after each of its unnormalized convs / linears "
             f"(new keys: {spec.new_keys}); everything else is upstream's."
         ),
         "protection": "convbn",
