@@ -18,6 +18,8 @@ __all__ = [
     "already_safe_reason",
     "NOT_COVERED",
     "not_covered_reason",
+    "SETTING_SAFE",
+    "setting_safe_reason",
     "neck_table",
     "render_neck_table",
     "ppdet_version",
@@ -39,7 +41,8 @@ class SafeNeck:
     target: str  # "module:attribute" of the class
     new_keys: str  # the state_dict keys the variant adds (an upstream checkpoint lacks only these)
     # variants built by one rule (ampsafe.paddle.nets.normed_necks): the upstream class ("module:attribute" in the
-    # ppocr / ppdet in use) and the fnmatch patterns of the convs that get a BatchNorm after them (<conv>.bn.*)
+    # ppocr / ppdet in use) and the fnmatch patterns of the convs / nn.Linear layers that get a norm after them
+    # (<conv>.bn.*, <linear>.norm.*)
     upstream_class: str = ""
     normalizes: tuple[str, ...] = ()
 
@@ -47,16 +50,17 @@ class SafeNeck:
 # where the classes are defined: Paddle code, in the Paddle package (ampsafe.patches.*_necks re-export them)
 _OCR = "ampsafe.paddle.nets.paddleocr_necks"
 _DET = "ampsafe.paddle.nets.ppdet_necks"
-_NORMED = "ampsafe.paddle.nets.normed_necks"  # the variants made by one rule: upstream class + BatchNorm per conv
+_NORMED = "ampsafe.paddle.nets.normed_necks"  # the variants made by one rule: upstream class + a norm per layer
 
 
-def _normed(ecosystem: str, upstream_class: str, *normalizes: str) -> SafeNeck:
+def _normed(ecosystem: str, upstream_class: str, *convs: str, linears: tuple[str, ...] = ()) -> SafeNeck:
     """A variant :mod:`ampsafe.paddle.nets.normed_necks` builds: ``upstream_class`` with a BatchNorm after each conv
-    matching ``normalizes``; the new keys are ``<conv>.bn.weight/bias/_mean/_variance`` for each."""
+    matching ``convs`` (new keys ``<conv>.bn.weight/bias/_mean/_variance``) and a LayerNorm after each nn.Linear
+    matching ``linears`` (new keys ``<linear>.norm.weight/bias``)."""
     upstream = upstream_class.rpartition(":")[2]
     name = f"AmpSafe{upstream}"
-    keys = ", ".join(f"{p}.bn.*" for p in normalizes)
-    return SafeNeck(ecosystem, upstream, name, f"{_NORMED}:{name}", keys, upstream_class, tuple(normalizes))
+    keys = ", ".join([*(f"{p}.bn.*" for p in convs), *(f"{p}.norm.*" for p in linears)])
+    return SafeNeck(ecosystem, upstream, name, f"{_NORMED}:{name}", keys, upstream_class, (*convs, *linears))
 
 
 SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
@@ -90,6 +94,13 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
         _normed(PADDLEOCR, "ppocr.modeling.necks.fce_fpn:FCEFPN", "fpn_inner_res*", "fpn_res*_sum", "fpn_[0-9]*"),
         _normed(PADDLEOCR, "ppocr.modeling.necks.fpn_unet:FPN_UNet", "up4", "up_block*"),
         _normed(PADDLEOCR, "ppocr.modeling.necks.table_fpn:TableFPN", "in*_conv", "fuse_conv"),
+        # PREN's graph convs (GCN: Conv1D over the regions, then nn.Linear over the features) end its output
+        _normed(PADDLEOCR, "ppocr.modeling.necks.pren_fpn:PRENFPN", "gcn_*.conv_n", linears=("gcn_*.linear",)),
+        # the recognition encoder: its output is a Linear's with encoder_type 'fc' and with a cascade built
+        # with_linear; at its other settings nothing matches (SETTING_SAFE: the swap refuses them)
+        _normed(
+            PADDLEOCR, "ppocr.modeling.necks.rnn:SequenceEncoder", linears=("encoder.fc", "encoder.encoder.*.linear")
+        ),
         # PaddleDetection (2024-10 tree): CLRNet's FPN (norm_type None) and HRNet's / ViTDet's HRFPN
         _normed(PADDLEDET, "ppdet.modeling.necks.clrnet_fpn:CLRFPN", "lateral_convs.*", "fpn_convs.*"),
         _normed(PADDLEDET, "ppdet.modeling.necks.hrfpn:HRFPN", "reduction", "fpn_conv*"),
@@ -142,20 +153,57 @@ ALREADY_SAFE: dict[tuple[str, str], str] = {
 }
 _READ_IN = "ppdet 2.6.0 and PaddleDetection's 2024-10 tree"  # the ppdet code ALREADY_SAFE was measured on
 
-# Upstream necks with an unnormalized path and no safe variant, and why none fits.
-NOT_COVERED: dict[tuple[str, str], str] = {
-    (PADDLEOCR, "PRENFPN"): (
-        "its unnormalized outputs are nn.Linear outputs (gcn_pool.linear, gcn_weight.linear, after the pooled graph "
-        "convs), and the variants add a BatchNorm after convs only. Use ampsafe.patch(model) (FP32 islands where a "
-        "scan finds them risky) and a loss-scale floor (`ampsafe run`)"
-    ),
+# Upstream necks with an unnormalized path and no safe variant, and why none fits: none left (PRENFPN and
+# SequenceEncoder, whose paths end in nn.Linear outputs, have variants since the rule normalizes linears too).
+NOT_COVERED: dict[tuple[str, str], str] = {}
+
+# Necks with a safe variant whose unnormalized path exists only at some settings of their config section: (ecosystem,
+# name) -> (the section's key, {value: what ampsafe.patches.neck_check measured on the neck built at it}, the
+# table's one-line summary). At these values the variant adds nothing, and the swap refuses with the reason (the
+# phrase follows "<owner>'s <name> with <key> <value> "). tests/patches/test_neck_zoo.py builds every one and checks
+# the verdict and the detail.
+_LSTM = (
+    "ends in paddle's LSTM, whose output, o * tanh(c), is bounded: the scan records the LSTM's input GEMM as a matmul "
+    "whose path ends at that bounded output, and no conv/matmul output reaches the neck's output unnormalized"
+)
+SETTING_SAFE: dict[tuple[str, str], tuple[str, dict[str, str], str]] = {
     (PADDLEOCR, "SequenceEncoder"): (
-        "its path depends on encoder_type: 'reshape' (in 5 configs) has no conv or matmul; 'rnn' (most recognition "
-        "configs) and 'cascadernn' end in paddle's LSTM, which ampsafe's scan cannot trace (an LSTM's output, "
-        "o * tanh(c), is bounded by construction); 'fc' ends in an unnormalized nn.Linear, and the variants normalize "
-        "convs only. Use ampsafe.patch(model) and a loss-scale floor (`ampsafe run`)"
+        "encoder_type",
+        {
+            "rnn": f"{_LSTM} (EncoderWithRNN: two bidirectional layers)",
+            "cascadernn": f"{_LSTM} (EncoderWithCascadeRNN without with_linear; with it, a Linear ends each stage and "
+            "the variant normalizes them)",
+            "reshape": "has no conv or matmul (Im2Seq only reshapes the backbone's features)",
+            "svtr": f"{INNER_LINKS}, the SVTR blocks' qkv, attention and first MLP matmuls, feed further matmuls "
+            "whose paths end in a LayerNorm or a conv + BatchNorm",
+        },
+        "the variant changes encoder_type 'fc' and 'cascadernn' with with_linear; the swap refuses the settings "
+        "measured already safe: 'rnn' and 'cascadernn' without with_linear (they end in paddle's LSTM, whose output "
+        "is bounded), 'reshape' (no conv or matmul), 'svtr' (only inner links open)",
     ),
 }
+
+
+def setting_safe_reason(ecosystem: str, name: str, section) -> str | None:
+    """Why the neck ``name`` configured by ``section`` (its config mapping) needs no swap though it has a safe
+    variant; None when the variant normalizes something at this setting (or ``name`` has no such settings).
+    SequenceEncoder's cascade counts as 'cascadernn' only without ``with_linear``: with it, Linears end the path."""
+    entry = SETTING_SAFE.get((ecosystem, name))
+    if entry is None:
+        return None
+    key, reasons, _ = entry
+    value = str(section.get(key)).strip()
+    if name == "SequenceEncoder" and value == "cascadernn" and section.get("with_linear"):
+        return None
+    detail = reasons.get(value)
+    if detail is None:
+        return None
+    return (
+        f"PaddleOCR's {name} with {key} {value!r} {detail}, so the safe variant would add nothing (it normalizes "
+        f"{', '.join(SAFE_NECKS[(ecosystem, name)].normalizes)}, which this setting does not build). For the rest of "
+        "the model use ampsafe.patch(model) (FP32 islands where a scan finds them risky) and a loss-scale floor "
+        "(`ampsafe run -- python tools/train.py ...`)"
+    )
 
 
 def ppdet_version() -> str | None:
@@ -204,12 +252,24 @@ def not_covered_reason(ecosystem: str, name: str) -> str | None:
     return None if why is None else f"{name} has no safe variant: {why}"
 
 
+def _settings_note(ecosystem: str, name: str) -> str:
+    entry = SETTING_SAFE.get((ecosystem, name))
+    return "" if entry is None else f"; {entry[2]}"
+
+
 def neck_table() -> list[tuple[str, str, str, str]]:
     """Every upstream neck class this registry knows, as (tree, neck, status, detail) rows sorted by tree and
-    name: ``safe variant`` (detail: the variant and its new keys), ``already safe`` or ``not covered`` (detail:
-    why). tests/patches/test_neck_zoo.py checks that these are exactly the classes each tree registers."""
+    name: ``safe variant`` (detail: the variant and its new keys, and the settings already safe), ``already safe``
+    or ``not covered`` (detail: why). tests/patches/test_neck_zoo.py checks that these are exactly the classes each
+    tree registers."""
     rows = [
-        (s.ecosystem, s.upstream, "safe variant", f"{s.name} (new keys: {s.new_keys})") for s in SAFE_NECKS.values()
+        (
+            s.ecosystem,
+            s.upstream,
+            "safe variant",
+            f"{s.name} (new keys: {s.new_keys}){_settings_note(s.ecosystem, s.upstream)}",
+        )
+        for s in SAFE_NECKS.values()
     ]
     rows += [(eco, name, "already safe", detail) for (eco, name), detail in ALREADY_SAFE.items()]
     rows += [(eco, name, "not covered", why) for (eco, name), why in NOT_COVERED.items()]

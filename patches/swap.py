@@ -22,7 +22,8 @@ small overlay that ``_BASE_``-includes the original file (not a flattened copy) 
 and its section, so upstream edits to the base files still apply.
 
 Refused with :class:`ampsafe.ConfigError`, nothing written: a neck without a safe variant (the supported ones
-are listed), a neck that needs none (the evidence is given), an already swapped config, a non-YAML file, a
+are listed), a neck that needs none (the evidence is given), a neck whose variant adds nothing at its config's
+setting (SequenceEncoder with ``encoder_type: rnn``: the measured reason is given), an already swapped config, a non-YAML file, a
 config without an architecture section, ``mode`` other than ``convbn``, a DB head's black list that cannot
 take ``exp`` in place (not a list, a multi-line flow list, a duplicate key: the message says what to add).
 """
@@ -127,17 +128,23 @@ def _plan_ocr(arch: Mapping, source: str) -> list[tuple[str, Mapping, str, str]]
     plan = []
     for where, neck, name in names:
         spec = registry.safe_neck(PADDLEOCR, name)
-        if spec is not None:
+        if spec is not None and registry.setting_safe_reason(PADDLEOCR, name, neck) is None:
             plan.append((where, neck, name, spec.name))
     if not plan:
         listed = ", ".join(f"{where}.name: {name}" for where, _, name in names)
         reasons = dict.fromkeys(
             r
-            for _, _, name in names
-            for r in (registry.already_safe_reason(PADDLEOCR, name), registry.not_covered_reason(PADDLEOCR, name))
+            for _, neck, name in names
+            for r in (
+                registry.already_safe_reason(PADDLEOCR, name),
+                registry.not_covered_reason(PADDLEOCR, name),
+                registry.setting_safe_reason(PADDLEOCR, name, neck),
+            )
             if r
         )
         why = "".join(f" {r}." for r in reasons)
+        if all(registry.safe_neck(PADDLEOCR, name) is not None for _, _, name in names):  # variants, nothing to add
+            raise ConfigError(f"{source}: nothing to swap for {listed}.{why} Nothing written.")
         raise ConfigError(
             f"{source}: no safe variant for {listed}.{why} Necks with an AMP-safe variant: "
             f"{_supported_text(PADDLEOCR)} (`ampsafe swap-neck --list` says why for every neck). For other models use "

@@ -52,7 +52,7 @@ concat stack split split_with_num unbind reshape transpose flatten squeeze unsqu
 pad pad3d gather gather_nd index_select roll flip where
 pool2d pool3d max_pool2d_with_index adaptive_pool2d
 batch_norm layer_norm group_norm instance_norm sync_batch_norm
-softmax log_softmax dropout
+softmax log_softmax dropout rnn
 bce_loss sigmoid_cross_entropy_with_logits cross_entropy_with_softmax huber_loss nll_loss kldiv_loss
 """.split()
 KERNEL_OPS: dict[str, str] = {name: name for name in _SAME}
@@ -131,6 +131,7 @@ _AMP_TYPE = {
     "flatten": "flatten_contiguous_range",
     "scaled_dot_product_attention": "flash_attn",
     "flash_attention": "flash_attn",
+    "rnn_input_matmul": "rnn",  # the tracer's node for the fused rnn kernel's input GEMM: the kernel's precision
 }
 
 # Tensor dunder -> canonical op (None: depends on the operands, see _dunder_op).

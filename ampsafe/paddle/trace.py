@@ -9,6 +9,13 @@ propagated through "gray" ops exactly as Paddle's promotion does.
 Edges are real: tensors are keyed by a weak reference (checked for identity, so a recycled ``id()`` never
 aliases) plus ``inplace_version``; a write the trace did not see becomes an explicit ``mutated`` node.
 Not seen: kernels outside ``intercept.KERNEL_OPS`` (their outputs start fresh, unconnected tensors).
+
+Paddle's fused ``rnn`` kernel (``nn.LSTM``, ``nn.GRU``, ``nn.SimpleRNN``; PaddleOCR's CRNN neck) is recorded as the
+two things it does (:func:`_record_rnn`): its input GEMM, ``x @ W_ih^T + b_ih`` of the first layer, which the kernel
+computes but never returns (a ``rnn_input_matmul`` node, a matmul that starts a path, measured by computing it again
+in float32), then the recurrence, whose output is bounded by construction for LSTM (``o * tanh(c)``), GRU (a convex
+mix of ``tanh`` and the previous state) and tanh RNNs: a bounded op where paths end. A ReLU RNN's output is an
+unnormalized matmul output: it starts a path.
 """
 
 from __future__ import annotations
@@ -83,7 +90,10 @@ def _finite(x) -> bool:
 
 
 def op_kind(op: str, args: tuple = (), kwargs: dict | None = None) -> OpKind:
-    """Kind of a canonical Paddle op; ``clip`` is bounded only with two finite bounds."""
+    """Kind of a canonical Paddle op; ``clip`` is bounded only with two finite bounds, ``rnn`` unless its cell is
+    a ReLU RNN's."""
+    if op == "rnn":
+        return OpKind.MATMUL if _rnn_args(args, kwargs or {})["mode"] == "RNN_RELU" else OpKind.BOUNDED
     if op == "clip":
         kwargs = kwargs or {}
         lo = args[1] if len(args) > 1 else kwargs.get("min")
@@ -156,6 +166,8 @@ class _OpRecorder(intercept.OpMode):
         self.recorder, self.backend = recorder, backend
 
     def __call__(self, op, func, args, kwargs):
+        if op == "rnn":
+            return _record_rnn(self.recorder, func, args, kwargs)
         if op in _ATTENTION:
             probe = lambda: [_logits_amax(self.backend, op, args, kwargs)]  # noqa: E731
             return self.recorder.record(op, OpKind.MATMUL, func, args, kwargs, probe=probe)
@@ -195,6 +207,63 @@ def _logits_amax(backend, op: str, args: tuple, kwargs: dict):
             logits = paddle.matmul(q[i : i + step] * scale, k[i : i + step], transpose_y=True)
             best = paddle.maximum(best, backend.tensors.abs_max(logits))
     return best
+
+
+# the positional arguments of ``_C_ops.rnn`` (paddle/phi/ops/yaml/ops.yaml), as ``RNNBase._cudnn_impl`` passes them
+_RNN_ARGS = (
+    "x",
+    "pre_state",
+    "weight_list",
+    "sequence_length",
+    "dropout_state_in",
+    "dropout_prob",
+    "is_bidirec",
+    "input_size",
+    "hidden_size",
+    "num_layers",
+    "mode",
+    "seed",
+    "is_test",
+)
+
+
+def _rnn_args(args: tuple, kwargs: dict) -> dict:
+    return {**dict(zip(_RNN_ARGS, args)), **kwargs}
+
+
+def _input_weights(bound: dict) -> tuple[list, list]:
+    """The first layer's (W_ih per direction, b_ih per direction) in ``weight_list``, laid out as
+    ``RNNBase.flatten_parameters`` does for the fused kernel: every (W_ih, W_hh) pair by (layer, direction), then
+    every (b_ih, b_hh) pair in the same order."""
+    weights = list(bound["weight_list"])
+    directions = 2 if bound["is_bidirec"] else 1
+    biases = 2 * int(bound["num_layers"]) * directions
+    return [weights[2 * d] for d in range(directions)], [weights[biases + 2 * d] for d in range(directions)]
+
+
+def _input_matmuls(x, weights: list, biases: list) -> list:
+    """``x @ W_ih^T + b_ih`` per direction, in float32 (``x``: time-major ``[time, batch, input]``)."""
+    with paddle.no_grad():
+        x = x.detach().astype("float32")
+        return [
+            paddle.matmul(x, w.astype("float32"), transpose_y=True) + b.astype("float32")
+            for w, b in zip(weights, biases)
+        ]
+
+
+def _record_rnn(recorder, func, args: tuple, kwargs: dict):
+    """One fused ``rnn`` call as two nodes: its first layer's input GEMM (a matmul node whose outputs are the
+    gate pre-activations, recomputed in float32 since the kernel keeps them to itself), feeding the recurrence
+    (bounded, or a matmul for a ReLU RNN), which also reads everything the kernel reads. Later layers' input GEMMs
+    read the previous layer's bounded output: their size is the weights', not the path's."""
+    bound = _rnn_args(args, kwargs)
+    weights, biases = _input_weights(bound)
+    gemm = recorder.record("rnn_input_matmul", OpKind.MATMUL, _input_matmuls, (bound["x"], weights, biases), {})
+
+    def recurrence(_gemm, *a, **k):
+        return func(*a, **k)
+
+    return recorder.record("rnn", op_kind("rnn", args, kwargs), recurrence, (gemm, *args), kwargs)
 
 
 def trace_hooks(backend, model, *, level: str, target: str = "cuda") -> _Hooks:

@@ -38,6 +38,10 @@ OCR: dict[str, tuple[str, tuple]] = {
     "TableFPN": ("", _R18),
 }
 OCR_TABLEFPN_ARGS = {"out_channels": 512}
+# SequenceEncoder's variant changes the neck only where a Linear ends it: 'fc' (no config names it; built on
+# rec_icdar15_train.yml's section) and a cascade built with_linear, its one config's (ResNet32: 512 x 1 x 26)
+OCR_VARIANT_SETTINGS = {"SequenceEncoder": {"encoder_type": "fc"}}
+OCR_CASCADE = ("rec/rec_r32_gaspin_bilstm_att.yml", ((512, 1, 26),))
 
 # PaddleDetection: (config under configs/, the neck's section there, feature maps for a 128 px image)
 _C3_5 = lambda c3, c4, c5: ((c3, 16, 16), (c4, 8, 8), (c5, 4, 4))  # noqa: E731 - strides 8, 16, 32

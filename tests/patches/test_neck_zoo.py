@@ -95,8 +95,8 @@ def _ocr_inputs(name: str) -> tuple:
     return (maps[0],) if name == "SequenceEncoder" else (maps,)
 
 
-def _ocr_build(ppocr, name: str, src: Path, cls=None):
-    args = _ocr_args(src, name)
+def _ocr_build(ppocr, name: str, src: Path, cls=None, settings: dict | None = None):
+    args = {**_ocr_args(src, name), **(settings or {})}
     neck = ppocr.build_neck({"name": name, **copy.deepcopy(args)}) if cls is None else cls(**copy.deepcopy(args))
     neck.eval()
     return neck
@@ -147,43 +147,120 @@ def _load(variant, upstream):
 
 @pytest.mark.parametrize("name", sorted(s.upstream for s in registry.SAFE_NECKS.values() if s.ecosystem == PADDLEOCR))
 def test_paddleocr_safe_variant_loads_the_upstream_keys_and_checks_safe(ppocr, paddleocr_src, name):
-    from ampsafe.paddle.nets.normed_necks import BN_KEYS
-
     spec = registry.safe_neck(PADDLEOCR, name)
     inputs = _ocr_inputs(name)
-    upstream = _ocr_build(ppocr, name, paddleocr_src)
+    settings = cases.OCR_VARIANT_SETTINGS.get(name)
+    upstream = _ocr_build(ppocr, name, paddleocr_src, settings=settings)
     measured = _check(upstream, inputs)
     assert not measured.safe and _table(PADDLEOCR)[name][0] == "safe variant"
-    variant = _ocr_build(ppocr, name, paddleocr_src, cls=registry.load_class(spec))
+    variant = _ocr_build(ppocr, name, paddleocr_src, cls=registry.load_class(spec), settings=settings)
+    _assert_one_rule(spec, upstream, measured, variant, inputs)
+
+
+def _assert_one_rule(spec, upstream, measured, variant, inputs) -> None:
+    """The variant loads the upstream state_dict with only its new keys missing and checks safe; a one-rule variant
+    normalizes exactly the conv / linear layers the check found unnormalized, and what else was open (a matmul
+    written as a function inside a layer's forward, PRENFPN's bmm) is then an inner link."""
+    from paddle import nn
+
+    from ampsafe.paddle.backend import BACKEND
+    from ampsafe.paddle.nets.normed_necks import BN_KEYS, LN_KEYS, added_keys
+
     missing, unexpected = _load(variant, upstream)
     assert not unexpected
     assert missing == set(variant.state_dict()) - set(upstream.state_dict())
-    if spec.upstream_class:  # one rule: a BatchNorm after exactly the convs the check found unnormalized
-        assert set(variant.ampsafe_normalized) == set(measured.unnormalized), measured.reason()
-        assert missing == {f"{c}.bn.{k}" for c in variant.ampsafe_normalized for k in BN_KEYS}
+    checked = _check(variant, inputs)
+    assert checked.safe, checked.reason()
+    if spec.upstream_class:  # one rule: a BatchNorm after exactly the layers the check found unnormalized
+        layers = dict(upstream.named_sublayers())
+        kinds = (*BACKEND.swaps.convs, nn.Linear)
+        normable = {p for p in measured.unnormalized if isinstance(layers.get(p), kinds)}
+        assert set(variant.ampsafe_normalized) == normable, measured.reason()
+        assert set(measured.unnormalized) - normable <= set(checked.inner), checked.reason()
+        convs = {p for p in normable if isinstance(layers[p], BACKEND.swaps.convs)}
+        expected = {f"{c}.bn.{k}" for c in convs for k in BN_KEYS}
+        assert missing == expected | {f"{p}.norm.{k}" for p in normable - convs for k in LN_KEYS}
+        assert added_keys(variant) == missing
         for clone in (copy.deepcopy(variant), pickle.loads(pickle.dumps(variant))):  # EMA copies, checkpoints
             assert type(clone) is type(variant) and set(clone.state_dict()) == set(variant.state_dict())
     else:  # the hand-written DB necks: their BatchNorms are siblings named *_bn
         assert missing and all("_bn" in k for k in missing)
-    assert _check(variant, inputs).safe
 
 
-def test_paddleocr_not_covered_necks_end_where_a_conv_norm_cannot_go(ppocr, paddleocr_src):
-    from ampsafe.scanner import ScanError
+def test_no_neck_is_left_not_covered():
+    assert not registry.NOT_COVERED
+    assert "not covered" not in {status for _, _, status, _ in registry.neck_table()}
 
-    assert {n for (e, n) in registry.NOT_COVERED if e == PADDLEOCR} == {"PRENFPN", "SequenceEncoder"}
-    pren = _check(_ocr_build(ppocr, "PRENFPN", paddleocr_src), _ocr_inputs("PRENFPN"))
-    assert pren.to_output and {pren.ops[p] for p in pren.to_output} == {"linear"}, pren.reason()
-    x = _ocr_inputs("SequenceEncoder")
-    encoder = {"in_channels": cases.OCR["SequenceEncoder"][1][0][0], "hidden_size": 96}
-    fc = _check(ppocr.build_neck({"name": "SequenceEncoder", "encoder_type": "fc", **encoder}), x)
-    assert {fc.ops[p] for p in fc.to_output} == {"linear"}
-    reshape = _check(ppocr.build_neck({"name": "SequenceEncoder", "encoder_type": "reshape", **encoder}), x)
-    assert reshape.safe and not reshape.ops
-    rnn = _ocr_build(ppocr, "SequenceEncoder", paddleocr_src)  # rec_icdar15_train.yml: encoder_type rnn
-    assert rnn.encoder_type == "rnn"
-    with pytest.raises(ScanError):
-        _check(rnn, x)
+
+def _sequence_encoder_args(**settings) -> dict:
+    return {"in_channels": cases.OCR["SequenceEncoder"][1][0][0], "hidden_size": 96, **settings}
+
+
+# SequenceEncoder's settings as built for the check: the section of a config that names it, else the defaults
+_SVTR = {"dims": 64, "depth": 2, "hidden_dims": 120, "use_guide": True}  # PP-OCRv3's MultiHead CTC encoder
+_CASCADE = {"hidden_size": 256, "out_channels": [512, 512], "with_linear": False}  # widths that chain without linears
+_SETTINGS = {"rnn": {}, "reshape": {}, "svtr": _SVTR, "cascadernn": _CASCADE}
+
+
+@pytest.mark.parametrize("value", sorted(registry.SETTING_SAFE[(PADDLEOCR, "SequenceEncoder")][1]))
+def test_sequence_encoder_settings_the_swap_refuses_are_measured_safe_for_the_reason_given(ppocr, value):
+    key, reasons, _ = registry.SETTING_SAFE[(PADDLEOCR, "SequenceEncoder")]
+    args = _sequence_encoder_args(**{key: value}, **_SETTINGS[value])
+    neck = ppocr.build_neck({"name": "SequenceEncoder", **copy.deepcopy(args)})
+    neck.eval()
+    check = _check(neck, _ocr_inputs("SequenceEncoder"))
+    detail = reasons[value]
+    _assert_reason(detail, check, neck)
+    if "LSTM" in detail:  # every LSTM's input GEMM is a measured path that ends at its bounded output
+        assert set(check.ops.values()) == {"rnn_input_matmul"} and check.normalized_paths == len(check.ops)
+    if "no conv or matmul" in detail:
+        assert not check.ops
+    variant = registry.load_class(registry.safe_neck(PADDLEOCR, "SequenceEncoder"))(**args)
+    assert variant.ampsafe_normalized == ()  # the variant adds nothing at this setting
+    assert registry.setting_safe_reason(PADDLEOCR, "SequenceEncoder", args)
+
+
+def test_sequence_encoder_cascade_with_linear_gets_its_linears_normalized(ppocr, paddleocr_src):
+    import paddle
+    import yaml
+
+    rel, maps = cases.OCR_CASCADE
+    section = yaml.safe_load((paddleocr_src / "configs" / rel).read_text(encoding="utf-8"))["Architecture"]["Neck"]
+    args = {k: v for k, v in section.items() if k != "name"} | {"in_channels": maps[0][0]}
+    assert args["encoder_type"].strip() == "cascadernn" and args["with_linear"]
+    paddle.seed(0)
+    inputs = (paddle.rand([1, *maps[0]]),)
+    upstream = ppocr.build_neck({"name": "SequenceEncoder", **copy.deepcopy(args)})
+    upstream.eval()
+    measured = _check(upstream, inputs)
+    assert {measured.ops[p] for p in measured.to_output} == {"linear"}, measured.reason()
+    spec = registry.safe_neck(PADDLEOCR, "SequenceEncoder")
+    variant = registry.load_class(spec)(**copy.deepcopy(args))
+    variant.eval()
+    missing, unexpected = _load(variant, upstream)
+    assert not unexpected and _check(variant, inputs).safe
+    # every stage's linear: the last one's output is the neck's; each earlier one feeds the next LSTM's GEMM
+    stages = len(args["out_channels"])
+    assert variant.ampsafe_normalized == tuple(f"encoder.encoder.{i}.linear" for i in range(stages))
+    assert set(measured.to_output) | set(measured.inner) == set(variant.ampsafe_normalized)
+    assert missing == {f"encoder.encoder.{i}.linear.norm.{k}" for i in range(stages) for k in ("weight", "bias")}
+
+
+def test_swap_refuses_an_rnn_sequence_encoder_with_the_measured_reason_and_swaps_a_linear_one(paddleocr_src, tmp_path):
+    from ampsafe.errors import ConfigError
+    from ampsafe.patches import swap_neck
+
+    config = paddleocr_src / "configs/rec/rec_mv3_none_bilstm_ctc.yml"
+    out = tmp_path / "crnn.yml"
+    with pytest.raises(ConfigError, match="nothing to swap") as refused:
+        swap_neck(config, out=out)
+    assert registry.SETTING_SAFE[(PADDLEOCR, "SequenceEncoder")][1]["rnn"] in str(refused.value)
+    assert not out.exists()
+    written = swap_neck(paddleocr_src / "configs" / cases.OCR_CASCADE[0], out=tmp_path / "spin.yml")
+    assert "name: AmpSafeSequenceEncoder" in written.read_text(encoding="utf-8")
+    fc = {"Architecture": {"Neck": {"name": "SequenceEncoder", "encoder_type": "fc", "hidden_size": 96}}}
+    assert swap_neck(fc)["Architecture"]["Neck"]["name"] == "AmpSafeSequenceEncoder"
+    assert swap_neck(paddleocr_src / "configs" / cases.OCR["PRENFPN"][0], out=tmp_path / "pren.yml").is_file()
 
 
 # ------------------------------------------------------------------------------------------------- ppdet

@@ -152,7 +152,7 @@ def test_cli_refusal_exits_nonzero_with_the_message(upstream, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no safe variant for Architecture.Neck.name: EASTFPN" in err
     assert "PaddleOCR's EASTFPN builds every conv as a conv + BatchNorm" in err  # the measured reason
-    assert "DBFPN, FCEFPN, FPN_UNet, LKPAN, RSEFPN, TableFPN" in err
+    assert "DBFPN, FCEFPN, FPN_UNet, LKPAN, PRENFPN, RSEFPN, SequenceEncoder, TableFPN" in err
     assert not (tmp_path / "e.yml").exists()
 
 
