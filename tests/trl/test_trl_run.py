@@ -8,7 +8,8 @@ checkpoint whose activations already leave float16's range (bench/trl_fp16.py). 
 floor) every SFT step is skipped and the scale halves forever; ``ampsafe run`` backs off to its floor, heals the
 MLP into FP32 islands and trains, on one process and on 2 gloo ranks alike, and the ``amp/*`` keys read back from
 TRL's own log history equal the scaler's records. GRPO's generation meets the same overflow before any optimizer
-step (torch.multinomial on NaN probabilities): no scaler sees it; ``--watch`` names the module.
+step (torch.multinomial on NaN probabilities): no scaler sees it; ``--watch`` names the module. At HF's default
+init GRPO generates and trains under ampsafe's scaler, its ``amp/*`` keys beside its rewards.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def test_native_sft_fp16_skips_every_step_and_halves_the_scale_forever(tmp_path)
 
 @pytest.mark.dist
 def test_sft_fp16_on_two_gloo_ranks_heals_alike_on_both(tmp_path, free_port):
-    run_ampsafe(tmp_path, "sft_train.py", *edge_args("qwen3"), "--steps", str(STEPS), ranks=2, port=free_port)
+    out = run_ampsafe(tmp_path, "sft_train.py", *edge_args("qwen3"), "--steps", str(STEPS), ranks=2, port=free_port)
+    assert out.count("(DistributedType.MULTI_CPU, DistributedDataParallel)") == 2, out[-3000:]  # DDP on both ranks
     records = scaler_records(tmp_path)
     assert len(records) == 2, records  # one scaler per rank, each in its own process's report
     for record in records:
@@ -85,3 +87,15 @@ def test_grpo_generation_overflow_is_named_by_watch(tmp_path):
     ended = summary.ended.exception
     assert ended.startswith("NonFiniteError: first non-finite value of the forward pass comes from "), ended
     assert "model.layers.0.mlp.down_proj:" in ended and "kind='overflow'" in ended, ended
+
+
+def test_grpo_fp16_generates_and_trains_with_amp_keys_in_trls_log_history(tmp_path):
+    steps = 4  # HF's default init: far from float16's edge, nothing overflows
+    run_ampsafe(tmp_path, "grpo_train.py", "--model", "qwen3", "--steps", str(steps))
+    (record,) = scaler_records(tmp_path)
+    assert record.class_name == "ampsafe.torch.scaler.GradScaler" and record.total_steps == steps, record
+    assert record.skipped_steps == 0 and not record.heal_records, record.steps  # generation tripped nothing
+    logged = history(tmp_path)
+    assert [entry["step"] for entry in logged] == list(range(1, steps + 1))
+    for entry in logged:  # GRPO's own log (its rewards beside the scaler's figures)
+        assert "reward" in entry and logged_figures(entry) == figures_after(record, entry["step"]), entry

@@ -55,4 +55,6 @@ config = SFTConfig(
 trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tiny_lm.tokenizer())
 trainer.train()
 trainer.save_state()
-print(f"script: trained {trainer.state.global_step} steps", flush=True)
+wrapped = type(trainer.model_wrapped).__name__
+distributed = trainer.accelerator.distributed_type
+print(f"script: trained {trainer.state.global_step} steps ({distributed}, {wrapped})", flush=True)
