@@ -48,6 +48,8 @@ setup(
         "lightning": ["torch>=2.1", "lightning>=2.4"],
         "mmengine": ["torch>=2.1", "mmengine>=0.10"],
         "ultralytics": ["torch>=2.1", "ultralytics>=8.3"],
+        # TRL's SFTTrainer / GRPOTrainer (HF Trainer subclasses) under `ampsafe run` (tests/trl)
+        "trl": ["torch>=2.1", "transformers>=5", "accelerate>=1.0", "trl>=1.16"],
         # ampsafe.deepspeed.wrap and `ampsafe run` under DeepSpeed engines (tests/deepspeed)
         "deepspeed": ["torch>=2.1", "deepspeed>=0.19"],
         # ampsafe.integrations.tensorboard's event files (written without TensorFlow) and the tests that read them

@@ -18,10 +18,17 @@ machine nothing is patched):
   leaves in-place variants alone. The same mode computes the matrix ops (conv, linear, matmul, mm, bmm,
   addmm, baddbmm) as a GPU's float16 kernels do: operands rounded to the block's dtype, float32 accumulation
   (here float32 oneDNN/BLAS), the result rounded back, and their gradients through the same casts, so values
-  past 65504 overflow in both passes; CPU float16 kernels are reference ones (a Faster R-CNN step ~3x slower).
+  past 65504 overflow in both passes (an ``out=`` call fills the caller's buffer: TRL's chunked log-prob
+  loss); CPU float16 kernels are reference ones (a Faster R-CNN step ~3x slower).
 * ``torch.amp.GradScaler("cuda")`` and ``torch.cuda.amp.GradScaler()`` are ``"cpu"`` scalers, which scale:
   ``GradScaler.__init__`` maps the device the same way. When ``ampsafe.auto`` has put ampsafe's scaler in
   place of torch's, it calls :func:`map_device` on the device it passes.
+
+* ``torch.utils.checkpoint`` recomputes a checkpointed forward during the backward under the autocast state it
+  read in the forward (``_get_autocast_kwargs``: CPU autocast, float16). Read inside an emulated block, that
+  state also carries the block's CUDA op lists, so the recompute casts as the forward did (without them its
+  tensors' dtypes differ and the checkpoint raises ``CheckpointError``: HF ``gradient_checkpointing=True``, TRL's
+  ``SFTConfig`` default).
 
 Tensors stay where the script puts them (on a CPU), and ``torch.cuda.is_available()`` is not touched, so the
 script must already run on a CPU. :func:`install` returns lines for the run's banner; :func:`uninstall`
@@ -38,6 +45,8 @@ from ..core.ledger import AttrPatches
 __all__ = ["install", "uninstall", "active", "map_device"]
 
 _lock = threading.RLock()
+_inside = threading.local()  # .depth: the emulated blocks entered (with their op lists) in this thread
+_CUDA_LISTS = "_ampsafe_cuda_lists"  # the key a checkpoint's saved CPU autocast state carries the op lists by
 # this emulator's patches of torch, in the process ledger (core.ledger)
 _originals = AttrPatches("ampsafe.torch.cuda_emulation")
 _state = {"installed": False}
@@ -132,11 +141,19 @@ def _cuda_lists_class():
                 # as a GPU computes them: low-precision operands, float32 accumulation, a low-precision result
                 # (CPU float16 kernels are the slow reference ones; this is float32 oneDNN/BLAS on rounded values)
                 want = torch.get_autocast_dtype("cpu")
-                args = rounded(args, want)
-                kwargs = {k: rounded(v, want) for k, v in kwargs.items()}
+                out = kwargs.pop("out", None)
+                want = kwargs.pop("out_dtype", None) or want
+                if out is None:
+                    args = rounded(args, want)
+                    kwargs = {k: rounded(v, want) for k, v in kwargs.items()}
+                else:  # an out= variant: autocast leaves its operands alone, the result lands in the caller's buffer
+                    args = cast(args, torch.float32, low)
+                    kwargs = {k: cast(v, torch.float32, low) for k, v in kwargs.items()}
                 with torch.autocast("cpu", enabled=False):
-                    out = func(*args, **kwargs)
-                return out.to(want) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+                    result = func(*args, **kwargs)
+                if out is not None:
+                    return out.copy_(result)
+                return result.to(want) if isinstance(result, torch.Tensor) and result.is_floating_point() else result
             if (name in to_fp32 or name in to_low) and torch.is_autocast_enabled("cpu"):
                 if name in to_fp32:
                     want, source = torch.float32, low
@@ -152,8 +169,10 @@ def _cuda_lists_class():
 
 def _autocast_init(original):
     @functools.wraps(original)
-    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-        emulated = map_device(device_type) != device_type
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None, **saved):
+        emulated = map_device(device_type) != device_type or bool(saved.pop(_CUDA_LISTS, False))
+        if saved:
+            raise TypeError(f"autocast.__init__() got unexpected keyword arguments {sorted(saved)}")
         if emulated:
             import torch
 
@@ -175,6 +194,7 @@ def _autocast_enter(original):
             mode = _cuda_lists_class()()
             mode.__enter__()
             modes.append(mode)
+            _inside.depth = getattr(_inside, "depth", 0) + 1
         return result
 
     return __enter__
@@ -186,9 +206,24 @@ def _autocast_exit(original):
         modes = getattr(self, "_ampsafe_modes", None)
         if modes:
             modes.pop().__exit__(exc_type, exc_val, exc_tb)
+            _inside.depth -= 1
         return original(self, exc_type, exc_val, exc_tb)
 
     return __exit__
+
+
+def _checkpoint_autocast_kwargs(original):
+    """``torch.utils.checkpoint._get_autocast_kwargs``: inside an emulated block, the CPU state it saves for the
+    recompute also enters the block's op lists (the key :func:`_autocast_init` takes)."""
+
+    @functools.wraps(original)
+    def _get_autocast_kwargs(*args, **kwargs):
+        device_kwargs, cpu_kwargs = original(*args, **kwargs)
+        if getattr(_inside, "depth", 0) and cpu_kwargs.get("enabled"):
+            cpu_kwargs = {**cpu_kwargs, _CUDA_LISTS: True}
+        return device_kwargs, cpu_kwargs
+
+    return _get_autocast_kwargs
 
 
 def _scaler_init(original):
@@ -214,6 +249,7 @@ def install() -> list[str]:
         import torch
         import torch.amp.autocast_mode as autocast_mode
         import torch.amp.grad_scaler as grad_scaler
+        import torch.utils.checkpoint as checkpoint
 
         if torch.cuda.is_available():
             return ["torch: CUDA is available, so torch.autocast('cuda') and GradScaler('cuda') are left as they are"]
@@ -222,6 +258,7 @@ def install() -> list[str]:
         _patch(autocast, "__enter__", _autocast_enter(autocast.__enter__))
         _patch(autocast, "__exit__", _autocast_exit(autocast.__exit__))
         _patch(grad_scaler.GradScaler, "__init__", _scaler_init(grad_scaler.GradScaler.__init__))
+        _patch(checkpoint, "_get_autocast_kwargs", _checkpoint_autocast_kwargs(checkpoint._get_autocast_kwargs))
         _state["installed"] = True
         return [
             "torch.autocast('cuda') / torch.amp.autocast('cuda') / torch.cuda.amp.autocast -> CPU autocast in "
