@@ -23,7 +23,7 @@ MAX_NAMED = 8  # parameters named in a backward verdict; the rest are counted
 # overflowed; "data": a model input was non-finite before the model ran; "loss": the forward was finite, the loss
 # scale() saw was not; "none": nothing reproduced on this process; "not replayed": no batch (``reason`` says why);
 # "scanned": not replayed under the sentinel, only scanned (a heal before the floor, or ``heal(model, batch_fn)``);
-# "generation": the prompt of an HF ``generate`` that sampled non-finite probabilities, scanned (``ampsafe run``).
+# "generation": an HF ``generate`` sampled from non-finite probabilities; its rerun named the module (``ampsafe run``).
 WHERE = ("forward", "backward", "data", "loss", "none", "not replayed", "scanned", "generation")
 
 
@@ -94,7 +94,10 @@ class HealVerdict:
         if self.where == "scanned":
             return "the batch was scanned, not replayed under ampsafe.watch"
         if self.where == "generation":
-            return "a generation's forward pass: it sampled from non-finite probabilities; its prompt was scanned"
+            return (
+                f"a generation's forward pass: it sampled from non-finite probabilities; the first module output "
+                f"holding an inf/NaN in its rerun was {self.module or '<root>'}'s"
+            )
         return (
             "nothing reproduced on this process: the model's forward pass replayed finite and no gradient the "
             "optimizer holds here was non-finite (they were on another rank, or outside the optimizers)"
