@@ -95,8 +95,12 @@ def _heal(session, again, model, exc: RuntimeError, heals: list) -> tuple[str, .
     # each module's output went non-finite in float16 and stopped doing so in float32: a float16 overflow
     verdict = HealVerdict("generation", module=found[0], kind=OVERFLOW)
     record = HealRecord(step=step, paths=islanded, found=found, verdict=verdict)
-    # the scale stays where it is: no step overflowed (before the first step the scaler's tensor is not built yet)
-    scaler._core.heal(step, HealPlan(islanded, float(scaler._core.scale), record))
+    # the scale stays where it is (no step overflowed); before the first step the scaler's tensor is not built yet
+    plan = HealPlan(islanded, float(scaler.get_scale()), record)
+    if getattr(scaler, "_scale", None) is not None:
+        scaler.apply_heal(step, plan)
+    else:
+        scaler._core.heal(step, plan)
     heals.append(islanded)
     log.warning(
         "ampsafe heal at step %s: %s.generate sampled from non-finite probabilities: the float16 output of %s "
@@ -193,7 +197,7 @@ def _trained_by(session, model) -> Optional[object]:
     candidates = []
     for tracked in session.scalers:
         scaler = tracked.scaler
-        if getattr(scaler, "disabled_reason", None) is not None or not hasattr(scaler, "_core"):
+        if getattr(scaler, "disabled_reason", None) is not None or not hasattr(scaler, "apply_heal"):
             continue
         policy = getattr(scaler, "policy", None)
         if getattr(policy, "on_floor", None) is not OnFloor.HEAL:
