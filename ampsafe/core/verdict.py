@@ -22,8 +22,9 @@ MAX_NAMED = 8  # parameters named in a backward verdict; the rest are counted
 # "forward": the sentinel saw the forward pass go non-finite; "backward": the forward replayed finite and gradients
 # overflowed; "data": a model input was non-finite before the model ran; "loss": the forward was finite, the loss
 # scale() saw was not; "none": nothing reproduced on this process; "not replayed": no batch (``reason`` says why);
-# "scanned": not replayed under the sentinel, only scanned (a heal before the floor, or ``heal(model, batch_fn)``).
-WHERE = ("forward", "backward", "data", "loss", "none", "not replayed", "scanned")
+# "scanned": not replayed under the sentinel, only scanned (a heal before the floor, or ``heal(model, batch_fn)``);
+# "generation": an HF ``generate`` sampled from non-finite probabilities; its rerun named the module (``ampsafe run``).
+WHERE = ("forward", "backward", "data", "loss", "none", "not replayed", "scanned", "generation")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,11 @@ class HealVerdict:
             )
         if self.where == "scanned":
             return "the batch was scanned, not replayed under ampsafe.watch"
+        if self.where == "generation":
+            return (
+                f"a generation's forward pass: it sampled from non-finite probabilities; the first module output "
+                f"holding an inf/NaN in its rerun was {self.module or '<root>'}'s"
+            )
         return (
             "nothing reproduced on this process: the model's forward pass replayed finite and no gradient the "
             "optimizer holds here was non-finite (they were on another rank, or outside the optimizers)"

@@ -10,7 +10,8 @@ functions that install them. The run hands an installer its :class:`~ampsafe.run
 banner, its list of changes, its ledger); a host never imports the run.
 
 - ``registers``: module -> ``fn(session, module)``, always under ``ampsafe run`` (PaddleOCR's and ppdet's
-  AMP-safe necks, so that swapped configs build);
+  AMP-safe necks, so that swapped configs build; HF ``generate``'s heal of a float16 overflow in the trained
+  model, :mod:`ampsafe.hosts._generation`);
 - ``loggers``: module -> ``fn(session, module)``, the ``amp/*`` metrics added to the trainer's own loggers
   (off with ``--no-metrics``); the object added is the one a user adds in code (``ampsafe.integrations``);
 - ``emulation`` and ``emulate``: ``--emulate-fp16`` for a trainer that chooses AMP from the device type. On a

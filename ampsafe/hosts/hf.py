@@ -20,6 +20,10 @@ nothing. ``trainer.state.log_history`` gets the keys too. Under ``ampsafe run`` 
 ``Trainer`` is built, unless the script added one. ``--emulate-fp16`` for ``Trainer(fp16=True)`` is accelerate's
 (:mod:`ampsafe.hosts.accelerate`): the Trainer builds its ``Accelerator`` from its arguments.
 
+**Generation.** Under ``ampsafe run``, ``GenerationMixin.generate`` of a model the run's scaler trains heals a
+float16 overflow that makes it sample from NaN probabilities (TRL's ``GRPOTrainer`` generates before its first
+step): :mod:`ampsafe.hosts._generation`.
+
 **The fix lines.** A line the report prints is one the user pastes, so it is applied to the user's own model
 first, on the batch that overflowed, and printed only when it removes the overflow ("removes": without the line
 some module's output, or the model's, holds an inf/NaN; with it none does); otherwise the report says what the
@@ -60,6 +64,7 @@ from ..core.graph import FP16_MAX
 from ..core.model import call, first_nonfinite, unwrap
 from ..integrations.metrics import amp_metrics
 from . import Host
+from ._generation import install_generate_heal
 from ._install import after_init
 
 __all__ = [  # noqa: F822 - AmpCallback is built on first use (__getattr__)
@@ -470,4 +475,8 @@ def output_amax(backend, model, modules: dict, inputs) -> dict[str, float]:
     return amax
 
 
-HOST = Host("hf", loggers={"transformers.trainer": _add_to_trainer})
+HOST = Host(
+    "hf",
+    registers={"transformers.generation.utils": install_generate_heal},
+    loggers={"transformers.trainer": _add_to_trainer},
+)

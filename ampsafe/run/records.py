@@ -99,7 +99,7 @@ class Heal(_Record):
     step: int | None = None
     paths: tuple[str, ...] = ()
     scale_after: float | None = None
-    cause: str = ""  # the pass that overflowed, as the heal measured it ("forward", "backward"; "" unknown)
+    cause: str = ""  # the pass that overflowed, as the heal measured it ("forward", "backward", "generation overflow"; "" unknown)
     widened: tuple[str, ...] = ()  # the engine units among ``paths`` given float32 compute instead of an island
 
 

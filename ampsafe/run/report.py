@@ -505,6 +505,11 @@ def _scaler_line(s: ScalerRecord) -> str:
         f"step {h.step}: {', '.join(h.paths) or '(no paths)'}"
         + (" (its gradient overflowed at the floor, the forward in range)" if h.cause == "backward" else "")
         + (
+            " (a generation's forward overflowed: generate sampled from NaN)"
+            if h.cause == "generation overflow"
+            else ""
+        )
+        + (
             f" ({', '.join(h.widened)}: float32 policy for the run, a value past 65504 passes between them)"
             if h.widened
             else ""

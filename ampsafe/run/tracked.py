@@ -171,9 +171,12 @@ class TrackedScaler:
 
         out = []
         for h in heals:  # HealRecords (ampsafe.core.scale), as every healing scaler keeps them
-            cause = {"forward": "forward", "scanned": "forward", "backward": "backward"}.get(
-                h.verdict.where if h.verdict is not None else "", ""
-            )
+            cause = {
+                "forward": "forward",
+                "scanned": "forward",
+                "backward": "backward",
+                "generation": "generation overflow",
+            }.get(h.verdict.where if h.verdict is not None else "", "")
             paths = tuple(prefixed(self.holder_path, h.paths))
             widened = tuple(prefixed(self.holder_path, getattr(h, "widened", ())))
             out.append(Heal(step=h.step, paths=paths, scale_after=h.scale_after, cause=cause, widened=widened))

@@ -8,8 +8,10 @@ checkpoint whose activations already leave float16's range (bench/trl_fp16.py). 
 floor) every SFT step is skipped and the scale halves forever; ``ampsafe run`` backs off to its floor, heals the
 MLP into FP32 islands and trains, on one process and on 2 gloo ranks alike, and the ``amp/*`` keys read back from
 TRL's own log history equal the scaler's records. GRPO's generation meets the same overflow before any optimizer
-step (torch.multinomial on NaN probabilities): no scaler sees it; ``--watch`` names the module. At HF's default
-init GRPO generates and trains under ampsafe's scaler, its ``amp/*`` keys beside its rewards.
+step: natively torch.multinomial raises on NaN probabilities; ``ampsafe run`` catches that error in HF's
+``generate``, islands the MLP modules whose float16 outputs overflow there (:mod:`ampsafe.hosts._generation`),
+records the heal on the scaler (cause "generation overflow") and generates again, and GRPO trains. At HF's
+default init GRPO generates and trains under ampsafe's scaler, its ``amp/*`` keys beside its rewards, unhealed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from trl_helpers import (
     logged_figures,
     run_ampsafe,
     run_native,
-    run_summaries,
     scaler_records,
 )
 
@@ -59,7 +60,7 @@ def test_sft_fp16_heals_the_mlp_overflow_and_amp_keys_reach_trls_log_history(tmp
 
 def test_native_sft_fp16_skips_every_step_and_halves_the_scale_forever(tmp_path):
     steps = 12
-    updates = run_native(tmp_path, "sft_train.py", *edge_args("qwen3"), "--steps", str(steps))
+    updates, _ = run_native(tmp_path, "sft_train.py", *edge_args("qwen3"), "--steps", str(steps))
     assert updates == [(65536.0 / 2**k, 65536.0 / 2 ** (k + 1)) for k in range(steps)]  # torch's scaler, no floor
     logged = history(tmp_path)
     assert len(logged) == steps and not any(finite(e["grad_norm"]) for e in logged)
@@ -79,14 +80,22 @@ def test_sft_fp16_on_two_gloo_ranks_heals_alike_on_both(tmp_path, free_port):
     assert [logged_figures(e) for e in logged] == [figures_after(records[0], e["step"]) for e in logged]
 
 
-def test_grpo_generation_overflow_is_named_by_watch(tmp_path):
-    run_ampsafe(tmp_path, "grpo_train.py", *edge_args("qwen3"), "--steps", "2", options=("--watch",), ok=False)
-    (summary,) = run_summaries(tmp_path)
-    (scaler,) = summary.scalers
-    assert scaler.class_name == "ampsafe.torch.scaler.GradScaler" and scaler.total_steps == 0  # before any step
-    ended = summary.ended.exception
-    assert ended.startswith("NonFiniteError: first non-finite value of the forward pass comes from "), ended
-    assert "model.layers.0.mlp.down_proj:" in ended and "kind='overflow'" in ended, ended
+def test_grpo_generation_overflow_heals_where_native_crashes(tmp_path):
+    steps = 4
+    updates, out = run_native(tmp_path / "native", "grpo_train.py", *edge_args("qwen3"), "--steps", "1", ok=False)
+    assert updates == [], updates  # natively the first generation raised before any optimizer step
+    assert "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0" in out, out[-3000:]
+    run_ampsafe(tmp_path, "grpo_train.py", *edge_args("qwen3"), "--steps", str(steps))
+    (record,) = scaler_records(tmp_path)
+    assert record.class_name == "ampsafe.torch.scaler.GradScaler" and record.total_steps == steps, record
+    (heal,) = record.heal_records  # at the first generation, before the first optimizer step
+    assert heal.step == 0 and heal.cause == "generation overflow" and heal.scale_after == 65536.0, heal
+    assert heal.paths[0] == "model.layers.0.mlp.down_proj", heal  # the first module whose float16 output overflows
+    assert all(path.endswith(".mlp.down_proj") for path in heal.paths), heal
+    assert record.floor_hits == 0 and record.steps[-1][2] is False, record.steps  # the last step trained
+    logged = history(tmp_path)
+    assert [entry["step"] for entry in logged] == list(range(1, steps + 1))
+    assert all("reward" in entry and finite(entry["loss"]) for entry in logged), logged
 
 
 def test_grpo_fp16_generates_and_trains_with_amp_keys_in_trls_log_history(tmp_path):

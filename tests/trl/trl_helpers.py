@@ -54,16 +54,18 @@ def run_summaries(work: Path) -> list[RunSummary]:
     return [RunSummary.from_dict(json.loads(p.read_text(encoding="utf-8"))) for p in paths]
 
 
-def run_native(work: Path, script: str, *args: str) -> list[tuple[float, float]]:
-    """``python native.py --scales ... scripts/SCRIPT --out WORK/out ARGS`` (which must exit 0): the (scale before,
-    scale after) of each of torch's ``GradScaler.update`` calls."""
+def run_native(work: Path, script: str, *args: str, ok: bool = True) -> tuple[list[tuple[float, float]], str]:
+    """``python native.py --scales ... scripts/SCRIPT --out WORK/out ARGS``, which must exit 0 when ``ok``, else
+    must fail: (the (scale before, scale after) of each of torch's ``GradScaler.update`` calls, its output)."""
+    work.mkdir(exist_ok=True)
     scales = work / "scales-{rank}.json"
     command = [sys.executable, str(HERE / "native.py"), "--scales", str(scales), str(SCRIPTS / script)]
     proc = subprocess.run(
         [*command, "--out", str(work / "out"), *args], capture_output=True, text=True, timeout=300, cwd=work
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return [tuple(pair) for pair in json.loads((work / "scales-0.json").read_text())]
+    assert (proc.returncode == 0) == ok, proc.stdout[-2000:] + proc.stderr[-3000:]
+    updates = [tuple(pair) for pair in json.loads((work / "scales-0.json").read_text())]
+    return updates, proc.stdout + proc.stderr
 
 
 def scaler_records(work: Path) -> list[ScalerRecord]:
