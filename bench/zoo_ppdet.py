@@ -500,24 +500,34 @@ def train_one(row: dict, record: dict, work: Path, data: Path) -> dict:
 
 
 def _train_order(doc: dict) -> list[dict]:
-    """The built rows with a scan: RT-DETR, PicoDet, YOLOX first, then one per family, then risky ones, then the
-    rest (each group in signature order)."""
+    """The built rows with a scan, in this order: the smallest model of RT-DETR, PicoDet and YOLOX (each family
+    without a trained row); the smallest of every other family (those whose scan flags a risky path first, least
+    O1 headroom first); the other RT-DETR / PicoDet / YOLOX signatures; the other rows whose scan flags a risky
+    path; the rest."""
     rows = [r for r in doc["rows"] if r.get("built") and r.get("scan") and not r.get("train")]
-    first = sorted((r for r in rows if r["family"] in FIRST), key=lambda r: FIRST.index(r["family"]))
-    seen = {r["family"] for r in first}
-    per_family = []
-    for r in sorted(rows, key=lambda r: r.get("params") or 0):  # each family's smallest model
-        if r not in first and r["family"] not in seen:
-            per_family.append(r)
-            seen.add(r["family"])
-    per_family.sort(key=rows.index)
+    trained = {r["family"] for r in doc["rows"] if r.get("train")}
+    smallest: dict[str, dict] = {}
+    for r in sorted(rows, key=lambda r: r.get("params") or 0):
+        if r["family"] not in trained:  # a family with a trained row has its leader
+            smallest.setdefault(r["family"], r)
+    leaders = [smallest[f] for f in FIRST if f in smallest]
 
     def risky(r):
         return any((r["scan"].get(lvl) or {}).get("risky_paths") for lvl in ("O1", "O2"))
 
-    flagged = [r for r in rows if r not in first and r not in per_family and risky(r)]
-    rest = [r for r in rows if r not in first and r not in per_family and r not in flagged]
-    return first + per_family + flagged + rest
+    def o1_headroom(r):
+        least = (r["scan"].get("O1") or {}).get("least_headroom")
+        return least if least is not None else float("inf")
+
+    # the other families' leaders: those whose scan flags a risky path first, least O1 headroom first
+    per_family = [r for r in rows if smallest.get(r["family"]) is r and r not in leaders]
+    per_family.sort(key=lambda r: (not risky(r), o1_headroom(r) if risky(r) else 0))
+    more_first = [r for r in rows if r["family"] in FIRST and r not in leaders]
+
+    placed = leaders + per_family + more_first
+    flagged = [r for r in rows if r not in placed and risky(r)]
+    rest = [r for r in rows if r not in placed and r not in flagged]
+    return placed + flagged + rest
 
 
 def run_train(doc: dict, work: Path, until: str | None, only: list[str] | None) -> None:

@@ -80,6 +80,11 @@ def _wall(row: dict) -> str:
     return ", ".join(parts) or "-"
 
 
+def _total_wall(rows: list[dict], key: str | None = None) -> float:
+    keys = (key,) if key else ("build+scan total", "native", "ampsafe")
+    return float(sum((r.get("wall_s") or {}).get(k, 0) for r in rows for k in keys))
+
+
 def _table(doc: dict) -> list[str]:
     counts = {s["chosen"]: s["count"] for s in doc.get("signatures", [])}
     head = (
@@ -197,8 +202,9 @@ def render(doc: dict) -> str:
         "",
         f"Machine: {m.get('cpu')}, {m.get('cores')} cores shared with other jobs (timings are load-inflated), "
         f"{m.get('threads', '1')} thread per run; {m.get('date')}; ampsafe {m.get('git commit')}; tree "
-        f"{m.get('ppdet tree')} on `PYTHONPATH` ahead of the installed paddledet. Total wall time "
-        f"{_num(doc.get('wall_s_total'))} s.",
+        f"{m.get('ppdet tree')} on `PYTHONPATH` ahead of the installed paddledet. Wall time, all rows: "
+        f"{_num(_total_wall(rows), '.0f')} s (build + scan {_num(_total_wall(rows, 'build+scan total'), '.0f')} s, "
+        f"training {_num(_total_wall(rows, 'native') + _total_wall(rows, 'ampsafe'), '.0f')} s).",
         "",
         f"Each row: the signature's chosen config built by ppdet's `load_config` + `create(cfg.architecture)`; "
         f"`ampsafe.scan` of the train-mode forward at O1 and O2 on one batch of the config's own TrainReader "
