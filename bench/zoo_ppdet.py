@@ -4,6 +4,7 @@ tree's own ``tools/train.py --amp`` with float16 emulated, natively and under ``
 
     python -m bench.zoo_ppdet --scan   [--until HH:MM]   # build + scan pass (appends rows, skips done ones)
     python -m bench.zoo_ppdet --train  [--until HH:MM]   # training pass (RT-DETR, PicoDet, YOLOX first)
+    python -m bench.zoo_ppdet --fp32 CONFIG...           # the same rows' tools/train.py without --amp, 3 steps
     python -m bench.zoo_ppdet --render                   # bench/results/zoo-ppdet.md from the JSON
 
 The tree: ``$PPDET_SRC``, else ``shared/upstream/PaddleDetection-src`` (``$AMPSAFE_SHARED`` or beside the
@@ -452,6 +453,7 @@ def summarize_run(lines: list[dict], report: dict | None, returncode: int, log: 
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "finite": bool(losses) and all(_finite(v) for v in losses),
+        "losses": losses,
         "scaler": scaler[-1]["class"] if scaler else None,
         "returncode": returncode,
     }
@@ -544,6 +546,51 @@ def run_train(doc: dict, work: Path, until: str | None, only: list[str] | None) 
         save(doc)
 
 
+def resummarize(doc: dict, work: Path) -> None:
+    """Rebuild the trained rows' run summaries from their folders (steps.jsonl, report.json, log.txt) under
+    ``work``, so that a field added to :func:`summarize_run` reaches rows trained before it."""
+    for row in doc["rows"]:
+        out = work / row["config"].replace("/", "__").removesuffix(".yml")
+        for run in ("native", "ampsafe"):
+            folder = out / run
+            if not row.get("train") or not (folder / "log.txt").is_file():
+                continue
+            old = row["train"].get(run) or {}
+            rep = folder / "report" / "report.json"
+            report = json.loads(rep.read_text()) if run == "ampsafe" and rep.is_file() else None
+            log = (folder / "log.txt").read_text()
+            row["train"][run] = summarize_run(_steps(folder / "steps.jsonl"), report, old.get("returncode", 0), log)
+    save(doc)
+
+
+FP32_STEPS = 3
+
+
+def fp32_check(doc: dict, work: Path, config: str) -> None:
+    """``tools/train.py`` without ``--amp`` (float32) for :data:`FP32_STEPS` steps on the row's overlay: whether a
+    run that fails under float16 trains in float32 on the same data and seed. Stored as the row's ``fp32``."""
+    row = next(r for r in doc["rows"] if r["config"] == config)
+    records = {r["config"]: r for r in enumerate_signatures(work)}
+    data = write_coco(work / "coco", K * BATCH)
+    out = work / config.replace("/", "__").removesuffix(".yml")
+    path = overlay(records[config], data, out)
+    steplog = out / "fp32" / "steps.jsonl"
+    steplog.parent.mkdir(parents=True, exist_ok=True)
+    steplog.unlink(missing_ok=True)
+    env = child_env(work)
+    env[STEPLOG_ENV], env[STOP_ENV] = str(steplog), str(FP32_STEPS)
+    start = time.time()
+    cmd = [sys.executable, "tools/train.py", "-c", str(path), "--enable_ce", "True"]
+    code, log = run_group(cmd, timeout=TRAIN_TIMEOUT, env=env, cwd=tree())
+    (steplog.parent / "log.txt").write_text(log)
+    run = summarize_run(_steps(steplog), None, code, log)
+    run["losses"] = [s.get("loss") for s in _steps(steplog) if s.get("kind") == "stats"]
+    row["fp32"] = run
+    row["wall_s"]["fp32"] = round(time.time() - start, 1)
+    save(doc)
+    print(f"fp32: {config} {json.dumps(run)[:400]}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scan", action="store_true")
@@ -551,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", action="store_true")
     parser.add_argument("--until", default=None, help="HH:MM UTC: start no new config after it")
     parser.add_argument("--only", nargs="*", default=None, help="train only these configs (relative to configs/)")
+    parser.add_argument("--fp32", nargs="*", default=[], help="float32 check of these configs (no --amp)")
+    parser.add_argument("--resummarize", action="store_true", help="rebuild the run summaries from the run folders")
     parser.add_argument("--work", default="/tmp/ampsafe-zoo-ppdet")
     args = parser.parse_args(argv)
     if not (tree() / "tools" / "train.py").is_file():
@@ -563,6 +612,10 @@ def main(argv: list[str] | None = None) -> int:
         run_scan(doc, work, args.until)
     if args.train:
         run_train(doc, work, args.until, args.only)
+    for config in args.fp32:
+        fp32_check(doc, work, config)
+    if args.resummarize:
+        resummarize(doc, work)
     if args.scan or args.train:
         doc["wall_s_total"] = round(doc.get("wall_s_total", 0) + time.time() - start, 1)
         doc["machine"]["date"] = machine()["date"]

@@ -191,7 +191,33 @@ def _facts(doc: dict) -> list[str]:
             for r in healed
         ) + ")"  # fmt: skip
     text += f"; non-finite losses: {', '.join(f'`{c}` ({run})' for c, run in nonfinite) or 'none'}."
+    failed = [(r["config"], run) for r in trained for run in ("native", "ampsafe") if r["train"][run].get("returncode")]
+    if failed:
+        text += " Runs that exited before K steps: " + "; ".join(
+            f"`{c}` {run} after {r_steps} step(s), {_first_error(rows, c, run)}" for c, run, r_steps in
+            ((c, run, next(r for r in rows if r["config"] == c)["train"][run].get("steps_run")) for c, run in failed)
+        ) + "."  # fmt: skip
+    for r in trained:
+        native, amp = r["train"]["native"], r["train"]["ampsafe"]
+        if native.get("losses") and amp.get("losses") and native["losses"] != amp["losses"]:
+            text += (
+                f" `{r['config']}` per-step losses, native: {', '.join(_num(v) for v in native['losses'])}; "
+                f"under ampsafe: {', '.join(_num(v) for v in amp['losses'])}."
+            )
+    for r in rows:
+        if r.get("fp32"):
+            f = r["fp32"]
+            text += (
+                f" `{r['config']}` without `--amp` (float32, same overlay and seed): exit {f.get('returncode')}, "
+                f"{f.get('steps_run')} steps, losses {', '.join(_num(v) for v in f.get('losses') or [])}."
+            )
     return ["", text]
+
+
+def _first_error(rows: list[dict], config: str, run: str) -> str:
+    row = next(r for r in rows if r["config"] == config)
+    error = (row["train"][run].get("error") or "").strip()
+    return f"`{error[:160]}`" if error else "no error line"
 
 
 def render(doc: dict) -> str:
