@@ -1,0 +1,166 @@
+"""The ``sitecustomize.py`` that bench/zoo_ppdet.py puts first on its children's ``PYTHONPATH`` (the text below is
+written to a folder; nothing of PaddleDetection is edited).
+
+1. imgaug 0.4.0 (which the tree's ``ppdet.data.source.culane`` imports) reads ``numpy.sctypes`` at import; NumPy 2
+   removed it: it is set just before imgaug imports.
+2. With $AMPSAFE_ZOO_STEPLOG set, every ``paddle.amp`` scaler built (Paddle's own or ampsafe's subclass) appends one
+   JSON line per ``minimize`` (Paddle's own scaler: ampsafe's does not run ``AmpScaler.__init__`` and has its
+   own per-step records in report.json): the loss it scaled, the scale before and after, whether Paddle's
+   ``_found_inf`` was set. ppdet's ``TrainingStats.update`` (once per step, any scaler) appends the step's loss;
+   with $AMPSAFE_ZOO_STOP_AFTER=N the process exits with status 0 after the N-th step (``ampsafe run`` still
+   writes its report at exit).
+"""
+
+from __future__ import annotations
+
+__all__ = ["SHIM", "STEPLOG_ENV", "STOP_ENV"]
+
+STEPLOG_ENV = "AMPSAFE_ZOO_STEPLOG"
+STOP_ENV = "AMPSAFE_ZOO_STOP_AFTER"
+
+SHIM = r'''"""Written by bench/zoo_ppdet_shim.py: numpy.sctypes for imgaug, and a per-step scaler log."""
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+
+def _numpy_sctypes():
+    import numpy as np
+
+    if "sctypes" not in vars(np):
+        np.sctypes = {
+            "int": [np.int8, np.int16, np.int32, np.int64],
+            "uint": [np.uint8, np.uint16, np.uint32, np.uint64],
+            "float": [np.float16, np.float32, np.float64, np.longdouble],
+            "complex": [np.complex64, np.complex128, np.clongdouble],
+            "others": [bool, object, bytes, str, np.void],
+        }
+
+
+def _float(value):
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _scale_of(scaler):
+    get = getattr(scaler, "get_loss_scaling", None)
+    if callable(get):
+        return _float(get())
+    return _float(getattr(scaler, "_scale", None))
+
+
+def _instrument(scaler, path):
+    state = {"step": 0, "loss": None}
+    original_scale, original_minimize = scaler.scale, scaler.minimize
+
+    def scale(var, *args, **kwargs):
+        state["loss"] = _float(var)
+        return original_scale(var, *args, **kwargs)
+
+    def minimize(optimizer, *args, **kwargs):
+        before = _scale_of(scaler)
+        error = None
+        try:
+            out = original_minimize(optimizer, *args, **kwargs)
+        except BaseException as exc:
+            error, out = exc, None
+        found = getattr(scaler, "_found_inf", None)
+        record = {
+            "step": state["step"],
+            "loss": state["loss"],
+            "scale_before": before,
+            "scale": _scale_of(scaler),
+            "found_inf": None if found is None else bool(_float(found)),
+            "enabled": bool(getattr(scaler, "_enable", True)),
+            "kind": "scaler",
+            "class": type(scaler).__module__ + "." + type(scaler).__name__,
+        }
+        if error is not None:
+            record["error"] = type(error).__name__ + ": " + str(error)[:300]
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        state["step"] += 1
+        if error is not None:
+            raise error
+        return out
+
+    scaler.scale, scaler.minimize = scale, minimize
+
+
+def _wrap_scaler(module):
+    path = os.environ.get("AMPSAFE_ZOO_STEPLOG")
+    if not path:
+        return
+    cls = module.AmpScaler
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if not getattr(self, "_zoo_instrumented", False):
+            self._zoo_instrumented = True
+            _instrument(self, path)
+
+    cls.__init__ = __init__
+
+
+def _wrap_stats(module):
+    """ppdet's Trainer updates its TrainingStats with the step's loss dict once per step, whichever scaler it
+    built (ampsafe's does not run AmpScaler.__init__): the loss line, and the stop after N steps."""
+    path = os.environ.get("AMPSAFE_ZOO_STEPLOG")
+    if not path:
+        return
+    cls = module.TrainingStats
+    original = cls.update
+    count = {"n": 0}
+
+    def update(self, stats):
+        out = original(self, stats)
+        loss = stats.get("loss") if hasattr(stats, "get") else None
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": "stats", "step": count["n"], "loss": _float(loss)}) + "\n")
+        count["n"] += 1
+        if count["n"] == int(os.environ.get("AMPSAFE_ZOO_STOP_AFTER") or 0):
+            sys.exit(0)
+        return out
+
+    cls.update = update
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.before = {"imgaug": _numpy_sctypes}
+        self.after = {"paddle.amp.grad_scaler": _wrap_scaler, "ppdet.utils.stats": _wrap_stats}
+        for name in list(self.after):  # a sitecustomize that ran before this one may have imported it already
+            if name in sys.modules:
+                self.after.pop(name)(sys.modules[name])
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.before and name not in self.after:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        before, after = self.before.pop(name, None), self.after.pop(name, None)
+        exec_module = spec.loader.exec_module
+
+        def run(module):
+            if before is not None:
+                before()
+            exec_module(module)
+            if after is not None:
+                after(module)
+
+        spec.loader.exec_module = run
+        return spec
+
+
+sys.meta_path.insert(0, _Hook())
+'''
