@@ -121,9 +121,15 @@ class PaddleBackend(core.BackendBase):
 
     # -- state
     def state_slots(self, model) -> list[tuple[dict, str, paddle.Tensor]]:
-        """(holder dict, name, tensor) of every buffer and every statistic (:func:`is_statistic`)."""
+        """(holder dict, name, tensor) of every buffer and every statistic (:func:`is_statistic`). A buffer that
+        holds no memory yet (``nn.LSTM``'s ``_dropout_state`` until a dropout runs) has nothing to copy back."""
         layers = [model, *model.sublayers()]
-        slots = [(layer._buffers, n, b) for layer in layers for n, b in list(layer._buffers.items()) if b is not None]
+        slots = [
+            (layer._buffers, n, b)
+            for layer in layers
+            for n, b in list(layer._buffers.items())
+            if b is not None and b._is_initialized()
+        ]
         slots += [
             (layer._parameters, n, p)
             for layer in layers
