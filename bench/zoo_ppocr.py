@@ -52,7 +52,7 @@ class _Built(Exception):
         self.model, self.config = model, config
 
 
-class _Timeout(Exception):
+class _Timeout(BaseException):
     pass
 
 
@@ -111,6 +111,8 @@ def input_shape(config: dict, family: str) -> tuple[int, int, int]:
             scale = args.get("down_sample_scale", 2)
             return (3, int(h) // int(scale), int(w) // int(scale))
         shape = args.get("image_shape")
+        if name == "GrayRecResizeImg" and isinstance(shape, list) and len(shape) == 2:
+            return (1, int(shape[1]), int(shape[0]))  # W, H of a grey line
         if isinstance(shape, list) and len(shape) == 3:
             c, h, w = (int(v) for v in shape)
             if c not in (1, 3) and w in (1, 3):  # RecConAug's image_shape is H, W, C
@@ -222,8 +224,8 @@ def scan_model(model, shape: tuple[int, ...]) -> dict:
     out = {}
     for level in ("O1", "O2"):
         mode, report, error = "train", None, None
-        for mode in ("train", "eval"):
-            model.train() if mode == "train" else model.eval()
+        for mode in ("train", "eval, BatchNorms in train mode"):
+            _set_mode(model, mode)
             try:
                 report = ampsafe.scan(model, (x,), level=level)
                 break
@@ -251,6 +253,23 @@ def scan_model(model, shape: tuple[int, ...]) -> dict:
             "mode": mode,
         }
     return out
+
+
+def _set_mode(model, mode: str) -> None:
+    """``train``: as tools/train.py runs the model. Otherwise eval mode (heads whose train forward needs the
+    targets decode on their own) with every BatchNorm in train mode, normalizing by the batch's statistics as in
+    training: in eval mode a random-init BatchNorm divides by its initial running variance (1) and normalizes
+    nothing, which no training step sees."""
+    import paddle
+
+    model.train()
+    if mode == "train":
+        return
+    model.eval()
+    norms = (paddle.nn.layer.norm._BatchNormBase, paddle.nn.BatchNorm)
+    for layer in model.sublayers():
+        if isinstance(layer, norms):
+            layer.train()
 
 
 def _alarm(seconds: int):
@@ -332,7 +351,11 @@ def save(data: dict, path: Path = OUT_JSON) -> None:
 def _complete(row: dict) -> bool:
     """Built and scanned at both levels (a row to keep when failed rows are scanned again)."""
     scan = row.get("scan") or {}
-    return bool(row.get("built")) and all((scan.get(lv) or {}).get("risky_paths") is not None for lv in ("O1", "O2"))
+    return (
+        bool(row.get("built"))
+        and all((scan.get(lv) or {}).get("risky_paths") is not None for lv in ("O1", "O2"))
+        and all((scan.get(lv) or {}).get("mode") != "eval" for lv in ("O1", "O2"))
+    )
 
 
 def scan_pass(src: Path, only: str | None, redo: bool = False, redo_failed: bool = False) -> None:
@@ -343,6 +366,10 @@ def scan_pass(src: Path, only: str | None, redo: bool = False, redo_failed: bool
             continue
         row = scan_row(src, rel)
         data = load()
+        before = next((r for r in data["rows"] if r["config"] == rel), None)
+        if before and before.get("train"):  # a scan done again keeps the row's training
+            row["train"] = before["train"]
+            row["wall_s"].update({k: v for k, v in before["wall_s"].items() if k in ("native", "ampsafe")})
         data["rows"] = [r for r in data["rows"] if r["config"] != rel] + [row]
         save(data)
         s = row.get("scan") or {}
@@ -687,7 +714,7 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         "* **build**: the tree's own `tools/train.py` main (data loader stubbed, stopped at `build_model`), random "
         "init (`pretrained` keys dropped); where train.py stops before `build_model` on this CPU (post-process "
         "compile, missing package) a det/kie Architecture is built by `build_model` alone (noted).",
-        f"* **scan**: `ampsafe.scan` at O1 and O2, model in train mode (eval mode where noted), a seeded uniform(-1, 1) "
+        f"* **scan**: `ampsafe.scan` at O1 and O2, model in train mode (where its train forward needs targets: eval mode with the BatchNorms in train mode, noted), a seeded uniform(-1, 1) "
         f"batch of {BATCH}; det/e2e pages {DET_SIZE}x{DET_SIZE}, others the shape of the config's transforms. Cell: "
         "risky paths / least headroom in bits (log2(65504/amax)) `where`; risky float16 ops (e.g. `exp`) after.",
         f"* **train**: K = {data.get('K', K)} steps of `tools/train.py` at {LEVEL}, float16 emulated, batch {BATCH}, "
@@ -707,9 +734,9 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         scan = r.get("scan") or {}
         if r.get("scan_error"):
             scan = {"O1": {"risky_paths": None, "error": r["scan_error"]}}
-        modes = {lv.get("mode") for lv in scan.values() if lv}
-        if "eval" in modes:
-            built += "; scanned in eval mode"
+        modes = {lv.get("mode") for lv in scan.values() if lv} - {"train", None}
+        if modes:
+            built += f"; scanned in {modes.pop()} (its train forward needs targets)"
         train = r.get("train")
         native = _run_cell(train.get("native"), heals=False) if train else _not_trained(r)
         ampsafe = _run_cell(train.get("ampsafe"), heals=True) if train else ""
