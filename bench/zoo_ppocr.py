@@ -28,6 +28,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -213,21 +214,27 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def scan_model(model, shape: tuple[int, ...]) -> dict:
+def scan_model(model, shape: tuple[int, ...], *, sr: bool = False) -> dict:
     """O1 and O2 scans on a seeded random batch; train mode, else eval mode when the train forward raises."""
     import numpy as np
     import paddle
 
     import ampsafe
 
-    x = paddle.to_tensor(np.random.default_rng(0).uniform(-1, 1, (BATCH, *shape)).astype("float32"))
+    rng = np.random.default_rng(0)
+    x = paddle.to_tensor(rng.uniform(-1, 1, (BATCH, *shape)).astype("float32"))
+    inputs, described = (x,), "x".join(str(v) for v in (BATCH, *shape))
+    if sr:  # the SR models' train forward reads [low-resolution, high-resolution] (the config's img_lr, img_hr)
+        c, h, w = shape
+        hr = paddle.to_tensor(rng.uniform(-1, 1, (BATCH, c, 2 * h, 2 * w)).astype("float32"))
+        inputs, described = ([x, hr],), f"[{described}, {BATCH}x{c}x{2 * h}x{2 * w}]"
     out = {}
     for level in ("O1", "O2"):
         mode, report, error = "train", None, None
         for mode in ("train", "eval, BatchNorms in train mode"):
             _set_mode(model, mode)
             try:
-                report = ampsafe.scan(model, (x,), level=level)
+                report = ampsafe.scan(model, inputs, level=level)
                 break
             except Exception as exc:  # noqa: BLE001 - recorded in the row
                 error = _first_line(exc)
@@ -249,7 +256,7 @@ def scan_model(model, shape: tuple[int, ...]) -> dict:
             "least_op": None if least_op is None else f"{least_op.module}:{least_op.op}",
             "least_op_headroom": None if least_op is None else round(float(least_op.headroom_bits), 2),
             "risky_starts": sorted(p.start for p in report.risky)[:12],
-            "input": "x".join(str(v) for v in (BATCH, *shape)),
+            "input": described,
             "mode": mode,
         }
     return out
@@ -305,7 +312,7 @@ def scan_row(src: Path, rel: str) -> dict:
         row["params"] = int(sum(int(p.size) for p in model.parameters()))
         shape = input_shape(config, family)
         start = time.time()
-        row["scan"] = scan_model(model, shape)
+        row["scan"] = scan_model(model, shape, sr=family == "sr")
         row["wall_s"]["scan"] = round(time.time() - start, 1)
     except BaseException as exc:  # noqa: BLE001 - SystemExit from a tree's sys.exit, too
         if isinstance(exc, KeyboardInterrupt):
@@ -384,23 +391,24 @@ def scan_pass(src: Path, only: str | None, redo: bool = False, redo_failed: bool
 # --- training pass ---------------------------------------------------------------------------------------------
 
 LEVEL = "O2"  # Paddle's pure-float16 level: every conv/matmul and most other ops in float16
-TRAIN_FIRST = (  # one per family and algorithm first, in this order; then every config whose scan found a risky path
+TRAIN_FIRST = (  # one per family and algorithm first, cheap ones first; after the first five, every config whose scan
+    # found a risky path
     "det/det_mv3_db.yml",
     "cls/cls_mv3.yml",
     "rec/rec_mv3_none_bilstm_ctc.yml",
     "det/ch_PP-OCRv4/ch_PP-OCRv4_det_student.yml",
     "rec/PP-OCRv4/ch_PP-OCRv4_rec.yml",
-    "det/det_mv3_east.yml",
-    "det/det_mv3_pse.yml",
-    "det/det_r50_vd_sast_icdar15.yml",
-    "det/det_r50_db++_icdar15.yml",
-    "det/det_r18_vd_ct.yml",
     "rec/rec_svtrnet.yml",
+    "det/det_mv3_east.yml",
     "rec/PP-OCRv3/en_PP-OCRv3_rec.yml",
-    "e2e/e2e_r50_vd_pg.yml",
+    "det/det_r18_vd_ct.yml",
     "rec/rec_mtb_nrtr.yml",
-    "rec/rec_r31_sar.yml",
+    "e2e/e2e_r50_vd_pg.yml",
+    "det/det_mv3_pse.yml",
     "rec/rec_r45_abinet.yml",
+    "rec/rec_r31_sar.yml",
+    "det/det_r50_db++_icdar15.yml",
+    "det/det_r50_vd_sast_icdar15.yml",
     "rec/rec_vit_parseq.yml",
     "det/det_r50_vd_dcn_fce_ctw.yml",
     "det/det_r50_drrg_ctw.yml",
@@ -653,7 +661,9 @@ def _scan_cell(level: dict | None) -> str:
     if not level:
         return "-"
     if level.get("risky_paths") is None:
-        return f"failed: {level.get('error', '')[:80]}"
+        error = level.get("error") or ""
+        error = re.sub(r"ScanError: the model raised (\w+) while ampsafe.scan ran it on example_inputs:", r"\1:", error)
+        return f"forward failed: {error.split('. The model was left')[0][:110]}"
     cell = f"{level['risky_paths']} / {_g(level['least_headroom'])} `{level['where']}`"
     if level.get("risky_ops"):
         cell += f"; {level['risky_ops']} op(s), least `{level['least_op']}` {_g(level['least_op_headroom'])}"
@@ -672,7 +682,7 @@ def _run_cell(run: dict | None, *, heals: bool) -> str:
     if "overflow_steps" not in run:
         return f"error: {run.get('error', '')[:100]}"
     cell = (
-        f"{run['steps_done']} steps; overflow {_steps(run['overflow_steps'])}; scale {_g(run['final_scale'])}; "
+        f"{run['steps_done']} steps; overflow {_steps(run['overflow_steps'])}; scale {_g(run['final_scale'], 6)}; "
         f"loss {_g(run['loss_first'])} → {_g(run['loss_last'])}{'' if run['finite'] else ' (not finite)'}"
     )
     if heals and run.get("heals"):
@@ -692,6 +702,8 @@ def _not_trained(row: dict) -> str:
     family = row["family"]
     if family in NO_DATA:
         return f"not trained: no synthetic {NO_DATA[family]} written"
+    if not _complete(row) and not any(((row.get("scan") or {}).get(lv) or {}).get("mode") for lv in ("O1", "O2")):
+        return "not trained: time budget; scan failed"
     risky = any((lv or {}).get("risky_paths") for lv in (row.get("scan") or {}).values())
     return "not trained: time budget; " + ("scan found risky paths" if risky else "scan clean")
 
@@ -733,7 +745,7 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
             built += f" ({r['build_note'][:120]})"
         scan = r.get("scan") or {}
         if r.get("scan_error"):
-            scan = {"O1": {"risky_paths": None, "error": r["scan_error"]}}
+            scan = {"O1": {"risky_paths": None, "error": r["scan_error"].replace("_Timeout", "stopped")}}
         modes = {lv.get("mode") for lv in scan.values() if lv} - {"train", None}
         if modes:
             built += f"; scanned in {modes.pop()} (its train forward needs targets)"
