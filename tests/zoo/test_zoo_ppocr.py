@@ -132,8 +132,8 @@ def test_tools_train_under_ampsafe_run_heals_dbheads_exp_at_O2(paddleocr_src, tm
     """Three steps of ``tools/train.py -c configs/det/det_mv3_db.yml`` (its Adam at lr 0.001, random init, 160 px
     synthetic pages, batch 2) at O2: every step overflows in DBHead's exp (scan above); the run's report.json says heal
     islanded ``head`` within the three steps and the scale is back where it started."""
-    from ampsafe.run.records import RunSummary
     from bench import zoo_ppocr
+    from tests.run.run_helpers import stepped_scaler
 
     steps = 3
     rel = NECKS["DBFPN"]
@@ -141,8 +141,8 @@ def test_tools_train_under_ampsafe_run_heals_dbheads_exp_at_O2(paddleocr_src, tm
     zoo_ppocr.write_data(paddleocr_src, rel, folder / "data", count=steps * zoo_ppocr.BATCH, side=160)
     result = zoo_ppocr.train_one(paddleocr_src, rel, folder, "ampsafe", steps=steps, side=160)
     assert result["returncode"] == 0 and result["steps"] == steps, result["log_tail"]
-    (scaler,) = [s for s in RunSummary.from_dict(result["report"]).scalers if s.total_steps]
+    scaler = stepped_scaler(folder / "ampsafe" / "report")
     assert scaler.total_steps == steps and scaler.skipped_at and scaler.skipped_at[0] == 0, scaler.steps
     (heal,) = scaler.heal_records
     assert heal.paths == ("head",) and heal.step < steps, heal
-    assert scaler.floor_hits == 0
+    assert scaler.floor_hits == 0 and result["final_scale"] == 1024.0, result["per_step"]
