@@ -524,6 +524,8 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
         "Eval.loader.num_workers=0",
         "Eval.loader.use_shared_memory=False",
     ]
+    if isinstance(config["Train"].get("sampler"), dict):  # MultiScaleSampler: its own batch sizes (a CPU can't)
+        opts += [f"Train.sampler.first_bs={BATCH}", "Train.sampler.fix_bs=True"]
     if "LMDB" in str(config["Train"]["dataset"].get("name")):
         opts += ["Train.dataset.name=SimpleDataSet", "Eval.dataset.name=SimpleDataSet"]
     if family in ("det", "e2e"):
@@ -679,7 +681,7 @@ def _steps(steps: list | None) -> str:
 def _run_cell(run: dict | None, *, heals: bool) -> str:
     if not run:
         return "-"
-    if "overflow_steps" not in run:
+    if "overflow_steps" not in run or not run.get("steps_done"):
         return f"error: {run.get('error', '')[:100]}"
     cell = (
         f"{run['steps_done']} steps; overflow {_steps(run['overflow_steps'])}; scale {_g(run['final_scale'], 6)}; "
@@ -733,6 +735,7 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         "the config's optimizer and lr (warmup off), random init, Paddle's scaler from 1024 with dynamic scaling, "
         f"synthetic data ({TRAIN_SIDE} px pages for det/e2e, 48x192 text lines for rec/cls); native = Paddle's "
         "GradScaler; ampsafe = `ampsafe run --emulate-fp16` (defaults: heal), heals read from its report.json. "
+        "A MultiScaleSampler config gets `first_bs` 2 with `fix_bs`, an LMDB set PaddleOCR's SimpleDataSet. "
         "Steps are 0-based.",
         f"* Sweep wall time: {total / 60:.0f} min over {len(rows)} rows.",
         "",
@@ -785,7 +788,7 @@ def what_this_shows(rows: list[dict], k: int) -> list[str]:
     if not trained:
         return out + ["* No config was trained."]
     over = [r for r in trained if (r["train"].get("native") or {}).get("overflow_steps")]
-    clean = [r for r in trained if "overflow_steps" in (r["train"].get("native") or {}) and r not in over]
+    clean = [r for r in trained if (r["train"].get("native") or {}).get("steps_done") == k and r not in over]
     healed = [r for r in trained if (r["train"].get("ampsafe") or {}).get("heals")]
     failed = [
         r
