@@ -393,3 +393,20 @@ def test_a_framework_writes_few_members_and_the_count_does_not_grow():
     assert required <= REQUIRED_AT_MOST, f"a new framework writes {required} members"
     assert {"lib", "grads_finite"} <= written["paddle"]["Tensors"]  # the count sees what it should
     assert {"state_slots", "_package"} <= written["torch"]["Backend"]
+
+
+def test_paddle_snapshot_skips_a_buffer_that_holds_no_memory():
+    """``paddle.nn.LSTM`` keeps an unallocated ``_dropout_state`` buffer (PaddleOCR's CRNN neck has one): the
+    guard's snapshot before each forward must not try to copy it."""
+    paddle = pytest.importorskip("paddle")
+    model = paddle.nn.Sequential(paddle.nn.LSTM(4, 4, direction="bidirect"), paddle.nn.BatchNorm1D(4))
+    backend = backend_of(model)
+    assert not model[0]._buffers["_dropout_state"]._is_initialized()
+    restore = backend.snapshot(model)
+    mean = model[1]._mean
+    before = mean.numpy().copy()
+    model.train()
+    model[1](paddle.rand([3, 4]) * 5 + 2)
+    assert not np.array_equal(mean.numpy(), before)
+    restore()
+    np.testing.assert_array_equal(mean.numpy(), before)

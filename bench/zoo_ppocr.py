@@ -1,0 +1,851 @@
+"""The PaddleOCR zoo: every config of an unmodified PaddleOCR 2.x tree, built, scanned and (some) trained.
+
+For each ``configs/**/*.yml`` of the tree (``$PADDLEOCR_SRC``, else ``shared/upstream/PaddleOCR-src``):
+
+* **build**: the model as the tree's own ``tools/train.py`` builds it: its ``main`` runs in-process on the loaded
+  config, with ``build_dataloader`` answering a one-batch stand-in (no data is read) and ``build_model`` stopping
+  the run once the model is built, so the tree's own out_channels logic (character dictionaries, MultiHead,
+  Distillation ``Models``) decides the heads. A config that does not build on this CPU gets ``built: false`` and
+  the exception's first line;
+* **scan**: ``ampsafe.scan`` at O1 and O2 on a random batch of 2 inputs of the shape the config's transforms make
+  (:func:`input_shape`; det and e2e pages at 320x320 to stay CPU-affordable), the model in train mode as
+  ``tools/train.py`` runs it, else in eval mode when its train forward needs targets: risky paths, risky ops, the
+  least headroom and where;
+* **train**: K steps of the tree's own ``tools/train.py`` with float16 emulated, ``native`` (Paddle's GradScaler)
+  and under ``ampsafe run --emulate-fp16`` (defaults: heal), at the config's own optimizer and lr, random init,
+  Paddle's scaler from 1024 with dynamic scaling, on synthetic data in the family's label format
+  (:mod:`bench.ppocr_optin`'s launcher and step log; heals read from ``report.json``);
+* the neck's status, read from ``patches/registry.py`` when the table is rendered.
+
+``python -m bench.zoo_ppocr --pass scan|train [--only SUBSTR]`` appends rows to bench/results/zoo-ppocr.json
+(resumable: done configs are skipped); ``--render`` writes bench/results/zoo-ppocr.md from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "results" / "zoo-ppocr"
+OUT_JSON, OUT_MD = OUT.with_suffix(".json"), OUT.with_suffix(".md")
+K = 20  # training steps per run
+BATCH = 2  # scan batch; training batch per card
+DET_SIZE = 320  # det / e2e page side for the scan
+TRAIN_SIDE = 160  # det / e2e page side for training (the crops of bench/ppocr_optin.py): twice the steps per minute
+FAMILIES = ("det", "rec", "cls", "e2e", "table", "kie", "sr")
+SCAN_LIMIT_S = 300  # one config's build + both scans
+
+
+class _Built(Exception):
+    """Raised from the wrapped ``build_model`` to stop ``tools/train.py``'s main once the model exists."""
+
+    def __init__(self, model, config):
+        super().__init__("built")
+        self.model, self.config = model, config
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def default_src() -> Path | None:
+    from bench.ppocr_optin import default_src as optin_src
+
+    src = optin_src()
+    return Path(src) if src else None
+
+
+def configs(src: Path) -> list[str]:
+    """Every config of the tree, relative to its configs/ folder, sorted."""
+    return sorted(str(p.relative_to(src / "configs")) for p in (src / "configs").rglob("*.yml"))
+
+
+def _parts(arch: dict, key: str) -> str | None:
+    """The ``key`` (Backbone/Neck/Head) class name(s) of an Architecture, Distillation ``Models`` included."""
+    if "Models" in arch:
+        names = [_parts(m, key) for m in arch["Models"].values() if isinstance(m, dict)]
+        names = sorted({n for n in names if n})
+        return ", ".join(names) or None
+    part = arch.get(key)
+    return part.get("name") if isinstance(part, dict) else None
+
+
+def describe(config: dict) -> dict:
+    arch = config.get("Architecture") or {}
+    return {
+        "architecture": str(arch.get("algorithm") or arch.get("name") or "?"),
+        "backbone": _parts(arch, "Backbone") or "",
+        "neck": _parts(arch, "Neck"),
+        "head": _parts(arch, "Head") or "",
+    }
+
+
+def _transforms(config: dict) -> list[dict]:
+    out = []
+    for split in ("Train", "Eval"):
+        dataset = ((config.get(split) or {}).get("dataset") or {}) if isinstance(config.get(split), dict) else {}
+        out += [op for op in dataset.get("transforms") or [] if isinstance(op, dict)]
+    return out
+
+
+def input_shape(config: dict, family: str) -> tuple[int, int, int]:
+    """C, H, W of one input as the config's transforms make it (det/e2e: a DET_SIZE page)."""
+    if family in ("det", "e2e"):
+        return (3, DET_SIZE, DET_SIZE)
+    for op in _transforms(config):
+        ((name, args),) = op.items()
+        args = args or {}
+        if name == "PaddingTableImage" and args.get("size"):
+            h, w = args["size"]
+            return (3, int(h), int(w))
+        if name == "SRResize":
+            h, w = args.get("imgH", 32), args.get("imgW", 128)
+            scale = args.get("down_sample_scale", 2)
+            return (3, int(h) // int(scale), int(w) // int(scale))
+        shape = args.get("image_shape")
+        if name == "GrayRecResizeImg" and isinstance(shape, list) and len(shape) == 2:
+            return (1, int(shape[1]), int(shape[0]))  # W, H of a grey line
+        if isinstance(shape, list) and len(shape) == 3:
+            c, h, w = (int(v) for v in shape)
+            if c not in (1, 3) and w in (1, 3):  # RecConAug's image_shape is H, W, C
+                c, h, w = w, c, h
+            return (c if c > 0 else 3, h if h > 0 else 48, w if w > 0 else 320)
+        if isinstance(shape, list) and len(shape) == 2:
+            return (3, int(shape[0]), int(shape[1]))
+    shape = (config.get("Global") or {}).get("d2s_train_image_shape")
+    if isinstance(shape, list) and len(shape) == 3 and min(shape) > 0:
+        return tuple(int(v) for v in shape)
+    return (3, 48, 320) if family == "rec" else (3, 320, 320)
+
+
+@contextlib.contextmanager
+def _in_tree(src: Path):
+    """cwd and sys.path at the tree (its character dictionaries are relative paths), restored after."""
+    _numpy_sctypes()
+    cwd, path = os.getcwd(), list(sys.path)
+    os.chdir(src)
+    sys.path[:0] = [str(src), str(src / "tools")]
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+
+
+def build(src: Path, rel: str):
+    """The model ``tools/train.py`` builds for ``configs/rel`` (its own main, stopped at build_model)."""
+    import logging
+
+    import paddle
+
+    with _in_tree(src):
+        import tools.program as program
+        import tools.train as train
+
+        config = program.load_config(str(src / "configs" / rel))
+        config["Global"]["distributed"] = False
+        config["Global"]["use_gpu"] = False
+        config["Global"]["pretrained_model"] = None
+        random_init(config["Architecture"])
+        paddle.set_device("cpu")
+        original_loader, original_build = train.build_dataloader, train.build_model
+
+        def build_model(arch):
+            raise _Built(original_build(arch), config)
+
+        train.build_dataloader = lambda *a, **k: [None]
+        train.build_model = build_model
+        try:
+            with paddle.utils.unique_name.guard():  # a fresh parameter-name registry per config
+                train.main(config, "cpu", logging.getLogger("zoo"), None, 1024)
+        except _Built as built:
+            return built.model, built.config, None
+        except Exception as exc:  # noqa: BLE001 - before build_model: the Architecture may still build alone
+            stopped = f"tools/train.py stops before build_model on this CPU ({_first_line(exc)})"
+            if "Models" in config["Architecture"] or rel.split("/")[0] == "rec":
+                raise  # their heads' sizes come from train.py's character logic, which did not run
+            with paddle.utils.unique_name.guard():
+                return original_build(config["Architecture"]), config, stopped
+        finally:
+            train.build_dataloader, train.build_model = original_loader, original_build
+    raise RuntimeError("tools/train.py's main returned before building the model")
+
+
+def random_init(arch, prefix: str = "Architecture") -> list[str]:
+    """Drop every ``pretrained`` weight file or download of an Architecture (Distillation ``Models`` too): the zoo
+    starts from random init and reads nothing from disk or network. Returns the ``-o`` options that do the same
+    for ``tools/train.py``."""
+    options = []
+    if isinstance(arch, dict):
+        for key, value in arch.items():
+            if key == "pretrained" and value not in (None, False, ""):
+                arch[key] = False if value is True else None
+                options.append(f"{prefix}.{key}={'False' if value is True else ''}")
+            elif isinstance(value, dict):
+                options += random_init(value, f"{prefix}.{key}")
+    return options
+
+
+def _numpy_sctypes():
+    """imgaug 0.4.0 (imported by ppocr.data) reads numpy.sctypes, which NumPy 2 removed."""
+    import numpy as np
+
+    if "sctypes" not in vars(np):
+        np.sctypes = {
+            "int": [np.int8, np.int16, np.int32, np.int64],
+            "uint": [np.uint8, np.uint16, np.uint32, np.uint64],
+            "float": [np.float16, np.float32, np.float64, np.longdouble],
+            "complex": [np.complex64, np.complex128, np.clongdouble],
+            "others": [bool, object, bytes, str, np.void],
+        }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def scan_model(model, shape: tuple[int, ...], *, sr: bool = False) -> dict:
+    """O1 and O2 scans on a seeded random batch; train mode, else eval mode when the train forward raises."""
+    import numpy as np
+    import paddle
+
+    import ampsafe
+
+    rng = np.random.default_rng(0)
+    x = paddle.to_tensor(rng.uniform(-1, 1, (BATCH, *shape)).astype("float32"))
+    inputs, described = (x,), "x".join(str(v) for v in (BATCH, *shape))
+    if sr:  # the SR models' train forward reads [low-resolution, high-resolution] (the config's img_lr, img_hr)
+        c, h, w = shape
+        hr = paddle.to_tensor(rng.uniform(-1, 1, (BATCH, c, 2 * h, 2 * w)).astype("float32"))
+        inputs, described = ([x, hr],), f"[{described}, {BATCH}x{c}x{2 * h}x{2 * w}]"
+    out = {}
+    for level in ("O1", "O2"):
+        mode, report, error = "train", None, None
+        for mode in ("train", "eval, BatchNorms in train mode"):
+            _set_mode(model, mode)
+            try:
+                report = ampsafe.scan(model, inputs, level=level)
+                break
+            except Exception as exc:  # noqa: BLE001 - recorded in the row
+                error = _first_line(exc)
+        model.train()
+        if report is None:
+            out[level] = {"risky_paths": None, "least_headroom": None, "where": None, "error": error}
+            continue
+        measured = [p for p in report.paths if p.headroom_bits is not None]
+        least = min(measured, key=lambda p: p.headroom_bits, default=None)
+        ops = [o for o in report.risky_ops if o.headroom_bits is not None]
+        least_op = min(ops, key=lambda o: o.headroom_bits, default=None)
+        out[level] = {
+            "risky_paths": len(report.risky),
+            "unnormalized_paths": sum(1 for p in report.paths if not p.normalized),
+            "paths": len(report.paths),
+            "least_headroom": None if least is None else round(float(least.headroom_bits), 2),
+            "where": None if least is None else least.start,
+            "risky_ops": len(report.risky_ops),
+            "least_op": None if least_op is None else f"{least_op.module}:{least_op.op}",
+            "least_op_headroom": None if least_op is None else round(float(least_op.headroom_bits), 2),
+            "risky_starts": sorted(p.start for p in report.risky)[:12],
+            "input": described,
+            "mode": mode,
+        }
+    return out
+
+
+def _set_mode(model, mode: str) -> None:
+    """``train``: as tools/train.py runs the model. Otherwise eval mode (heads whose train forward needs the
+    targets decode on their own) with every BatchNorm in train mode, normalizing by the batch's statistics as in
+    training: in eval mode a random-init BatchNorm divides by its initial running variance (1) and normalizes
+    nothing, which no training step sees."""
+    import paddle
+
+    model.train()
+    if mode == "train":
+        return
+    model.eval()
+    norms = (paddle.nn.layer.norm._BatchNormBase, paddle.nn.BatchNorm)
+    for layer in model.sublayers():
+        if isinstance(layer, norms):
+            layer.train()
+
+
+def _alarm(seconds: int):
+    def handler(signum, frame):
+        raise _Timeout(f"over {seconds} s on this CPU")
+
+    signal.signal(signal.SIGALRM, handler)
+    signal.alarm(seconds)
+
+
+def scan_row(src: Path, rel: str) -> dict:
+    import yaml
+
+    family = rel.split("/")[0]
+    try:
+        raw = yaml.load((src / "configs" / rel).read_text(encoding="utf-8"), Loader=yaml.Loader)
+    except Exception as exc:  # noqa: BLE001
+        raw, parse_error = {}, _first_line(exc)
+    else:
+        parse_error = None
+    row = {"tree": "PaddleOCR", "config": rel, "family": family, **describe(raw or {})}
+    row.update(built=False, why_not=parse_error, scan=None, train=None, wall_s={})
+    if parse_error:
+        return row
+    start = time.time()
+    _alarm(SCAN_LIMIT_S)
+    try:
+        model, config, note = build(src, rel)
+        row["wall_s"]["build"] = round(time.time() - start, 1)
+        row["built"] = True
+        if note:
+            row["build_note"] = note[:300]
+        row["params"] = int(sum(int(p.size) for p in model.parameters()))
+        shape = input_shape(config, family)
+        start = time.time()
+        row["scan"] = scan_model(model, shape, sr=family == "sr")
+        row["wall_s"]["scan"] = round(time.time() - start, 1)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from a tree's sys.exit, too
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        key = "build" if not row["built"] else "scan"
+        row["wall_s"].setdefault(key, round(time.time() - start, 1))
+        if row["built"]:
+            row["scan_error"] = _first_line(exc)
+        else:
+            row["why_not"] = _first_line(exc)
+    finally:
+        signal.alarm(0)
+        model = None
+        gc.collect()
+    return row
+
+
+# --- results file ---------------------------------------------------------------------------------------------
+
+
+def load(path: Path = OUT_JSON) -> dict:
+    if path.is_file():
+        data = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        from bench.common import machine
+
+        data = {"machine": machine(), "K": K, "rows": []}
+    if "commit" not in data["machine"]:
+        import subprocess
+
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        data["machine"]["commit"] = head.stdout.strip() or None
+    return data
+
+
+def save(data: dict, path: Path = OUT_JSON) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _complete(row: dict) -> bool:
+    """Built and scanned at both levels (a row to keep when failed rows are scanned again)."""
+    scan = row.get("scan") or {}
+    return (
+        bool(row.get("built"))
+        and all((scan.get(lv) or {}).get("risky_paths") is not None for lv in ("O1", "O2"))
+        and all((scan.get(lv) or {}).get("mode") != "eval" for lv in ("O1", "O2"))
+    )
+
+
+def scan_pass(src: Path, only: str | None, redo: bool = False, redo_failed: bool = False) -> None:
+    data = load()
+    done = set() if redo else {r["config"] for r in data["rows"] if not redo_failed or _complete(r)}
+    for rel in configs(src):
+        if rel in done or (only and only not in rel):
+            continue
+        row = scan_row(src, rel)
+        data = load()
+        before = next((r for r in data["rows"] if r["config"] == rel), None)
+        if before and before.get("train"):  # a scan done again keeps the row's training
+            row["train"] = before["train"]
+            row["wall_s"].update({k: v for k, v in before["wall_s"].items() if k in ("native", "ampsafe")})
+        data["rows"] = [r for r in data["rows"] if r["config"] != rel] + [row]
+        save(data)
+        s = row.get("scan") or {}
+        print(
+            f"{rel}: built={row['built']} {row.get('why_not') or ''} "
+            + " ".join(f"{lv}={s[lv].get('risky_paths')}/{s[lv].get('least_headroom')}" for lv in s)
+            + f" {row['wall_s']}",
+            flush=True,
+        )
+
+
+# --- training pass ---------------------------------------------------------------------------------------------
+
+LEVEL = "O2"  # Paddle's pure-float16 level: every conv/matmul and most other ops in float16
+TRAIN_FIRST = (  # one per family and algorithm first, cheap ones first; after the first five, every config whose scan
+    # found a risky path
+    "det/det_mv3_db.yml",
+    "cls/cls_mv3.yml",
+    "rec/rec_mv3_none_bilstm_ctc.yml",
+    "det/ch_PP-OCRv4/ch_PP-OCRv4_det_student.yml",
+    "rec/PP-OCRv4/ch_PP-OCRv4_rec.yml",
+    "rec/rec_svtrnet.yml",
+    "det/det_mv3_east.yml",
+    "rec/PP-OCRv3/en_PP-OCRv3_rec.yml",
+    "det/det_r18_vd_ct.yml",
+    "rec/rec_mtb_nrtr.yml",
+    "e2e/e2e_r50_vd_pg.yml",
+    "det/det_mv3_pse.yml",
+    "rec/rec_r45_abinet.yml",
+    "rec/rec_r31_sar.yml",
+    "det/det_r50_db++_icdar15.yml",
+    "det/det_r50_vd_sast_icdar15.yml",
+    "rec/rec_vit_parseq.yml",
+    "det/det_r50_vd_dcn_fce_ctw.yml",
+    "det/det_r50_drrg_ctw.yml",
+)
+NO_DATA = {  # families whose label formats the synthetic writers below do not make
+    "table": "table structure labels (PubTabDataSet)",
+    "kie": "key-information labels (SDMGR / LayoutXLM entity files)",
+    "sr": "super-resolution LR/HR pairs (LMDBDataSetSR)",
+}
+RESIZE_KEYS = ("size", "image_shape", "target_size", "crop_size", "input_size")
+TRAIN_LIMIT_S = 900  # one run
+
+
+def train_order(rows: list[dict]) -> list[str]:
+    built = {r["config"]: r for r in rows if r.get("built")}
+
+    def risky(r):
+        return any((lv or {}).get("risky_paths") for lv in (r.get("scan") or {}).values())
+
+    first = [c for c in TRAIN_FIRST[:5] if c in built]
+    flagged = sorted(c for c, r in built.items() if risky(r) and c not in first)
+    rest = [c for c in TRAIN_FIRST[5:] if c in built and c not in flagged]
+    return first + flagged + rest
+
+
+def det_transforms(config: dict, side: int = DET_SIZE) -> list[dict]:
+    """The config's own Train transforms with every crop / resize size at ``side`` (a CPU-affordable page)."""
+    transforms = json.loads(json.dumps(config["Train"]["dataset"]["transforms"]))
+    for op in transforms:
+        ((_, args),) = op.items()
+        for key in RESIZE_KEYS:
+            value = (args or {}).get(key)
+            if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
+                args[key] = [side, side]
+            elif isinstance(value, int) and not isinstance(value, bool) and value > side:
+                args[key] = side
+    return transforms
+
+
+def _charset(src: Path, config: dict) -> str:
+    path = (config.get("Global") or {}).get("character_dict_path")
+    if not path or not (src / path).is_file():
+        return "0123456789abcdefghijklmnopqrstuvwxyz"
+    chars = [line.strip("\n\r") for line in (src / path).read_text(encoding="utf-8").splitlines()]
+    ascii_chars = [c for c in chars if len(c) == 1 and c.isascii() and c.isalnum()]
+    return "".join(ascii_chars[:36] if len(ascii_chars) >= 10 else [c for c in chars if len(c) == 1][:36])
+
+
+def write_lines(root: Path, chars: str, count: int, *, cls: bool = False, seed: int = 0) -> Path:
+    """``count`` synthetic text lines (48 x 192 px; 3 to 10 characters of ``chars``) and PaddleOCR's rec label file
+    (``cls``: the cls label file, half the lines turned by 180 degrees)."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        text = "".join(rng.choice(list(chars), size=int(rng.integers(3, 11))))
+        canvas = np.full((48, 192, 3), int(rng.integers(170, 256)), np.uint8)
+        shown = text if text.isascii() else "".join(rng.choice(list("abcdefgh"), size=len(text)))
+        ink = tuple(int(c) for c in rng.integers(0, 90, size=3))
+        cv2.putText(canvas, shown, (6, 34), cv2.FONT_HERSHEY_SIMPLEX, 0.9, ink, 2, cv2.LINE_AA)
+        canvas = np.clip(canvas + rng.normal(0, 8, canvas.shape), 0, 255).astype(np.uint8)
+        label = text
+        if cls:
+            label = "180" if i % 2 else "0"
+            canvas = canvas[::-1, ::-1] if i % 2 else canvas
+        name = f"images/line_{i:04d}.png"
+        cv2.imwrite(str(root / name), np.ascontiguousarray(canvas))
+        lines.append(f"{name}\t{label}")
+    label_file = root / "train.txt"
+    label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return label_file
+
+
+def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SIZE) -> tuple[list[str], dict]:
+    """``tools/train.py``'s ``-o`` options for one zoo run and the recipe they leave (optimizer, lr)."""
+    import yaml
+
+    from bench.ppocr_optin import amp_options
+
+    with _in_tree(src):
+        import tools.program as program
+
+        config = program.load_config(str(src / "configs" / rel))
+    family = rel.split("/")[0]
+    labels = f"['{data / 'train.txt'}']"
+    optimizer = config.get("Optimizer") or {}
+    lr = optimizer.get("lr") or {}
+    opts = [
+        "Global.use_gpu=False",
+        "Global.distributed=False",
+        *amp_options(LEVEL),
+        "Global.pretrained_model=",
+        "Global.checkpoints=",
+        "Global.epoch_num=1",
+        "Global.print_batch_step=1",
+        "Global.log_smooth_window=1",
+        "Global.cal_metric_during_train=False",
+        "Global.save_epoch_step=100000",
+        "Global.eval_batch_step=[100000,100000]",
+        f"Global.save_model_dir={out / 'model'}",
+        *random_init(config.get("Architecture") or {}),
+        *(["Optimizer.lr.warmup_epoch=0"] if isinstance(lr, dict) and "warmup_epoch" in lr else []),
+        f"Train.dataset.data_dir={data}",
+        f"Train.dataset.label_file_list={labels}",
+        f"Train.loader.batch_size_per_card={BATCH}",
+        "Train.loader.num_workers=0",
+        "Train.loader.use_shared_memory=False",
+        f"Eval.dataset.data_dir={data}",
+        f"Eval.dataset.label_file_list={labels}",
+        "Eval.loader.num_workers=0",
+        "Eval.loader.use_shared_memory=False",
+    ]
+    if isinstance(config["Train"].get("sampler"), dict):  # MultiScaleSampler: its own batch sizes (a CPU can't)
+        opts += [f"Train.sampler.first_bs={BATCH}", "Train.sampler.fix_bs=True"]
+    if "LMDB" in str(config["Train"]["dataset"].get("name")):
+        opts += ["Train.dataset.name=SimpleDataSet", "Eval.dataset.name=SimpleDataSet"]
+    if family in ("det", "e2e"):
+        flow = yaml.safe_dump(det_transforms(config, side), default_flow_style=True, width=1 << 20).strip()
+        opts.append(f"Train.dataset.transforms={flow}")
+    value = lr.get("learning_rate") if isinstance(lr, dict) else None
+    recipe = {"optimizer": str(optimizer.get("name")), "lr": value, "lr_schedule": lr.get("name") if lr else None}
+    return opts, recipe
+
+
+def write_data(src: Path, rel: str, data: Path, *, count: int | None = None, side: int = DET_SIZE) -> None:
+    """Synthetic data in the family's label format: det / e2e pages of ``side`` px, rec / cls text lines."""
+    from bench.ppocr_optin import write_dataset
+
+    with _in_tree(src):
+        import tools.program as program
+
+        config = program.load_config(str(src / "configs" / rel))
+    family, count = rel.split("/")[0], count or (K + 2) * BATCH
+    if family in ("det", "e2e"):
+        write_dataset(data, count=count, size=side)
+    else:
+        write_lines(data, _charset(src, config), count, cls=family == "cls")
+
+
+def train_one(src: Path, rel: str, folder: Path, run: str, *, steps: int = K, side: int = DET_SIZE) -> dict:
+    """``steps`` steps of ``tools/train.py -c configs/rel`` on ``folder/data``: ``run`` is ``native`` (Paddle's
+    GradScaler, float16 emulated) or ``ampsafe`` (``ampsafe run --emulate-fp16``); :func:`bench.ppocr_optin.launch`'s
+    result, with ``recipe`` (optimizer, lr) added."""
+    from bench.ppocr_optin import command, launch
+
+    out = folder / run
+    out.mkdir(parents=True, exist_ok=True)
+    opts, recipe = train_options(src, rel, folder / "data", out, side)
+    cmd = command(run, f"configs/{rel}", opts, report=None if run == "native" else out / "report")
+    result = launch(src, folder, out, cmd, {"run": run}, stop_after=steps, timeout=TRAIN_LIMIT_S)
+    return {**result, "recipe": recipe}
+
+
+def _run_record(result: dict) -> dict:
+    """One run's row part, read from the step log and (ampsafe) the run's report.json."""
+    import math
+
+    from ampsafe.run.records import RunSummary
+
+    record = {
+        "overflow_steps": result["overflow_at"],
+        "steps_done": result["steps"],
+        "final_scale": result["final_scale"],
+        "loss_first": result["first_loss"],
+        "loss_last": result["final_loss"],
+        "finite": result["final_loss"] is not None and math.isfinite(result["final_loss"]),
+        "returncode": result["returncode"],
+    }
+    if result["returncode"] and result["steps"] < K:
+        lines = [ln for ln in result["log_tail"].splitlines() if ln.strip()]
+        record["error"] = (result.get("error") or (lines[-1] if lines else ""))[:300]
+    if result.get("report"):
+        summary = RunSummary.from_dict(result["report"])
+        record["heals"] = [{"step": h.step, "islanded": list(h.paths)} for s in summary.scalers for h in s.heal_records]
+    elif "heals" in result and result.get("scaler_class", "") and "ampsafe" in result["scaler_class"]:
+        record["heals"] = [{"step": None, "islanded": p} for p in result["healed"]]
+    return record
+
+
+def train_row(src: Path, rel: str, work: Path) -> tuple[dict, dict]:
+    """``(train, wall_s)`` of one config: K steps native and under ``ampsafe run --emulate-fp16``."""
+    folder = work / rel.replace("/", "__").removesuffix(".yml")
+    if not (folder / "data" / "train.txt").is_file():
+        write_data(src, rel, folder / "data", side=TRAIN_SIDE)
+    train, wall = {"steps": K, "level": LEVEL, "batch": BATCH}, {}
+    for run in ("native", "ampsafe"):
+        start = time.time()
+        try:
+            result = train_one(src, rel, folder, run, side=TRAIN_SIDE)
+        except Exception as exc:  # noqa: BLE001 - a timeout is a row, too
+            train[run] = {"error": _first_line(exc)}
+        else:
+            train.update(result["recipe"])
+            train[run] = _run_record(result)
+        wall[run] = round(time.time() - start, 1)
+    return train, wall
+
+
+def train_pass(src: Path, only: str | None, work: Path = Path("/tmp/zoo-ppocr-train")) -> None:
+    data = load()
+    for rel in train_order(data["rows"]):
+        if only and only not in rel:
+            continue
+        row = next(r for r in load()["rows"] if r["config"] == rel)
+        if row.get("train") or rel.split("/")[0] in NO_DATA:
+            continue
+        train, wall = train_row(src, rel, work)
+        data = load()
+        for r in data["rows"]:
+            if r["config"] == rel:
+                r["train"] = train
+                r["wall_s"].update(wall)
+        save(data)
+        n, a = train["native"], train["ampsafe"]
+        print(
+            f"{rel}: native {n.get('overflow_steps')} {n.get('error', '')} | ampsafe {a.get('overflow_steps')} "
+            f"heals {a.get('heals')} {a.get('error', '')} {wall}",
+            flush=True,
+        )
+
+
+# --- rendering -------------------------------------------------------------------------------------------------
+
+
+def neck_status(neck: str | None) -> str | None:
+    """The neck's status in patches/registry.py now (a Distillation row's necks joined)."""
+    if not neck:
+        return None
+    from ampsafe.patches import registry
+
+    def one(name: str) -> str:
+        if registry.safe_neck(registry.PADDLEOCR, name):
+            return "safe variant registered"
+        why = registry.already_safe_reason(registry.PADDLEOCR, name)
+        return f"already safe: {why}" if why else "not covered"
+
+    return "; ".join(f"{n}: {one(n)}" if "," in neck else one(n) for n in neck.split(", "))
+
+
+def _g(x, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _scan_cell(level: dict | None) -> str:
+    if not level:
+        return "-"
+    if level.get("risky_paths") is None:
+        error = level.get("error") or ""
+        error = re.sub(r"ScanError: the model raised (\w+) while ampsafe.scan ran it on example_inputs:", r"\1:", error)
+        return f"forward failed: {error.split('. The model was left')[0][:110]}"
+    cell = f"{level['risky_paths']} / {_g(level['least_headroom'])} `{level['where']}`"
+    if level.get("risky_ops"):
+        cell += f"; {level['risky_ops']} op(s), least `{level['least_op']}` {_g(level['least_op_headroom'])}"
+    return cell
+
+
+def _steps(steps: list | None) -> str:
+    if not steps:
+        return "none"
+    return f"{len(steps)} ({', '.join(map(str, steps[:6]))}{', ...' if len(steps) > 6 else ''})"
+
+
+def _run_cell(run: dict | None, *, heals: bool) -> str:
+    if not run:
+        return "-"
+    if "overflow_steps" not in run or not run.get("steps_done"):
+        return f"error: {run.get('error', '')[:100]}"
+    cell = (
+        f"{run['steps_done']} steps; overflow {_steps(run['overflow_steps'])}; scale {_g(run['final_scale'], 6)}; "
+        f"loss {_g(run['loss_first'])} → {_g(run['loss_last'])}{'' if run['finite'] else ' (not finite)'}"
+    )
+    if heals and run.get("heals"):
+        cell += "; heals " + "; ".join(
+            f"step {h['step']}: {', '.join(f'`{p}`' for p in h['islanded'][:6])}"
+            + (f" +{len(h['islanded']) - 6}" if len(h["islanded"]) > 6 else "")
+            for h in run["heals"]
+        )
+    if run.get("error"):
+        cell += f"; stopped: {run['error'][:100]}"
+    return cell
+
+
+def _not_trained(row: dict) -> str:
+    if not row.get("built"):
+        return "not built"
+    family = row["family"]
+    if family in NO_DATA:
+        return f"not trained: no synthetic {NO_DATA[family]} written"
+    if not _complete(row) and not any(((row.get("scan") or {}).get(lv) or {}).get("mode") for lv in ("O1", "O2")):
+        return "not trained: time budget; scan failed"
+    risky = any((lv or {}).get("risky_paths") for lv in (row.get("scan") or {}).values())
+    return "not trained: time budget; " + ("scan found risky paths" if risky else "scan clean")
+
+
+def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = sorted(
+        data["rows"], key=lambda r: (FAMILIES.index(r["family"]) if r["family"] in FAMILIES else 99, r["config"])
+    )
+    m = data["machine"]
+    total = sum(sum(v for v in r.get("wall_s", {}).values() if v) for r in rows)
+    lines = [
+        "# PaddleOCR zoo under emulated float16",
+        "",
+        f"Machine: {m.get('cpu')}, {m.get('cores')} cores (shared with other jobs: wall times are load-inflated), "
+        f"paddle {m.get('paddle')}, python {m.get('python')}; started {m.get('date', '?')}, commit "
+        f"{m.get('commit', '?')}. Tree: PaddleOCR 2.x (`shared/upstream/PaddleOCR-src`), every `configs/**/*.yml`. "
+        "Made by `python -m bench.zoo_ppocr --pass scan`, `--pass train`, `--render`.",
+        "",
+        "* **build**: the tree's own `tools/train.py` main (data loader stubbed, stopped at `build_model`), random "
+        "init (`pretrained` keys dropped); where train.py stops before `build_model` on this CPU (post-process "
+        "compile, missing package) a det/kie Architecture is built by `build_model` alone (noted).",
+        f"* **scan**: `ampsafe.scan` at O1 and O2, model in train mode (where its train forward needs targets: eval mode with the BatchNorms in train mode, noted), a seeded uniform(-1, 1) "
+        f"batch of {BATCH}; det/e2e pages {DET_SIZE}x{DET_SIZE}, others the shape of the config's transforms. Cell: "
+        "risky paths / least headroom in bits (log2(65504/amax)) `where`; risky float16 ops (e.g. `exp`) after.",
+        f"* **train**: K = {data.get('K', K)} steps of `tools/train.py` at {LEVEL}, float16 emulated, batch {BATCH}, "
+        "the config's optimizer and lr (warmup off), random init, Paddle's scaler from 1024 with dynamic scaling, "
+        f"synthetic data ({TRAIN_SIDE} px pages for det/e2e, 48x192 text lines for rec/cls); native = Paddle's "
+        "GradScaler; ampsafe = `ampsafe run --emulate-fp16` (defaults: heal), heals read from its report.json. "
+        "A MultiScaleSampler config gets `first_bs` 2 with `fix_bs`, an LMDB set PaddleOCR's SimpleDataSet. "
+        "Steps are 0-based.",
+        f"* Sweep wall time: {total / 60:.0f} min over {len(rows)} rows.",
+        "",
+        "| config | arch | backbone | neck | neck status | built | O1 scan | O2 scan | native | ampsafe | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        built = "yes" if r["built"] else f"no: {(r.get('why_not') or '')[:120]}"
+        if r.get("build_note"):
+            built += f" ({r['build_note'][:120]})"
+        scan = r.get("scan") or {}
+        if r.get("scan_error"):
+            scan = {"O1": {"risky_paths": None, "error": r["scan_error"].replace("_Timeout", "stopped")}}
+        modes = {lv.get("mode") for lv in scan.values() if lv} - {"train", None}
+        if modes:
+            built += f"; scanned in {modes.pop()} (its train forward needs targets)"
+        train = r.get("train")
+        native = _run_cell(train.get("native"), heals=False) if train else _not_trained(r)
+        ampsafe = _run_cell(train.get("ampsafe"), heals=True) if train else ""
+        wall = ", ".join(f"{k} {v:.0f}" for k, v in r.get("wall_s", {}).items() if v is not None)
+        lines.append(
+            f"| {r['config']} | {r['architecture']} | {r['backbone']} | {r['neck'] or '-'} | "
+            f"{(neck_status(r['neck']) or '-').split(' (')[0].split(': ppdet')[0]} | {built} | "
+            f"{_scan_cell(scan.get('O1'))} | {_scan_cell(scan.get('O2'))} | {native} | {ampsafe} | {wall} |"
+        )
+    lines += ["", "## What this shows", "", *what_this_shows(rows, data.get("K", K))]
+    text = "\n".join(lines) + "\n"
+    out.write_text(text, encoding="utf-8")
+    return text
+
+
+def what_this_shows(rows: list[dict], k: int) -> list[str]:
+    """Measured facts only, counted from the rows."""
+    built = [r for r in rows if r["built"]]
+    unbuilt = [r for r in rows if not r["built"]]
+    out = [
+        f"* {len(built)} of {len(rows)} configs build on this CPU; {len(unbuilt)} do not (the reason is in the row)."
+    ]
+    for level in ("O1", "O2"):
+        risky = [r for r in built if ((r.get("scan") or {}).get(level) or {}).get("risky_paths")]
+        ops = [r for r in built if ((r.get("scan") or {}).get(level) or {}).get("risky_ops")]
+        out.append(
+            f"* {level} scan at random init: {len(risky)} config(s) with a risky path"
+            + (f" ({', '.join(r['config'] for r in risky)})" if risky else "")
+            + f"; {len(ops)} with a float16 op out of range"
+            + (f" ({', '.join(sorted({r['family'] for r in ops}))} families)" if ops else "")
+            + "."
+        )
+    trained = [r for r in built if r.get("train")]
+    if not trained:
+        return out + ["* No config was trained."]
+    over = [r for r in trained if (r["train"].get("native") or {}).get("overflow_steps")]
+    clean = [r for r in trained if (r["train"].get("native") or {}).get("steps_done") == k and r not in over]
+    healed = [r for r in trained if (r["train"].get("ampsafe") or {}).get("heals")]
+    failed = [
+        r
+        for r in trained
+        if any(
+            "overflow_steps" not in (r["train"].get(k2) or {}) or (r["train"].get(k2) or {}).get("error")
+            for k2 in ("native", "ampsafe")
+        )
+    ]
+    out.append(
+        f"* Trained {len(trained)} config(s) for {k} steps at {LEVEL}. Native runs with overflowing steps: "
+        + (", ".join(f"{r['config']} ({len(r['train']['native']['overflow_steps'])})" for r in over) or "none")
+        + ". Never overflowed natively in these steps from random init: "
+        + (", ".join(r["config"] for r in clean) or "none")
+        + "."
+    )
+    out.append(
+        "* `ampsafe run` healed: "
+        + (
+            "; ".join(
+                f"{r['config']} (islanded "
+                + ", ".join(sorted({p for h in r["train"]["ampsafe"]["heals"] for p in h["islanded"]})[:6])
+                + ")"
+                for r in healed
+            )
+            or "none"
+        )
+        + "."
+    )
+    if failed:
+        out.append(
+            "* Runs that stopped before K steps or did not start: " + ", ".join(r["config"] for r in failed) + "."
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.zoo_ppocr", description=__doc__.split("\n")[0])
+    parser.add_argument("--src", default=default_src(), type=Path, help="PaddleOCR checkout")
+    parser.add_argument("--pass", dest="which", choices=("scan", "train"), default=None)
+    parser.add_argument("--only", default=None, help="configs whose path contains this")
+    parser.add_argument("--redo", action="store_true", help="scan again the configs --only selects")
+    parser.add_argument("--redo-failed", action="store_true", help="scan again the rows not built or not scanned")
+    parser.add_argument("--render", action="store_true", help="write zoo-ppocr.md from zoo-ppocr.json")
+    args = parser.parse_args(argv)
+    if args.which and not args.src:
+        parser.error("no PaddleOCR tree: set PADDLEOCR_SRC or pass --src")
+    if args.which == "scan":
+        if args.redo and not args.only:
+            parser.error("--redo needs --only")
+        scan_pass(args.src, args.only, args.redo, args.redo_failed)
+    elif args.which == "train":
+        train_pass(args.src, args.only)
+    if args.render:
+        render()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
