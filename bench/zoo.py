@@ -19,21 +19,27 @@ TREES = {"PaddleOCR": "zoo-ppocr", "PaddleDetection": "zoo-ppdet"}
 COLUMNS = (
     "tree",
     "family",
-    "configs",
+    "rows",
     "built",
-    "risky at O1",
-    "risky at O2",
+    "risky path O1",
+    "risky path O2",
+    "risky op O2",
     "trained",
     "native overflowed",
-    "native non-finite",
+    "native failed",
     "healed",
-    "ampsafe non-finite",
+    "ampsafe failed",
 )
 
 
-def _risky(row: dict, level: str) -> bool:
+def _risky(row: dict, level: str, key: str = "risky_paths") -> bool:
     scan = (row.get("scan") or {}).get(level) or {}
-    return bool(scan.get("risky_paths"))
+    return bool(scan.get(key))
+
+
+def _failed(run: dict) -> bool:
+    """A run that exited non-zero or ended on a non-finite loss."""
+    return bool(run.get("returncode")) or not run.get("finite", True)
 
 
 def _trained(row: dict) -> dict | None:
@@ -42,23 +48,24 @@ def _trained(row: dict) -> dict | None:
 
 
 def family_counts(rows: list[dict]) -> dict[str, dict[str, int]]:
-    """Per family: how many configs, built, risky per level, trained, overflowed, non-finite and healed."""
+    """Per family: how many rows, built, risky per level, trained, overflowed, failed and healed."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COLUMNS[2:], 0))
     for row in rows:
         c = counts[row.get("family") or "?"]
-        c["configs"] += 1
+        c["rows"] += 1
         c["built"] += bool(row.get("built"))
-        c["risky at O1"] += _risky(row, "O1")
-        c["risky at O2"] += _risky(row, "O2")
+        c["risky path O1"] += _risky(row, "O1")
+        c["risky path O2"] += _risky(row, "O2")
+        c["risky op O2"] += _risky(row, "O2", "risky_ops")
         train = _trained(row)
         if train is None:
             continue
         native, ours = train["native"], train["ampsafe"]
         c["trained"] += 1
         c["native overflowed"] += bool(native.get("overflow_steps"))
-        c["native non-finite"] += not native.get("finite", True)
+        c["native failed"] += _failed(native)
         c["healed"] += bool(ours.get("heals"))
-        c["ampsafe non-finite"] += not ours.get("finite", True)
+        c["ampsafe failed"] += _failed(ours)
     return dict(counts)
 
 
@@ -81,10 +88,12 @@ def render(results: Path = RESULTS) -> str:
             body.append("| " + " | ".join([tree, family, *(str(c[k]) for k in COLUMNS[2:])]) + " |")
     lines += notes + ["", *body, ""]
     lines += [
-        "A config counts as risky at a level when `ampsafe.scan` found at least one unnormalized path there; "
-        "trained rows ran K steps of the tree's own `tools/train.py` with emulated float16, native and under "
-        "`ampsafe run`. The per-tree tables give every config, its least headroom and where, and why a row did not "
-        "build or train.",
+        "A row is one config (PaddleOCR: every config; PaddleDetection: one config per architecture signature, the "
+        "signatures' members listed on its page). Risky path: `ampsafe.scan` found an unnormalized conv/matmul path "
+        "within its margin of 65504 at that level; risky op: another float16 op (an `exp`, a division) out of range. "
+        "Trained rows ran K steps of the tree's own `tools/train.py` with emulated float16, native and under "
+        "`ampsafe run`; failed: the run exited with an error or ended on a non-finite loss. The per-tree tables give "
+        "every config, its least headroom and where, and why a row did not build, scan or train.",
         "",
     ]
     return "\n".join(lines)
