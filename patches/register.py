@@ -63,7 +63,7 @@ def _wrap_build_neck(original, classes: dict):
 
 
 def _loadable(ecosystem: str) -> dict:
-    """name -> class of the variants built on an upstream class (:mod:`ampsafe.paddle.nets.normed_necks`) whose
+    """name -> class of the variants built on an upstream class (:mod:`ampsafe.patches.normed_necks`) whose
     upstream class the ppocr / ppdet in use has (a neck added in a later release is skipped)."""
     classes = {}
     for spec in registry.SAFE_NECKS.values():

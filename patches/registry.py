@@ -40,7 +40,7 @@ class SafeNeck:
     name: str  # the name the safe variant is registered / written under
     target: str  # "module:attribute" of the class
     new_keys: str  # the state_dict keys the variant adds (an upstream checkpoint lacks only these)
-    # variants built by one rule (ampsafe.paddle.nets.normed_necks): the upstream class ("module:attribute" in the
+    # variants built by one rule (ampsafe.patches.normed_necks): the upstream class ("module:attribute" in the
     # ppocr / ppdet in use) and the fnmatch patterns of the convs / nn.Linear layers that get a norm after them
     # (<conv>.bn.*, <linear>.norm.*)
     upstream_class: str = ""
@@ -50,11 +50,11 @@ class SafeNeck:
 # where the classes are defined: Paddle code, in the Paddle package (ampsafe.patches.*_necks re-export them)
 _OCR = "ampsafe.paddle.nets.paddleocr_necks"
 _DET = "ampsafe.paddle.nets.ppdet_necks"
-_NORMED = "ampsafe.paddle.nets.normed_necks"  # the variants made by one rule: upstream class + a norm per layer
+_NORMED = "ampsafe.patches.normed_necks"  # the variants made by one rule: upstream class + a norm per layer
 
 
 def _normed(ecosystem: str, upstream_class: str, *convs: str, linears: tuple[str, ...] = ()) -> SafeNeck:
-    """A variant :mod:`ampsafe.paddle.nets.normed_necks` builds: ``upstream_class`` with a BatchNorm after each conv
+    """A variant :mod:`ampsafe.patches.normed_necks` builds: ``upstream_class`` with a BatchNorm after each conv
     matching ``convs`` (new keys ``<conv>.bn.weight/bias/_mean/_variance``) and a LayerNorm after each nn.Linear
     matching ``linears`` (new keys ``<linear>.norm.weight/bias``)."""
     upstream = upstream_class.rpartition(":")[2]

@@ -325,9 +325,7 @@ def test_the_library_has_no_lab_module_left():
     assert not (PACKAGE / "workloads").exists() and not (PACKAGE / "demo.py").exists()
     assert not (PACKAGE / "torch" / "nets").exists()
     shipped = {p.stem for p in (PACKAGE / "paddle" / "nets").glob("*.py")}
-    assert shipped == {"__init__", "paddleocr_necks", "ppdet_necks", "normed_necks"}, (
-        shipped
-    )  # the necks ampsafe.patches swaps in
+    assert shipped == {"__init__", "paddleocr_necks", "ppdet_necks"}, shipped  # the necks ampsafe.patches swaps in
 
 
 def test_the_lab_imports_the_library_it_stands_on():

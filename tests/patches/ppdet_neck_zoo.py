@@ -67,8 +67,8 @@ def _inputs(maps):
 
 def _record(neck, inputs) -> dict:
     from ampsafe.paddle.backend import BACKEND
-    from ampsafe.paddle.nets.normed_necks import in_conv_norm_block
     from ampsafe.patches.neck_check import check_neck
+    from ampsafe.patches.normed_necks import in_conv_norm_block
 
     neck.eval()
     check = check_neck(neck, inputs)

@@ -116,7 +116,7 @@ def _assert_reason(detail: str, check, neck) -> None:
     """The already-safe detail says what the check measured: no open path; only inner links when it says so;
     every conv in a one-conv conv + norm block when it says so."""
     from ampsafe.paddle.backend import BACKEND
-    from ampsafe.paddle.nets.normed_necks import in_conv_norm_block
+    from ampsafe.patches.normed_necks import in_conv_norm_block
 
     assert check.safe, check.reason()
     assert bool(check.inner) == detail.startswith(registry.INNER_LINKS), (detail, check.inner)
@@ -164,7 +164,7 @@ def _assert_one_rule(spec, upstream, measured, variant, inputs) -> None:
     from paddle import nn
 
     from ampsafe.paddle.backend import BACKEND
-    from ampsafe.paddle.nets.normed_necks import BN_KEYS, LN_KEYS, added_keys
+    from ampsafe.patches.normed_necks import BN_KEYS, LN_KEYS, added_keys
 
     missing, unexpected = _load(variant, upstream)
     assert not unexpected
@@ -316,7 +316,7 @@ def test_ppdet_already_safe_neck_is_measured_safe_for_the_reason_given(ppdet_zoo
 
 @pytest.mark.parametrize("name", sorted(s.upstream for s in registry.SAFE_NECKS.values() if s.ecosystem == PADDLEDET))
 def test_ppdet_safe_variant_loads_the_upstream_keys_and_checks_safe(ppdet_zoo, name):
-    from ampsafe.paddle.nets.normed_necks import BN_KEYS
+    from ampsafe.patches.normed_necks import BN_KEYS
 
     spec = registry.safe_neck(PADDLEDET, name)
     record = _record(ppdet_zoo, name)

@@ -118,7 +118,7 @@ print("restored", len(patched))
 """
 
 TORCH = """
-import sys, torch, torch.amp.autocast_mode, torchvision.models.detection.generalized_rcnn as rcnn
+import sys, torch, torch.amp.autocast_mode, torch.utils.checkpoint, torchvision.models.detection.generalized_rcnn as rcnn
 
 class MySGD(torch.optim.SGD):
     pass
@@ -126,7 +126,7 @@ class MySGD(torch.optim.SGD):
 torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # torch wraps SGD.step itself at its first construction
 OWNERS = [torch, torch.amp, torch.amp.grad_scaler, torch.cuda.amp, torch.cuda.amp.grad_scaler, torch.cpu.amp,
           torch.cpu.amp.grad_scaler, torch.amp.grad_scaler.GradScaler, torch.amp.autocast_mode.autocast,
-          torch.optim.Optimizer, torch.optim.SGD, MySGD, torch.Tensor, rcnn.GeneralizedRCNN, sys]
+          torch.optim.Optimizer, torch.optim.SGD, MySGD, torch.Tensor, rcnn.GeneralizedRCNN, torch.utils.checkpoint, sys]
 """
 TORCH_TRAIN = """
 model = torch.nn.Linear(4, 2)

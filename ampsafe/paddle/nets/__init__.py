@@ -3,9 +3,6 @@
 - ``paddleocr_necks``: PaddleOCR's DB necks (DBFPN, RSEFPN, LKPAN), their AMP-safe variants and the squeeze-excite
   gate the RSE necks share (the lab's MobileNetV3 reuses it);
 - ``ppdet_necks``: PaddleDetection's FPN with a normalization after each conv (imports ``ppdet``);
-- ``normed_necks``: the other safe variants, made by one rule from the upstream class of the ppocr / ppdet in use
-  (FCEFPN, FPN_UNet, TableFPN, PRENFPN, SequenceEncoder, CLRFPN, HRFPN: a BatchNorm after each unnormalized conv or
-  ``nn.Linear``, upstream keys kept).
 
 They live in the Paddle package because they are Paddle code: outside ``ampsafe/torch/`` and ``ampsafe/paddle/``
 no module imports a framework when it is imported. The patches (:mod:`ampsafe.patches`) name these classes and

@@ -45,11 +45,11 @@ import sys
 
 from paddle import nn
 
-from ampsafe.patches import registry
+from ampsafe.core.swaps import protection_of, swap
+from ampsafe.paddle.backend import BACKEND
+from ampsafe.policies.convbn import ConvBNLayer
 
-from ...core.swaps import protection_of, swap
-from ...policies.convbn import ConvBNLayer
-from ..backend import BACKEND
+from . import registry
 
 __all__ = [
     "normalize_layers",
