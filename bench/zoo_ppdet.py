@@ -24,12 +24,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench import common
 from bench.zoo_ppdet_shim import SHIM, STEPLOG_ENV, STOP_ENV
 from bench.zoo_ppdet_table import render
 
@@ -235,19 +235,10 @@ def overlay(record: dict, data: Path, out: Path, *, size: int = SIZE, batch: int
 
 
 def machine() -> dict:
+    """bench.common's machine record, with the checkout's commit, the tree and the threads each run used."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        **common.machine(),
         "git commit": commit.stdout.strip(),
         "ppdet tree": "PaddlePaddle/PaddleDetection 666f597f (2024-10)",
         "threads": os.environ.get("OMP_NUM_THREADS", "1"),

@@ -10,7 +10,8 @@ Pure Python: importing it imports neither torch nor paddle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 __all__ = ["call", "first_nonfinite", "unwrap", "register_wrappers"]
@@ -46,11 +47,11 @@ def call(model, example_inputs):
     return model(*example_inputs)
 
 
-def first_nonfinite(backend, model, forward: Callable[[], Any]) -> tuple[Optional[str], bool]:
-    """Run ``forward()`` (one call of ``model``, in whatever precision context it opens) with a hook on every
-    submodule: ``(path of the first module whose output holds an inf/NaN or None, whether the model's output is
-    finite)``. The model's state (BatchNorm statistics and the like) and the random state are put back; an
-    exception from the forward propagates."""
+@contextlib.contextmanager
+def first_nonfinite_output(backend, modules: dict) -> Iterator[list[str]]:
+    """A hook on every module of ``modules`` (path -> module; the root, path ``""``, left out) while the block runs:
+    yields a list that holds, once a forward ran, the path of the first module whose output held an inf/NaN (empty
+    while none did). The hooks are removed when the block ends, whatever it raised."""
     tensors = backend.tensors
     first: list[str] = []
 
@@ -61,11 +62,20 @@ def first_nonfinite(backend, model, forward: Callable[[], Any]) -> tuple[Optiona
 
         return check
 
-    handles = [backend.forward_hook(m, hook(p)) for p, m in backend.modules(model).items() if p]
+    handles = [backend.forward_hook(m, hook(p)) for p, m in modules.items() if p]
     try:
-        with backend.replay(model):
-            out = forward()
-        return (first[0] if first else None), all(tensors.finite(t) for t in tensors.checkable_leaves(out))
+        yield first
     finally:
         for handle in handles:
             handle.remove()
+
+
+def first_nonfinite(backend, model, forward: Callable[[], Any]) -> tuple[Optional[str], bool]:
+    """Run ``forward()`` (one call of ``model``, in whatever precision context it opens) with a hook on every
+    submodule: ``(path of the first module whose output holds an inf/NaN or None, whether the model's output is
+    finite)``. The model's state (BatchNorm statistics and the like) and the random state are put back; an
+    exception from the forward propagates."""
+    with first_nonfinite_output(backend, backend.modules(model)) as first, backend.replay(model):
+        out = forward()
+    finite = all(backend.tensors.finite(t) for t in backend.tensors.checkable_leaves(out))
+    return (first[0] if first else None), finite

@@ -163,27 +163,15 @@ def _first_nonfinite(backend, model, modules: dict, again) -> Optional[str]:
     """One more run of the generation with a hook on every submodule: the path of the first module whose output
     holds an inf/NaN when it raised the sampling error (``""``: none, the root's own), else None (it sampled with
     every output finite) or :data:`_SAMPLED`."""
-    tensors = backend.tensors
-    first: list[str] = []
+    from ..core.model import first_nonfinite_output
 
-    def hook(path: str):
-        def check(output) -> None:
-            if not first and not all(tensors.finite(t) for t in tensors.checkable_leaves(output)):
-                first.append(path)
-
-        return check
-
-    handles = [backend.forward_hook(m, hook(p)) for p, m in modules.items() if p]
     try:
-        with backend.replay(model):
+        with first_nonfinite_output(backend, modules) as first, backend.replay(model):
             again()
     except RuntimeError as exc:
         if SAMPLING_ERROR not in str(exc):
             raise _NotHealed(f"run again, the generation raised {type(exc).__name__}: {exc}") from None
         return first[0] if first else ""
-    finally:
-        for handle in handles:
-            handle.remove()
     return _SAMPLED if first else None
 
 
