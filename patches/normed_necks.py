@@ -43,10 +43,7 @@ import importlib
 import inspect
 import sys
 
-from paddle import nn
-
 from ampsafe.core.swaps import protection_of, swap
-from ampsafe.paddle.backend import BACKEND
 from ampsafe.policies.convbn import ConvBNLayer
 
 from . import registry
@@ -63,6 +60,14 @@ __all__ = [
     "LN_KEYS",
 ]
 
+
+def _backend():
+    """Paddle's Backend, imported when a neck is built (importing this module needs no framework)."""
+    from ampsafe.paddle.backend import BACKEND
+
+    return BACKEND
+
+
 BN_KEYS = ("weight", "bias", "_mean", "_variance")  # the keys of the BatchNorm after a normalized conv: <conv>.bn.*
 LN_KEYS = ("weight", "bias")  # the keys of the LayerNorm after a normalized linear: <linear>.norm.*
 
@@ -77,8 +82,10 @@ class LinearNormLayer(ConvBNLayer):
         return self.norm(self._ampsafe_base.forward(self, *args, **kwargs))
 
 
-def _linear_norm(linear) -> nn.Layer:
+def _linear_norm(linear):
     """A fresh LayerNorm over the linear's output features, in the linear's train mode."""
+    from paddle import nn
+
     norm = nn.LayerNorm(linear.weight.shape[1])
     norm.train() if linear.training else norm.eval()
     return norm
@@ -99,12 +106,12 @@ def in_norm_block(parent, name: str, kinds: tuple) -> bool:
     layer of ``kinds`` and a norm."""
     children = dict(parent.named_children())
     found = [c for c in children.values() if isinstance(c, kinds)]
-    return len(found) == 1 and any(isinstance(c, BACKEND.swaps.norms) for c in children.values())
+    return len(found) == 1 and any(isinstance(c, _backend().swaps.norms) for c in children.values())
 
 
 def in_conv_norm_block(parent, name: str) -> bool:
     """``parent.<name>`` is the conv of a conv + norm block: its parent holds exactly one conv and a norm."""
-    return in_norm_block(parent, name, BACKEND.swaps.convs)
+    return in_norm_block(parent, name, _backend().swaps.convs)
 
 
 def normalize_layers(layer, patterns: tuple[str, ...]) -> tuple[str, ...]:
@@ -112,7 +119,9 @@ def normalize_layers(layer, patterns: tuple[str, ...]) -> tuple[str, ...]:
     fresh normalization: ampsafe's convbn swap for a conv (new keys ``<conv>.bn.*``), :class:`LinearNormLayer` for a
     linear (new keys ``<linear>.norm.*``). Layers already in a layer + norm block of their kind, or already patched, are left alone.
     Returns the paths normalized."""
-    swaps = BACKEND.swaps
+    from paddle import nn
+
+    swaps = _backend().swaps
     parents = {
         id(child): (parent, name) for parent in [layer, *layer.sublayers()] for name, child in parent.named_children()
     }
