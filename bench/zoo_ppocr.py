@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.numpy2 import set_sctypes
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "zoo-ppocr"
 OUT_JSON, OUT_MD = OUT.with_suffix(".json"), OUT.with_suffix(".md")
@@ -130,7 +132,7 @@ def input_shape(config: dict, family: str) -> tuple[int, int, int]:
 @contextlib.contextmanager
 def _in_tree(src: Path):
     """cwd and sys.path at the tree (its character dictionaries are relative paths), restored after."""
-    _numpy_sctypes()
+    set_sctypes()
     cwd, path = os.getcwd(), list(sys.path)
     os.chdir(src)
     sys.path[:0] = [str(src), str(src / "tools")]
@@ -193,20 +195,6 @@ def random_init(arch, prefix: str = "Architecture") -> list[str]:
             elif isinstance(value, dict):
                 options += random_init(value, f"{prefix}.{key}")
     return options
-
-
-def _numpy_sctypes():
-    """imgaug 0.4.0 (imported by ppocr.data) reads numpy.sctypes, which NumPy 2 removed."""
-    import numpy as np
-
-    if "sctypes" not in vars(np):
-        np.sctypes = {
-            "int": [np.int8, np.int16, np.int32, np.int64],
-            "uint": [np.uint8, np.uint16, np.uint32, np.uint64],
-            "float": [np.float16, np.float32, np.float64, np.longdouble],
-            "complex": [np.complex64, np.complex128, np.clongdouble],
-            "others": [bool, object, bytes, str, np.void],
-        }
 
 
 def _first_line(exc: BaseException) -> str:
