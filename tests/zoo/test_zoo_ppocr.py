@@ -4,9 +4,9 @@ stopped at ``build_model``) and scanned at O1 and O2; and a few steps of ``tools
 ``ampsafe run --emulate-fp16``, read from the run's ``report.json``.
 
 What the scans assert is what they measure: every conv/matmul of the neck starts a path with a finite headroom;
-a neck with a safe variant in patches/registry.py shows unnormalized neck paths, and scaling the unnormalized neck
-conv with the least headroom grown past it (a stand-in for weights grown in training) loses that many bits and
-is flagged risky; O2 sees float16 ops that O1 keeps in float32
+a neck with a safe variant in patches/registry.py shows unnormalized neck paths, and the unnormalized neck conv
+with the least headroom, grown until its output nears 65504 (a stand-in for weights grown in training), has its
+path flagged risky, having lost no more bits than it grew; O2 sees float16 ops that O1 keeps in float32
 (DBHead's ``exp``).
 """
 
@@ -49,6 +49,20 @@ def _neck_convs(model) -> set[str]:
     return {f"neck.{n}" for n, m in model.neck.named_sublayers() if isinstance(m, kinds)}
 
 
+def _output_amax(model, layer, x) -> float:
+    """The largest magnitude of ``layer``'s output in one float32 forward of ``model`` on ``x``."""
+    import paddle
+
+    seen = []
+    hook = layer.register_forward_post_hook(lambda _layer, _inputs, out: seen.append(float(out.abs().max())))
+    try:
+        with paddle.no_grad():
+            model(x)
+    finally:
+        hook.remove()
+    return max(seen)
+
+
 _scanned: dict = {}
 
 
@@ -89,17 +103,19 @@ def _measure_neck(paddleocr_src, neck: str, rel: str):
     # O2 puts in float16 what O1 keeps in float32: never fewer low-precision risky ops
     assert len(reports["O2"].risky_ops) >= len(o1.risky_ops)
     if unnormalized:
-        # the unnormalized neck conv with the least headroom, its weights grown past that headroom (a stand-in for
-        # weights grown in training): the scan flags its path, whose peak is now the grown conv's output or past it
+        # the unnormalized neck conv with the least headroom, its weights grown (a stand-in for weights grown in
+        # training) until its own output is within 2 bits of 65504: the scan flags its path as risky. The growth is
+        # set from the conv's own output, since the path's peak may lie downstream (an SE block, a concat) where
+        # other branches keep it larger than the conv's output.
         name = min(unnormalized, key=lambda n: starts[n].headroom_bits)
-        growth = math.ceil(starts[name].headroom_bits) - 1
         layer = dict(model.named_sublayers())[name]
+        growth = math.floor(math.log2(65504.0 / _output_amax(model, layer, x))) - 2
         with paddle.no_grad():
             layer.weight.set_value(layer.weight * 2.0**growth)
         grown = {p.start: p for p in ampsafe.scan(model, (x,), level="O1").paths}[name]
         lost = starts[name].headroom_bits - grown.headroom_bits
-        # (the path's peak before may have been downstream, at a larger value: fewer bits than the growth are lost)
-        assert 0 < lost < growth + 1 and grown.risky, (name, starts[name].headroom_bits, grown)
+        # a positively homogeneous path loses at most the growth; what lies past it keeps the loss above 0
+        assert grown.risky and grown.headroom_bits < 4 and 0 < lost < growth + 1, (name, starts[name], grown)
     return reports
 
 
