@@ -35,12 +35,14 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix ampsafe patches tests bench lab
 
 # Two workers, one test file each at a time: many tests wait on subprocess start-up and Python, not on BLAS.
+# One OpenMP/BLAS thread per process (workers and the trainers they launch): on two cores, two workers of two
+# threads each spin against each other (the workload tests took 1.5-2.5x longer with the default threads here).
 # PaddleOCR's and torchvision's own trainers run from ../shared/upstream (PADDLEOCR_SRC=... points at another
 # PaddleOCR tree); without them those tests skip, each saying what to set.
 PYTEST_WORKERS ?= 2
 
 test: lint
-	$(BIN)/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile
 
 # The tests that ride a training trajectory or a float32 tolerance (marker `trajectory`), on another machine's
 # kernels: oneDNN and MKL restricted to AVX2 (what an AVX2-only AMD EPYC runs; on such a machine it is close to
@@ -48,7 +50,7 @@ test: lint
 ISA_ENV := ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 AMPSAFE_TEST_SEEDS=0,1,2 AMPSAFE_CACHE=$(CURDIR)/.cache/ampsafe-isa
 
 test-isa: $(STAMP)
-	$(ISA_ENV) $(BIN)/python -m pytest -q -ra -m trajectory -n $(PYTEST_WORKERS) --dist loadfile
+	$(ISA_ENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra -m trajectory -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/ampsafe bench --suite quick
