@@ -9,7 +9,7 @@ Natively (torch's GradScaler, no floor) every SFT step is skipped and the scale 
 backs off to its floor, heals the MLP into FP32 islands and trains, on one process and on 2 gloo ranks alike, and
 the ``amp/*`` keys read back from TRL's own log history equal the scaler's records. The grown workload
 (``GROWN_ARGS``: HF's default init, AdamW at lr 0.1 on a Qwen3 128 wide; bench/trl_fp16_growth.py): float16 trains
-about 10 steps until training has grown layer 0's MLP output past 65504, then ``ampsafe run`` backs off to its
+about 10 steps until training has grown an MLP's output past 65504, then ``ampsafe run`` backs off to its
 floor and heals alike. GRPO's generation meets the edge's overflow before any optimizer step: natively
 torch.multinomial raises on NaN probabilities; ``ampsafe run`` catches that error in HF's ``generate``, islands the
 MLP modules whose float16 outputs overflow there (:mod:`ampsafe.hosts._generation`), records the heal on the scaler
@@ -69,13 +69,13 @@ def test_sft_fp16_heals_an_overflow_grown_by_training_and_amp_keys_reach_trls_lo
     run_ampsafe(tmp_path, "sft_train.py", *grown_args("qwen3"), "--steps", str(GROWN_STEPS))
     (record,) = scaler_records(tmp_path)
     assert record.class_name == "ampsafe.torch.scaler.GradScaler", record.class_name
-    first = record.skipped_at[0]  # HF's default init: float16 trains until lr 0.1 grows layer 0's MLP output
+    first = record.skipped_at[0]  # HF's default init: float16 trains until lr 0.1 grows an MLP's output
     assert 4 <= first <= GROWN_STEPS - 20, record.steps
     assert record.skipped_at[:17] == list(range(first, first + 17)), record.steps  # skipped until the floor
     assert record.floor_hits == 1 and record.total_steps == GROWN_STEPS, record
     (heal,) = record.heal_records
     assert heal.step == first + 16 and heal.cause == "forward", heal
-    assert heal.paths[0] == "model.layers.0.mlp.down_proj", heal
+    assert heal.paths[0].startswith("model.layers.") and heal.paths[0].endswith(".mlp.down_proj"), heal
     assert [s[2] for s in record.steps[heal.step + 1 :]] == [False] * (GROWN_STEPS - heal.step - 1), record.steps
     logged = history(tmp_path)
     assert [entry["step"] for entry in logged] == list(range(1, GROWN_STEPS + 1))
