@@ -16,11 +16,25 @@ activations do not grow (measured: a Qwen3 at r=2 keeps its down_proj peak at 19
 already passes float16's range. Each run's figures: from ampsafe's report.json (ampsafe) or the scale each
 ``GradScaler.update`` went from and to (native), and the losses from TRL's own ``trainer_state.json`` log history.
 
-A second workload, ``default init`` (GRPO only: HF's initializer_range 0.02, nothing near the edge), checks that
+A workload ``grown`` (SFT; tiny_lm's ``GROWN_ARGS``, ``--grown-steps`` steps) whose overflow training grows: HF's
+default init (0.02), a model 128 wide, AdamW at lr 0.1 (Gemma3: 0.2), in the range where Wortsman et al. 2023
+("Small-scale proxies for large-scale Transformer training instabilities", arXiv 2309.14322, lrs 3e-4..3e-1)
+reproduce large-scale instabilities in small models. An early layer's MLP ``down_proj`` output (Qwen3-MoE: its eager
+experts' down projections) grows in a few channels, as Sun et al. 2024's massive activations (arXiv 2402.17762),
+past 65504 in float32 within 7-20 steps; the attention logits stay under 90 (Qwen3 and Gemma3 normalize q and k),
+the output logits under 75 and the MoE router's logits under 350. In float16 the first steps train alike natively
+and under ampsafe; once the forward overflows, natively every later step is skipped and the scale halves to the
+end; ``ampsafe run`` reaches its floor 16 steps later, heals the module it names and trains. How the workload was
+found, per step and per place: bench/trl_fp16_growth.py, its results in bench/results/trl_fp16_growth.md. At the
+fine-tuning lrs users set (TRL's SFT default 2e-5, LoRA's 2e-4) and at nanoGPT's 1e-3 for baby networks nothing
+grows near 65504 there.
+
+The workload ``default init`` (GRPO only: HF's initializer_range 0.02, nothing near the edge), checks that
 GRPO's generation and training under ``ampsafe run`` match native and float32.
 
-``python -m bench.trl_fp16 [--steps N] [--models ...] [--trainers sft grpo] [--ranks 1 2]`` writes
-bench/results/trl_fp16.{md,json}.
+``python -m bench.trl_fp16 [--steps N] [--grown-steps N] [--models ...] [--trainers sft grpo] [--ranks 1 2]
+[--suites edge grown "default init"] [--keep]`` writes bench/results/trl_fp16.{md,json} (``--keep``: with the
+rows of the suites not run kept from the JSON already there).
 """
 
 from __future__ import annotations
@@ -34,22 +48,39 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine, machine_tag, write_result
+from bench.common import RESULTS, machine, machine_tag, write_result
 
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "trl"
 SCRIPTS = TESTS / "scripts"
 MODELS = ("qwen3", "gemma3", "qwen3_moe")
 TRAINERS = {"sft": "sft_train.py", "grpo": "grpo_train.py"}
 RUNS = ("fp32", "native", "ampsafe")
+SUITES = ("edge", "grown", "default init")
+GROWN_STEPS = 40  # Qwen3's float16 forward first overflows at step 10, the floor of 1 is reached 16 steps later
 
 
-def edge_args(model: str) -> tuple[str, ...]:
-    """tests/trl/scripts/tiny_lm.py's ``EDGE_ARGS``: the init (and an MoE's eager experts) at float16's edge."""
+def _tiny_lm():
     if str(SCRIPTS) not in sys.path:
         sys.path.insert(0, str(SCRIPTS))
     import tiny_lm
 
-    return ("--model", model, *tiny_lm.EDGE_ARGS[model])
+    return tiny_lm
+
+
+def edge_args(model: str) -> tuple[str, ...]:
+    """tests/trl/scripts/tiny_lm.py's ``EDGE_ARGS``: the init (and an MoE's eager experts) at float16's edge."""
+    return ("--model", model, *_tiny_lm().EDGE_ARGS[model])
+
+
+def grown_args(model: str) -> tuple[str, ...]:
+    """tests/trl/scripts/tiny_lm.py's ``GROWN_ARGS``: the width and lr at which SFT grows the overflow."""
+    return ("--model", model, *_tiny_lm().GROWN_ARGS[model])
+
+
+def script_args(suite: str, model: str) -> tuple[str, ...]:
+    if suite == "edge":
+        return edge_args(model)
+    return grown_args(model) if suite == "grown" else ("--model", model)
 
 
 def command(run: str, script: str, args: tuple, steps: int, ranks: int, out: Path, port: int) -> list[str]:
@@ -149,51 +180,84 @@ def _cell(r: dict) -> str:
     return "; ".join([*parts, f"non-finite steps {r['nonfinite_steps']}/{r['steps_logged']}", losses])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=list(TRAINERS))
-    parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2])
-    args = parser.parse_args()
-    plan = []  # (suite, trainer, model, ranks)
+def plan_runs(args) -> list[tuple[str, str, str, int]]:
+    """(suite, trainer, model, ranks) of each row: the edge on both trainers (SFT on 2 ranks for the first model),
+    the grown overflow on SFT alike, HF's default init on GRPO."""
+    plan = []
     for ranks in args.ranks:
         for trainer in args.trainers:
             if ranks > 1 and trainer == "grpo":
                 continue  # GRPO runs on one rank here
-            plan += [("edge", trainer, m, ranks) for m in (args.models if ranks == 1 else args.models[:1])]
-    if "grpo" in args.trainers and 1 in args.ranks:
+            models = args.models if ranks == 1 else args.models[:1]
+            plan += [("edge", trainer, m, ranks) for m in models if "edge" in args.suites]
+            if trainer == "sft":
+                plan += [("grown", trainer, m, ranks) for m in models if "grown" in args.suites]
+    if "grpo" in args.trainers and 1 in args.ranks and "default init" in args.suites:
         plan += [("default init", "grpo", m, 1) for m in args.models]
+    return plan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--grown-steps", type=int, default=GROWN_STEPS)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=list(TRAINERS))
+    parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--suites", nargs="+", default=list(SUITES), choices=SUITES)
+    parser.add_argument("--keep", action="store_true", help="keep the rows of the suites not run from the JSON")
+    args = parser.parse_args()
     rows = []
     port = 29650
-    for suite, trainer, model, ranks in plan:
-        script_args = edge_args(model) if suite == "edge" else ("--model", model)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    for suite, trainer, model, ranks in plan_runs(args):
+        steps = args.grown_steps if suite == "grown" else args.steps
         for run in RUNS:
             port += 1
-            result = run_one(run, TRAINERS[trainer], script_args, args.steps, ranks, port)
-            rows.append({"suite": suite, "trainer": trainer, "model": model, "ranks": ranks, "run": run, **result})
+            result = run_one(run, TRAINERS[trainer], script_args(suite, model), steps, ranks, port)
+            row = {"suite": suite, "trainer": trainer, "model": model, "ranks": ranks, "run": run, "steps": steps}
+            rows.append({**row, "date": today, **result})
             print(suite, trainer, model, ranks, run, _cell(result), flush=True)
-    info = machine()
+    data = {"machine": machine(), "steps": args.steps, "grown_steps": args.grown_steps, "rows": rows}
+    path = RESULTS / "trl_fp16.json"
+    if args.keep and path.exists():
+        old = json.loads(path.read_text())
+        kept = [r for r in old["rows"] if r["suite"] not in args.suites]
+        data = {**old, "grown_steps": args.grown_steps, "rows": kept + rows}
+    data["edge_args"] = {m: edge_args(m) for m in MODELS}
+    data["grown_args"] = {m: grown_args(m) for m in MODELS}
+    write_result("trl_fp16", data, markdown(data))
+
+
+def markdown(data: dict) -> str:
+    """The table of every row (suites in order), each row's note once below it, then the module docstring."""
+    rows = sorted(data["rows"], key=lambda r: SUITES.index(r["suite"]))
+    dates = sorted({r.get("date", data["machine"]["date"]) for r in rows})
     lines = [
         "# TRL fp16: native torch GradScaler vs `ampsafe run`",
         "",
-        f"Machine: {machine_tag(info)}; date {time.strftime('%Y-%m-%d', time.gmtime())}; {args.steps} optimizer "
-        f"steps per run; script arguments per model {json.dumps({m: edge_args(m)[2:] for m in args.models})}; lr: TRL's defaults (SFT 2e-5, GRPO 1e-6). "
-        "Float16 emulated on the CPU (`--emulate-fp16`; native: tests/trl/native.py). Wall times are load-inflated "
-        "(a 2-core machine shared with other jobs).",
+        f"Machine: {machine_tag(data['machine'])}; dates {', '.join(dates)}; optimizer steps per run: "
+        f"{data['steps']} (edge, default init), {data.get('grown_steps', '-')} (grown); script arguments per model: "
+        f"edge {json.dumps({m: a[2:] for m, a in data['edge_args'].items()})}, grown "
+        f"{json.dumps({m: a[2:] for m, a in data.get('grown_args', {}).items()})}; lr: TRL's defaults (SFT 2e-5, "
+        "GRPO 1e-6) but where the arguments set one. Float16 emulated on the CPU (`--emulate-fp16`; native: "
+        "tests/trl/native.py). Wall times are load-inflated (a 2-core machine shared with other jobs).",
         "",
         "| workload | trainer | model | ranks | run | per rank; steps | seconds |",
         "|---|---|---|---|---|---|---|",
     ]
+    notes: list[str] = []
     for r in rows:
-        cells = (r["suite"], r["trainer"], r["model"], r["ranks"], r["run"], _cell(r), r["seconds"])
+        mark = ""
+        if r.get("note"):
+            if r["note"] not in notes:
+                notes.append(r["note"])
+            mark = "*" * (notes.index(r["note"]) + 1)
+        cells = (r["suite"], r["trainer"], r["model"], r["ranks"], r["run"], _cell(r), f"{r['seconds']}{mark}")
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines += ["", (__doc__ or "").split("\n\n", 1)[1].strip()]
-    write_result(
-        "trl_fp16",
-        {"machine": info, "steps": args.steps, "edge_args": {m: edge_args(m) for m in args.models}, "rows": rows},
-        "\n".join(lines) + "\n",
-    )
+    lines += [""] + ["\\*" * (i + 1) + f" {note}\n" for i, note in enumerate(notes)]
+    lines += [(__doc__ or "").split("\n\n", 1)[1].strip()]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 """TRL's ``SFTTrainer`` and ``GRPOTrainer`` with ``fp16=True`` under ``ampsafe run``, zero edits to the scripts
-(``scripts/``: CPU-size random-init Qwen3, Gemma3, Qwen3-MoE from transformers' own classes, TRL's default
-learning rates), float16 emulated on this CPU as a GPU runs it.
+(``scripts/``: CPU-size random-init Qwen3, Gemma3, Qwen3-MoE from transformers' own classes), float16 emulated on
+this CPU as a GPU runs it.
 
-The workload (``scripts/tiny_lm.py``'s ``EDGE_ARGS``): an ``initializer_range`` that puts the MLP's output
-(``down_proj``; the MoE's eager experts) past 65504 on the training batches from the first step, standing in for a
-checkpoint whose activations already leave float16's range (bench/trl_fp16.py). Natively (torch's GradScaler, no
-floor) every SFT step is skipped and the scale halves forever; ``ampsafe run`` backs off to its floor, heals the
-MLP into FP32 islands and trains, on one process and on 2 gloo ranks alike, and the ``amp/*`` keys read back from
-TRL's own log history equal the scaler's records. GRPO's generation meets the same overflow before any optimizer
-step: natively torch.multinomial raises on NaN probabilities; ``ampsafe run`` catches that error in HF's
-``generate``, islands the MLP modules whose float16 outputs overflow there (:mod:`ampsafe.hosts._generation`),
-records the heal on the scaler (cause "generation overflow") and generates again, and GRPO trains. At HF's
-default init GRPO generates and trains under ampsafe's scaler, its ``amp/*`` keys beside its rewards, unhealed.
+The edge workload (``scripts/tiny_lm.py``'s ``EDGE_ARGS``, TRL's default learning rates): an ``initializer_range``
+that puts the MLP's output (``down_proj``; the MoE's eager experts) past 65504 on the training batches from the
+first step, standing in for a checkpoint whose activations already leave float16's range (bench/trl_fp16.py).
+Natively (torch's GradScaler, no floor) every SFT step is skipped and the scale halves forever; ``ampsafe run``
+backs off to its floor, heals the MLP into FP32 islands and trains, on one process and on 2 gloo ranks alike, and
+the ``amp/*`` keys read back from TRL's own log history equal the scaler's records. The grown workload
+(``GROWN_ARGS``: HF's default init, AdamW at lr 0.1 on a Qwen3 128 wide; bench/trl_fp16_growth.py): float16 trains
+about 10 steps until training has grown an MLP's output past 65504, then ``ampsafe run`` backs off to its
+floor and heals alike. GRPO's generation meets the edge's overflow before any optimizer step: natively
+torch.multinomial raises on NaN probabilities; ``ampsafe run`` catches that error in HF's ``generate``, islands the
+MLP modules whose float16 outputs overflow there (:mod:`ampsafe.hosts._generation`), records the heal on the scaler
+(cause "generation overflow") and generates again, and GRPO trains. At HF's default init GRPO generates and trains
+under ampsafe's scaler, its ``amp/*`` keys beside its rewards, unhealed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from trl_helpers import (
     edge_args,
     figures_after,
     finite,
+    grown_args,
     history,
     logged_figures,
     run_ampsafe,
@@ -45,7 +49,7 @@ def _assert_healed_at_the_floor(record, model: str) -> None:
     assert record.steps[-1][2] is False, record.steps  # the last step trained
 
 
-@pytest.mark.parametrize("model", ["qwen3", "gemma3", "qwen3_moe"])
+@pytest.mark.parametrize("model", ["gemma3", "qwen3_moe"])  # Qwen3: the overflow grown by training, below
 def test_sft_fp16_heals_the_mlp_overflow_and_amp_keys_reach_trls_log_history(tmp_path, model):
     run_ampsafe(tmp_path, "sft_train.py", *edge_args(model), "--steps", str(STEPS))
     (record,) = scaler_records(tmp_path)
@@ -55,6 +59,29 @@ def test_sft_fp16_heals_the_mlp_overflow_and_amp_keys_reach_trls_log_history(tmp
     for entry in logged:  # what TRL's loggers got at each step is the scaler's own record
         assert logged_figures(entry) == figures_after(record, entry["step"]), entry
     last = logged[-1]  # a trained step: its loss and gradient norm finite
+    assert finite(last["loss"]) and last["loss"] > 0 and finite(last["grad_norm"]), last
+
+
+GROWN_STEPS = 32  # Qwen3 (GROWN_ARGS) trains about 10 steps before its float16 forward overflows, then 16 backoffs
+
+
+def test_sft_fp16_heals_an_overflow_grown_by_training_and_amp_keys_reach_trls_log_history(tmp_path):
+    run_ampsafe(tmp_path, "sft_train.py", *grown_args("qwen3"), "--steps", str(GROWN_STEPS))
+    (record,) = scaler_records(tmp_path)
+    assert record.class_name == "ampsafe.torch.scaler.GradScaler", record.class_name
+    first = record.skipped_at[0]  # HF's default init: float16 trains until lr 0.1 grows an MLP's output
+    assert 4 <= first <= GROWN_STEPS - 20, record.steps
+    assert record.skipped_at[:17] == list(range(first, first + 17)), record.steps  # skipped until the floor
+    assert record.floor_hits == 1 and record.total_steps == GROWN_STEPS, record
+    (heal,) = record.heal_records
+    assert heal.step == first + 16 and heal.cause == "forward", heal
+    assert heal.paths[0].startswith("model.layers.") and heal.paths[0].endswith(".mlp.down_proj"), heal
+    assert [s[2] for s in record.steps[heal.step + 1 :]] == [False] * (GROWN_STEPS - heal.step - 1), record.steps
+    logged = history(tmp_path)
+    assert [entry["step"] for entry in logged] == list(range(1, GROWN_STEPS + 1))
+    for entry in logged:  # what TRL's loggers got at each step is the scaler's own record
+        assert logged_figures(entry) == figures_after(record, entry["step"]), entry
+    last = logged[-1]
     assert finite(last["loss"]) and last["loss"] > 0 and finite(last["grad_norm"]), last
 
 

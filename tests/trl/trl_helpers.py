@@ -22,6 +22,12 @@ def edge_args(model: str) -> tuple[str, ...]:
     return ("--model", model, *_tiny_lm().EDGE_ARGS[model])
 
 
+def grown_args(model: str) -> tuple[str, ...]:
+    """The script arguments of ``model`` at which SFT grows a float16 overflow (``scripts/tiny_lm.py``'s
+    ``GROWN_ARGS``)."""
+    return ("--model", model, *_tiny_lm().GROWN_ARGS[model])
+
+
 def _tiny_lm():
     if str(SCRIPTS) not in sys.path:
         sys.path.insert(0, str(SCRIPTS))

@@ -1,9 +1,10 @@
 """CPU-size random-init causal LMs from transformers' own classes (no download) and a character tokenizer, shared
 by the TRL scripts beside it. Imports nothing of ampsafe.
 
-``initializer_range`` is the one setting that brings a tiny random-init model near float16's edge: HF's
-``_init_weights`` draws every linear weight from N(0, initializer_range), so a layer's output grows with it
-(each MLP's ``down_proj`` sums ``intermediate_size`` products of two such projections).
+Two settings take a tiny random-init model past float16's edge. ``initializer_range`` does it at init
+(``EDGE_ARGS``): HF's ``_init_weights`` draws every linear weight from N(0, initializer_range), so a layer's output
+grows with it (each MLP's ``down_proj`` sums ``intermediate_size`` products of two such projections). A high
+learning rate does it by training from HF's default init (``GROWN_ARGS``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,16 @@ EDGE_ARGS = {
     "qwen3": ("--init-range", "3.5"),
     "gemma3": ("--init-range", "3.5"),
     "qwen3_moe": ("--init-range", "4.0", "--experts", "eager"),
+}
+# the script arguments at which SFT grows the MLP's output past 65504 from HF's default init (0.02): Adam at lr 0.1
+# (0.2 for Gemma3, whose growth is slower), in the upper part of the range where Wortsman et al. 2023 (arXiv
+# 2309.14322) reproduce large-scale instabilities in small models, on a model 128 wide; an early layer's down_proj
+# output grows in a few channels (Sun et al. 2024's massive activations, arXiv 2402.17762) and passes 65504 in
+# float32 within 7-20 steps; at user fine-tuning lrs (2e-5..2e-4) nothing grows (bench/results/trl_fp16_growth.md)
+GROWN_ARGS = {
+    "qwen3": ("--hidden", "128", "--lr", "0.1"),
+    "gemma3": ("--hidden", "128", "--lr", "0.2"),
+    "qwen3_moe": ("--hidden", "128", "--lr", "0.1", "--experts", "eager"),
 }
 CHARS = string.ascii_lowercase + string.digits + " .,:=+?"
 SPECIAL = ("<pad>", "<eos>", "<unk>")
