@@ -125,6 +125,27 @@ def test_grpo_generation_overflow_heals_where_native_crashes(tmp_path):
     assert all("reward" in entry and finite(entry["loss"]) for entry in logged), logged
 
 
+@pytest.mark.dist
+def test_grpo_generation_overflow_heals_on_each_of_two_gloo_ranks(tmp_path, free_port):
+    """Each rank generates its own prompts' completions and heals what its own generation shows: both islands
+    start at the first layer's MLP, the first module whose float16 output overflows at this init."""
+    steps = 3
+    out = run_ampsafe(tmp_path, "grpo_train.py", *edge_args("qwen3"), "--steps", str(steps), ranks=2, port=free_port)
+    assert out.count("(DistributedType.MULTI_CPU, DistributedDataParallel)") == 2, out[-3000:]  # DDP on both ranks
+    records = scaler_records(tmp_path)
+    assert len(records) == 2, records
+    for record in records:
+        assert record.total_steps == steps and record.floor_hits == 0, record
+        heal = record.heal_records[0]
+        assert heal.step == 0 and heal.cause == "generation overflow", heal
+        assert heal.paths[0] == "model.layers.0.mlp.down_proj", heal
+        assert all(path.endswith(".mlp.down_proj") for h in record.heal_records for path in h.paths), record
+        assert record.steps[-1][2] is False, record.steps  # the last step trained
+    logged = history(tmp_path)
+    assert [entry["step"] for entry in logged] == list(range(1, steps + 1))
+    assert all("reward" in entry and finite(entry["loss"]) for entry in logged), logged
+
+
 def test_grpo_fp16_generates_and_trains_with_amp_keys_in_trls_log_history(tmp_path):
     steps = 4  # HF's default init: far from float16's edge, nothing overflows
     run_ampsafe(tmp_path, "grpo_train.py", "--model", "qwen3", "--steps", str(steps))

@@ -59,4 +59,6 @@ trainer = GRPOTrainer(
 )
 trainer.train()
 trainer.save_state()
-print(f"script: trained {trainer.state.global_step} steps", flush=True)
+wrapped = type(trainer.model_wrapped).__name__
+distributed = trainer.accelerator.distributed_type
+print(f"script: trained {trainer.state.global_step} steps ({distributed}, {wrapped})", flush=True)
