@@ -104,6 +104,9 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
         # PaddleDetection (2024-10 tree): CLRNet's FPN (norm_type None) and HRNet's / ViTDet's HRFPN
         _normed(PADDLEDET, "ppdet.modeling.necks.clrnet_fpn:CLRFPN", "lateral_convs.*", "fpn_convs.*"),
         _normed(PADDLEDET, "ppdet.modeling.necks.hrfpn:HRFPN", "reduction", "fpn_conv*"),
+        # Mask-RT-DETR's encoder (ppdet/modeling/transformers): its mask prototypes come out of a plain 1x1 conv, the
+        # last layer of enc_mask_output; the rest of it is HybridEncoder's, already safe
+        _normed(PADDLEDET, "ppdet.modeling.transformers.hybrid_encoder:MaskHybridEncoder", "enc_mask_output.1"),
     )
 }
 
@@ -137,6 +140,19 @@ _DET_SAFE = (
         f"{INNER_LINKS}, the depthwise transposed-conv upsamplers, feed deformable conv + BatchNorm blocks",
     ),
     ("BiFPN", f"{INNER_LINKS}, the separable convs' depthwise halves, feed their pointwise conv + BatchNorm"),
+    # necks the configs name from outside ppdet/modeling/necks: RT-DETR's encoder (transformers/hybrid_encoder.py) and
+    # ViTDet's pyramid (backbones/vit_mae.py)
+    (
+        "HybridEncoder",
+        f"{INNER_LINKS}, the AIFI encoder layer's attention matmuls and first feed-forward linear, end in its softmax or "
+        "feed a linear whose path ends in a LayerNorm; every conv is a conv + BatchNorm block (the input projections, "
+        "BaseConv and RepVGG blocks)",
+    ),
+    (
+        "SimpleFeaturePyramid",
+        f"{INNER_LINKS}, the 2x stage's transposed conv, feeds a conv + LayerNorm block; every stage ends in a conv "
+        "and ViTDet's channel LayerNorm (mean / variance ops, read as a norm by its class name)",
+    ),
 )
 _OCR_SAFE = (
     ("FPN", f"{_CONV_BN} (PSENet's ConvBNLayer)"),
