@@ -16,6 +16,7 @@ __all__ = [
     "SAFE_NECKS",
     "ALREADY_SAFE",
     "already_safe_reason",
+    "TREE_ONLY",
     "NOT_COVERED",
     "not_covered_reason",
     "SETTING_SAFE",
@@ -168,6 +169,8 @@ ALREADY_SAFE: dict[tuple[str, str], str] = {
     **{(PADDLEOCR, name): detail for name, detail in _OCR_SAFE},
 }
 _READ_IN = "ppdet 2.6.0 and PaddleDetection's 2024-10 tree"  # the ppdet code ALREADY_SAFE was measured on
+# measured on the 2024-10 tree only: ppdet 2.6.0 (the release on PyPI) has no such class
+TREE_ONLY = frozenset({"HybridEncoder", "SimpleFeaturePyramid"})
 
 # Upstream necks with an unnormalized path and no safe variant, and why none fits: none left (PRENFPN and
 # SequenceEncoder, whose paths end in nn.Linear outputs, have variants since the rule normalizes linears too).
@@ -248,7 +251,9 @@ def already_safe_reason(ecosystem: str, name: str) -> str | None:
             "and a loss-scale floor (`ampsafe run -- python tools/train.py ...`)"
         )
     version = ppdet_version()
-    if version is None:
+    if name in TREE_ONLY:
+        owner, source = "PaddleDetection's", " (measured on its 2024-10 tree; ppdet 2.6.0 has no such class)"
+    elif version is None:
         # a source tree's ppdet (PaddleDetection's tools/ put it on sys.path) has no package metadata: the
         # version in use is unknown here, not absent
         owner, source = "ppdet's", f" (measured on {_READ_IN}; the ppdet in use has no version metadata)"
