@@ -108,6 +108,11 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
         # Mask-RT-DETR's encoder (ppdet/modeling/transformers): its mask prototypes come out of a plain 1x1 conv, the
         # last layer of enc_mask_output; the rest of it is HybridEncoder's, already safe
         _normed(PADDLEDET, "ppdet.modeling.transformers.hybrid_encoder:MaskHybridEncoder", "enc_mask_output.1"),
+        # TTFNet's FPN at its default lite_neck False (ttfnet_darknet53, pafnet): its output is the last upsample's plus
+        # the last shortcut, plain 3x3 convs (shortcut_num [3, 2, 1] reversed: shortcut.2 has 3); the earlier shortcuts
+        # feed the next upsample's conv + BatchNorm. With lite_neck (pafnet_lite) every conv is in a conv + BatchNorm
+        # block (SETTING_SAFE)
+        _normed(PADDLEDET, "ppdet.modeling.necks.ttf_fpn:TTFFPN", "shortcut.2.*"),
     )
 }
 
@@ -125,7 +130,6 @@ _DET_SAFE = (
     ("YOLOv3FPN", f"{_CONV_BN} (darknet ConvBNLayer)"),
     ("CustomCSPPAN", f"{_CONV_BN} (PP-YOLOE's ConvBNLayer / RepVGG blocks; SPP included)"),
     ("YOLOCSPPAN", f"{_CONV_BN} (YOLOX's BaseConv / CSP layers)"),
-    ("TTFFPN", f"{_CONV_BN} (TTFNet's upsample / shortcut blocks; the lite neck of pafnet_lite)"),
     ("BlazeNeck", f"{_CONV_BN} (BlazeFace's FPN and SSH blocks, fpn_ssh)"),
     ("CenterNetHarDNetFPN", f"{_CONV_BN} (HarDNet's ConvLayer / transition-up blocks)"),
     ("ChannelMapper", "builds every conv as a conv + GroupNorm block (norm_type 'gn', its default and PETR's)"),
@@ -200,6 +204,12 @@ SETTING_SAFE: dict[tuple[str, str], tuple[str, dict[str, str], str]] = {
         "measured already safe: 'rnn' and 'cascadernn' without with_linear (they end in paddle's LSTM, whose output "
         "is bounded), 'reshape' (no conv or matmul), 'svtr' (only inner links open)",
     ),
+    (PADDLEDET, "TTFFPN"): (
+        "lite_neck",
+        {"True": f"{_CONV_BN} (LiteConv / LiteUpsample: pafnet_lite's neck)"},
+        "the variant changes the default lite_neck False (ttfnet_darknet53, pafnet); the swap refuses lite_neck True "
+        "(pafnet_lite), measured already safe: every conv is in a conv + BatchNorm block",
+    ),
 }
 
 
@@ -217,10 +227,11 @@ def setting_safe_reason(ecosystem: str, name: str, section) -> str | None:
     detail = reasons.get(value)
     if detail is None:
         return None
+    owner = "PaddleOCR's" if ecosystem == PADDLEOCR else "ppdet's"
     return (
-        f"PaddleOCR's {name} with {key} {value!r} {detail}, so the safe variant would add nothing (it normalizes "
-        f"{', '.join(SAFE_NECKS[(ecosystem, name)].normalizes)}, which this setting does not build). For the rest of "
-        "the model use ampsafe.patch(model) (FP32 islands where a scan finds them risky) and a loss-scale floor "
+        f"{owner} {name} with {key} {value!r} {detail}, so the safe variant would add nothing (it normalizes "
+        f"{', '.join(SAFE_NECKS[(ecosystem, name)].normalizes)}, which this setting does not build unnormalized). "
+        "For the rest of the model use ampsafe.patch(model) (FP32 islands where a scan finds them risky) and a loss-scale floor "
         "(`ampsafe run -- python tools/train.py ...`)"
     )
 

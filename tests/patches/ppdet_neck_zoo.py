@@ -131,6 +131,15 @@ def main(configs: Path) -> dict:
                 "normalized": list(getattr(variant, "ampsafe_normalized", ())),
             }
         out["necks"][name] = record
+    out["settings"] = {}
+    for name, (rel, maps) in cases.DET_SETTINGS.items():
+        if out["modules"].get(name) is None or not (configs / rel).is_file():
+            out["settings"][name] = None
+            continue
+        section, top = _section(configs, rel, name)
+        record = _record(_create(name, section, top, maps), _inputs(maps))
+        variant = _create(registry.safe_neck(registry.PADDLEDET, name).name, section, top, maps)
+        out["settings"][name] = {**record, "section": section, "normalized": list(variant.ampsafe_normalized)}
     return out
 
 

@@ -362,3 +362,37 @@ def test_a_neck_measured_only_on_the_tree_is_not_credited_to_the_installed_ppdet
         pytest.skip("the installed ppdet is not 2.6.0: its classes are not the ones the reason names")
     sources = "".join(p.read_text(encoding="utf-8") for p in Path(spec.origin).parent.rglob("*.py"))
     assert not any(f"class {name}(" in sources for name in registry.TREE_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(n for (e, n) in registry.SETTING_SAFE if e == PADDLEDET))
+def test_ppdet_setting_the_swap_refuses_is_measured_safe_for_the_reason_given(ppdet_zoo, name):
+    """TTFFPN: unsafe at its default (the variant test), already safe with pafnet_lite's lite_neck, where the
+    variant normalizes nothing and the swap refuses with the measured reason."""
+    record = ppdet_zoo["settings"][name]
+    if record is None:
+        pytest.skip(f"{name} (or its config) is not in the ppdet in use, {ppdet_zoo['ppdet']}")
+    key, reasons, _ = registry.SETTING_SAFE[(PADDLEDET, name)]
+    detail = reasons[str(record["section"][key])]
+    assert record["safe"], record["reason"]
+    assert bool(record["inner"]) == detail.startswith(registry.INNER_LINKS), (detail, record["inner"])
+    if detail.startswith("builds every conv as a conv + "):
+        assert record["all_conv_bn"], record["unpaired"]
+    assert record["normalized"] == []  # the variant adds nothing at this setting
+    assert detail in registry.setting_safe_reason(PADDLEDET, name, record["section"])
+    assert registry.setting_safe_reason(PADDLEDET, name, {}) is None  # the default: the variant's setting
+
+
+def test_swap_refuses_a_lite_ttffpn_with_the_measured_reason_and_swaps_the_default_one(upstream_tree, tmp_path):
+    from ampsafe.errors import ConfigError
+    from ampsafe.patches import swap_neck
+
+    configs = upstream_tree / "PaddleDetection-src" / "configs"
+    if not configs.is_dir():
+        pytest.skip("needs PaddleDetection's 2024-10 tree (shared/upstream/PaddleDetection-src)")
+    out = tmp_path / "lite.yml"
+    with pytest.raises(ConfigError, match="nothing to swap") as refused:
+        swap_neck(configs / cases.DET_SETTINGS["TTFFPN"][0], out=out)
+    assert registry.SETTING_SAFE[(PADDLEDET, "TTFFPN")][1]["True"] in str(refused.value)
+    assert not out.exists()
+    written = swap_neck(configs / cases.DET["TTFFPN"][0], out=tmp_path / "ttfnet.yml")
+    assert "neck: AmpSafeTTFFPN" in written.read_text(encoding="utf-8")
