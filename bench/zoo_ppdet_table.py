@@ -118,7 +118,7 @@ def _table(doc: dict) -> list[str]:
         if row.get("why_not"):
             built += f": {row['why_not'][:140]}"
         cells = [
-            f"`{row['config']}`" + (f" ({note})" if (note := norm_note(row)) else ""),
+            f"`{row['config']}`" + (f" ({norms})" if (norms := norm_note(row)) else ""),
             row["family"],
             str(counts.get(row["config"], "-")),
             f"{row['architecture']} / {row['backbone']} / {row['head']}",
@@ -223,6 +223,22 @@ def _facts(doc: dict) -> list[str]:
                 f"under ampsafe: {', '.join(_num(v) for v in amp['losses'])}."
             )
     for r in rows:
+        before = r.get("frozen_at_init_run")  # the row as measured before the overlay unfroze its norms
+        if before:
+            scan, train = (before.get("scan") or {}).get("O1") or {}, before.get("train") or {}
+            runs = "; ".join(
+                f"{run}: loss {_num((train.get(run) or {}).get('loss_first'))} → "
+                f"{_num((train.get(run) or {}).get('loss_last'))}, "
+                f"{len((train.get(run) or {}).get('overflow_steps') or [])} overflowing step(s)"
+                + (f", {len(train[run]['heals'])} heal(s)" if (train.get(run) or {}).get("heals") else "")
+                for run in ("native", "ampsafe")
+                if train.get(run)
+            )
+            text += (
+                f" `{r['config']}` measured before with {', '.join(before['frozen'])}'s BatchNorms frozen at their "
+                f"initial statistics (identities): O1 scan {scan.get('risky_paths')} risky path(s), least "
+                f"{_num(scan.get('least_headroom'))} bits at `{scan.get('where')}`; {runs}."
+            )
         if r.get("fp32"):
             f = r["fp32"]
             text += (
