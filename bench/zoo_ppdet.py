@@ -12,8 +12,10 @@ checkout). Every child gets ``PYTHONPATH`` = the shim folder (:mod:`bench.zoo_pp
 checkout and its lab, so the tree's ``ppdet`` wins over an installed one.
 
 What each config runs on: an overlay ``_BASE_: [the config]`` that changes only what a CPU and synthetic data
-need (``use_gpu: false``, ``norm_type: bn`` where the config says ``sync_bn``, no pretrained downloads, the
-synthetic COCO folder, ``worker_num: 0``, batch :data:`BATCH`) and the config's own TrainReader transforms with
+need (``use_gpu: false``, ``norm_type: bn`` where the config says ``sync_bn``, no pretrained downloads and so
+``freeze_norm: false`` where a class freezes its BatchNorms (their frozen statistics would be the initial mean 0 and
+variance 1: identities, see ``bench.zoo_ppdet_worker.frozen_norms``), the synthetic COCO folder, ``worker_num: 0``,
+batch :data:`BATCH`) and the config's own TrainReader transforms with
 their resize targets set to :data:`SIZE` (:func:`shrink`). Its optimizer, learning rate and schedule (warm-up
 included) are the config's.
 """
@@ -225,6 +227,8 @@ def overlay(record: dict, data: Path, out: Path, *, size: int = SIZE, batch: int
         _merge(body, _nested(path, "bn"))
     for path in record.get("pretrained") or []:
         _merge(body, _nested(path, ""))
+    for path in record.get("frozen_norms") or []:  # no pretrained statistics to freeze: see the module doc
+        _merge(body, _nested(path, False))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "overlay.yml"
     path.write_text(yaml.safe_dump(body, sort_keys=False), encoding="utf-8")
@@ -266,6 +270,46 @@ def enumerate_signatures(work: Path) -> list[dict]:
             env=child_env(work), cwd=ROOT, capture_output=True, text=True, check=True, timeout=900,
         )  # fmt: skip
     return json.loads(out.read_text())
+
+
+def _record_path(work: Path, config: str) -> Path:
+    return work / "records" / (config.replace("/", "__").removesuffix(".yml") + ".json")
+
+
+def prefetch(configs: list[str], work: Path) -> None:
+    """The worker's records (signature and recipe) of ``configs`` not cached under ``work/records`` yet, read in one
+    child (ppdet imported once)."""
+    missing = [c for c in configs if not _record_path(work, c).is_file()]
+    if not missing:
+        return
+    (work / "records").mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "bench.zoo_ppdet_worker", "records", str(tree() / "configs"), str(work / "records")]
+    subprocess.run([*cmd, *missing], env=child_env(work), cwd=ROOT, capture_output=True, text=True, timeout=1800)
+
+
+def complete(record: dict, work: Path) -> dict:
+    """``record`` with the recipe keys an enumeration cached before they existed lacks (``frozen_norms``), from
+    the worker's record of that config. A config the worker cannot read again keeps its norms as configured (its
+    build says why, if it fails)."""
+    if "frozen_norms" in record:
+        return record
+    prefetch([record["config"]], work)
+    path = _record_path(work, record["config"])
+    fresh = json.loads(path.read_text()) if path.is_file() else {}
+    record.update(frozen_norms=fresh.get("frozen_norms") or [])
+    return record
+
+
+def mark_frozen(doc: dict, work: Path) -> None:
+    """Rows scanned before the overlay unfroze the norms: ``frozen_at_init`` names the classes whose BatchNorms
+    ran frozen at their initial statistics (identities) in that scan (and in a training run without
+    ``unfrozen_norms``)."""
+    old = [r for r in doc["rows"] if "unfrozen_norms" not in r and "frozen_at_init" not in r]
+    prefetch([r["config"] for r in old], work)
+    for row in old:
+        path = _record_path(work, row["config"])
+        if path.is_file():
+            row["frozen_at_init"] = [".".join(p) for p in json.loads(path.read_text()).get("frozen_norms") or []]
 
 
 # model-size words in config names, smallest first: a signature is run on its smallest variant (CPU time)
@@ -348,7 +392,9 @@ def _past(until: str | None) -> bool:
 
 
 def scan_one(record: dict, work: Path, data: Path) -> dict:
+    record = complete(record, work)
     row = _row_for(record)
+    row["unfrozen_norms"] = [".".join(p) for p in record["frozen_norms"]]
     out = work / record["config"].replace("/", "__").removesuffix(".yml")
     path = overlay(record, data, out)
     result_file = out / "scan.json"
@@ -376,6 +422,9 @@ def run_scan(doc: dict, work: Path, until: str | None) -> None:
     doc["signatures"] = signatures(list(records.values()))
     doc["fragments"] = sorted(r["config"] for r in records.values() if r.get("fragment"))
     doc["load_errors"] = {r["config"]: r["load_error"] for r in records.values() if "load_error" in r}
+    save(doc)
+    prefetch([s["chosen"] for s in doc["signatures"]], work)
+    mark_frozen(doc, work)
     save(doc)
     data = write_coco(work / "coco", K * BATCH)
     done = {r["config"] for r in doc["rows"]}
@@ -471,8 +520,10 @@ def summarize_run(lines: list[dict], report: dict | None, returncode: int, log: 
 
 def train_one(row: dict, record: dict, work: Path, data: Path) -> dict:
     out = work / row["config"].replace("/", "__").removesuffix(".yml")
+    record = complete(record, work)
     config = overlay(record, data, out)
     train = {"steps": K, "lr": row.get("lr"), "optimizer": row.get("optimizer"), "schedulers": row.get("schedulers")}
+    train["unfrozen_norms"] = [".".join(p) for p in record["frozen_norms"]]
     for run in ("native", "ampsafe"):
         folder = out / run
         folder.mkdir(parents=True, exist_ok=True)
@@ -564,7 +615,7 @@ def fp32_check(doc: dict, work: Path, config: str) -> None:
     records = {r["config"]: r for r in enumerate_signatures(work)}
     data = write_coco(work / "coco", K * BATCH)
     out = work / config.replace("/", "__").removesuffix(".yml")
-    path = overlay(records[config], data, out)
+    path = overlay(complete(records[config], work), data, out)
     steplog = out / "fp32" / "steps.jsonl"
     steplog.parent.mkdir(parents=True, exist_ok=True)
     steplog.unlink(missing_ok=True)

@@ -7,14 +7,14 @@ follows the registry when a neck variant is added (re-run ``python -m bench.zoo_
 
 from __future__ import annotations
 
-__all__ = ["render", "neck_status", "train_note"]
+__all__ = ["render", "neck_status", "train_note", "norm_note"]
 
 
 def neck_status(neck: str | None) -> str | None:
     """What patches/registry.py says of ``neck`` now: a safe variant, already safe (why), or not covered."""
     if not neck:
         return None
-    from ampsafe.patches.registry import ALREADY_SAFE, PADDLEDET, safe_neck
+    from ampsafe.patches.registry import ALREADY_SAFE, NOT_COVERED, PADDLEDET, safe_neck
 
     spec = safe_neck(PADDLEDET, neck)
     if spec is not None:
@@ -22,7 +22,25 @@ def neck_status(neck: str | None) -> str | None:
     detail = ALREADY_SAFE.get((PADDLEDET, neck))
     if detail is not None:
         return f"already safe: {detail}"
-    return "not covered"
+    why = NOT_COVERED.get((PADDLEDET, neck))
+    return "not covered" if why is None else f"not covered: {why}"
+
+
+def norm_note(row: dict) -> str:
+    """What the overlay did to the classes that freeze their BatchNorms: ``freeze_norm: false`` (no pretrained
+    statistics to freeze), or, for a row scanned (or trained) before it did, that those ran frozen at their initial
+    statistics, identities (bench/zoo_ppdet.py's module doc)."""
+    train = row.get("train") or {}
+    frozen = row.get("frozen_at_init") or []
+    unfrozen = sorted({*(row.get("unfrozen_norms") or []), *(train.get("unfrozen_norms") or [])})
+    notes = []
+    if frozen:
+        runs = "scan" + (" and runs" if train and "unfrozen_norms" not in train else "")
+        names = ", ".join(p.split(".")[0] for p in frozen)
+        notes.append(f"{runs} with {names}'s BatchNorms frozen at their initial statistics (identities)")
+    if unfrozen:
+        notes.append("freeze_norm: false for " + ", ".join(p.split(".")[0] for p in unfrozen))
+    return "; ".join(notes)
 
 
 def _num(x, spec=".3g") -> str:
@@ -100,7 +118,7 @@ def _table(doc: dict) -> list[str]:
         if row.get("why_not"):
             built += f": {row['why_not'][:140]}"
         cells = [
-            f"`{row['config']}`",
+            f"`{row['config']}`" + (f" ({norms})" if (norms := norm_note(row)) else ""),
             row["family"],
             str(counts.get(row["config"], "-")),
             f"{row['architecture']} / {row['backbone']} / {row['head']}",
@@ -205,6 +223,22 @@ def _facts(doc: dict) -> list[str]:
                 f"under ampsafe: {', '.join(_num(v) for v in amp['losses'])}."
             )
     for r in rows:
+        before = r.get("frozen_at_init_run")  # the row as measured before the overlay unfroze its norms
+        if before:
+            scan, train = (before.get("scan") or {}).get("O1") or {}, before.get("train") or {}
+            runs = "; ".join(
+                f"{run}: loss {_num((train.get(run) or {}).get('loss_first'))} → "
+                f"{_num((train.get(run) or {}).get('loss_last'))}, "
+                f"{len((train.get(run) or {}).get('overflow_steps') or [])} overflowing step(s)"
+                + (f", {len(train[run]['heals'])} heal(s)" if (train.get(run) or {}).get("heals") else "")
+                for run in ("native", "ampsafe")
+                if train.get(run)
+            )
+            text += (
+                f" `{r['config']}` measured before with {', '.join(before['frozen'])}'s BatchNorms frozen at their "
+                f"initial statistics (identities): O1 scan {scan.get('risky_paths')} risky path(s), least "
+                f"{_num(scan.get('least_headroom'))} bits at `{scan.get('where')}`; {runs}."
+            )
         if r.get("fp32"):
             f = r["fp32"]
             text += (
@@ -244,7 +278,9 @@ def render(doc: dict) -> str:
         "`--on-floor heal`). Overflows, scale and heals of the ampsafe run come from its report.json; the native "
         "run's from Paddle's scaler (`_found_inf` per step); losses from ppdet's `TrainingStats`. The overlay "
         "over each config sets only `use_gpu: false`, `norm_type: bn` where the config says `sync_bn`, no "
-        "pretrained weights, the synthetic data and `worker_num: 0`.",
+        "pretrained weights and so `freeze_norm: false` where a class freezes its BatchNorms (frozen, they would "
+        "keep their initial statistics, mean 0 and variance 1, and normalize nothing; rows scanned before the "
+        "overlay did this say so), the synthetic data and `worker_num: 0`.",
         "",
         f"Rows: {len(rows)}; trained: {sum(1 for r in rows if r.get('train'))}.",
     ]

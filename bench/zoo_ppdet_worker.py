@@ -4,6 +4,7 @@ source tree first, so ``ppdet`` is that tree's, not the installed 2.6.0.
     python -m bench.zoo_ppdet_worker enumerate OUT.json          # every config: its merged signature
     python -m bench.zoo_ppdet_worker scan OVERLAY OUT.json        # build + ampsafe.scan at O1 and O2
     python -m bench.zoo_ppdet_worker record CONFIGS NAME OUT.json # one config's signature and recipe
+    python -m bench.zoo_ppdet_worker records CONFIGS OUTDIR NAME...  # many, one OUTDIR/<name>.json each
     python -m bench.zoo_ppdet_worker suite CONFIGS OUT DATA SIZE NAME...  # the CI subset, in one process
 
 Why a child per scan: ppdet keeps one process-wide config (``global_config``) that every ``load_config`` merges
@@ -21,7 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
-__all__ = ["signature", "enumerate_tree", "build_and_scan"]
+__all__ = ["signature", "enumerate_tree", "build_and_scan", "frozen_norms"]
 
 # the keys of an architecture's config that name its backbone / neck; every other class-valued key except the
 # post-processing ones is part of its head
@@ -126,9 +127,31 @@ def _default_pretrained(cfg: dict) -> list[list[str]]:
     return out
 
 
+def frozen_norms(cfg: dict) -> list[list[str]]:
+    """The classes the architecture names that freeze their BatchNorms (``freeze_norm`` true in the config or by
+    default: ResNet's, HRNet's, Res2Net's...): each gets ``freeze_norm: false``. Why: a frozen BatchNorm normalizes
+    with its stored statistics, which are the pretrained weights'; the sweep loads none, so they stay at their
+    initial mean 0 and variance 1, every such BatchNorm is the identity, and nothing normalizes the backbone
+    (a random ResNet-50's res5 then reaches ~4000 and RetinaNet's first loss ~7800)."""
+    import ppdet.core.workspace as workspace
+
+    parts = cfg.get(cfg.get("architecture")) or {}
+    out = []
+    for value in parts.values():
+        item = workspace.global_config.get(value) if isinstance(value, str) else None
+        schema = getattr(item, "schema", {}) if item is not None else {}
+        if "freeze_norm" not in schema:
+            continue
+        section = cfg.get(value) if isinstance(cfg.get(value), dict) else {}
+        if section.get("freeze_norm", getattr(schema["freeze_norm"], "default", None)) is True:
+            out.append([value, "freeze_norm"])
+    return out
+
+
 def recipe(cfg: dict) -> dict:
     """What the sweep's overlay needs from the merged config: the TrainReader, where ``sync_bn`` and
-    ``pretrained`` weights are set (or default to a download), and the optimizer and base learning rate."""
+    ``pretrained`` weights are set (or default to a download), which classes freeze their norms, and the optimizer
+    and base learning rate."""
     reader = cfg.get("TrainReader")
     lr = cfg.get("LearningRate") or {}
     opt = (cfg.get("OptimizerBuilder") or {}).get("optimizer") or {}
@@ -139,6 +162,7 @@ def recipe(cfg: dict) -> dict:
             {k: v for k, v in cfg.items() if isinstance(v, dict)}, lambda k, v: k == "pretrained" and bool(v)
         )
         + _default_pretrained(cfg),
+        "frozen_norms": frozen_norms(cfg),
         "lr": lr.get("base_lr") if isinstance(lr, dict) else None,
         "schedulers": [type(s).__name__ if not isinstance(s, dict) else s.get("name") for s in lr.get("schedulers", [])]
         if isinstance(lr, dict)
@@ -277,6 +301,16 @@ def main(argv: list[str]) -> int:
     if what == "record":
         configs, name, out = argv[1:]
         Path(out).write_text(json.dumps(one_record(Path(configs), name)))
+        return 0
+    if what == "records":  # many configs in one process: OUTDIR/<config with / as __>.json each
+        configs, outdir, *names = argv[1:]
+        for name in names:
+            try:
+                record = one_record(Path(configs), name)
+            except Exception:  # noqa: BLE001 - a config that does not load again keeps no record
+                continue
+            path = Path(outdir) / (name.replace("/", "__").removesuffix(".yml") + ".json")
+            path.write_text(json.dumps(record, default=str))
         return 0
     if what == "suite":
         os.environ["AMPSAFE_ZOO_KEEP_MODEL"] = "1"

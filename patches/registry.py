@@ -16,6 +16,7 @@ __all__ = [
     "SAFE_NECKS",
     "ALREADY_SAFE",
     "already_safe_reason",
+    "TREE_ONLY",
     "NOT_COVERED",
     "not_covered_reason",
     "SETTING_SAFE",
@@ -104,6 +105,14 @@ SAFE_NECKS: dict[tuple[str, str], SafeNeck] = {
         # PaddleDetection (2024-10 tree): CLRNet's FPN (norm_type None) and HRNet's / ViTDet's HRFPN
         _normed(PADDLEDET, "ppdet.modeling.necks.clrnet_fpn:CLRFPN", "lateral_convs.*", "fpn_convs.*"),
         _normed(PADDLEDET, "ppdet.modeling.necks.hrfpn:HRFPN", "reduction", "fpn_conv*"),
+        # Mask-RT-DETR's encoder (ppdet/modeling/transformers): its mask prototypes come out of a plain 1x1 conv, the
+        # last layer of enc_mask_output; the rest of it is HybridEncoder's, already safe
+        _normed(PADDLEDET, "ppdet.modeling.transformers.hybrid_encoder:MaskHybridEncoder", "enc_mask_output.1"),
+        # TTFNet's FPN at its default lite_neck False (ttfnet_darknet53, pafnet): its output is the last upsample's plus
+        # the last shortcut, plain 3x3 convs (shortcut_num [3, 2, 1] reversed: shortcut.2 has 3); the earlier shortcuts
+        # feed the next upsample's conv + BatchNorm. With lite_neck (pafnet_lite) every conv is in a conv + BatchNorm
+        # block (SETTING_SAFE)
+        _normed(PADDLEDET, "ppdet.modeling.necks.ttf_fpn:TTFFPN", "shortcut.2.*"),
     )
 }
 
@@ -121,7 +130,6 @@ _DET_SAFE = (
     ("YOLOv3FPN", f"{_CONV_BN} (darknet ConvBNLayer)"),
     ("CustomCSPPAN", f"{_CONV_BN} (PP-YOLOE's ConvBNLayer / RepVGG blocks; SPP included)"),
     ("YOLOCSPPAN", f"{_CONV_BN} (YOLOX's BaseConv / CSP layers)"),
-    ("TTFFPN", f"{_CONV_BN} (TTFNet's upsample / shortcut blocks; the lite neck of pafnet_lite)"),
     ("BlazeNeck", f"{_CONV_BN} (BlazeFace's FPN and SSH blocks, fpn_ssh)"),
     ("CenterNetHarDNetFPN", f"{_CONV_BN} (HarDNet's ConvLayer / transition-up blocks)"),
     ("ChannelMapper", "builds every conv as a conv + GroupNorm block (norm_type 'gn', its default and PETR's)"),
@@ -137,6 +145,19 @@ _DET_SAFE = (
         f"{INNER_LINKS}, the depthwise transposed-conv upsamplers, feed deformable conv + BatchNorm blocks",
     ),
     ("BiFPN", f"{INNER_LINKS}, the separable convs' depthwise halves, feed their pointwise conv + BatchNorm"),
+    # necks the configs name from outside ppdet/modeling/necks: RT-DETR's encoder (transformers/hybrid_encoder.py) and
+    # ViTDet's pyramid (backbones/vit_mae.py)
+    (
+        "HybridEncoder",
+        f"{INNER_LINKS}, the AIFI encoder layer's attention matmuls and first feed-forward linear, end in its softmax or "
+        "feed a linear whose path ends in a LayerNorm; every conv is a conv + BatchNorm block (the input projections, "
+        "BaseConv and RepVGG blocks)",
+    ),
+    (
+        "SimpleFeaturePyramid",
+        f"{INNER_LINKS}, the 2x stage's transposed conv, feeds a conv + LayerNorm block; every stage ends in a conv "
+        "and ViTDet's channel LayerNorm (mean / variance ops, read as a norm by its class name)",
+    ),
 )
 _OCR_SAFE = (
     ("FPN", f"{_CONV_BN} (PSENet's ConvBNLayer)"),
@@ -152,6 +173,8 @@ ALREADY_SAFE: dict[tuple[str, str], str] = {
     **{(PADDLEOCR, name): detail for name, detail in _OCR_SAFE},
 }
 _READ_IN = "ppdet 2.6.0 and PaddleDetection's 2024-10 tree"  # the ppdet code ALREADY_SAFE was measured on
+# measured on the 2024-10 tree only: ppdet 2.6.0 (the release on PyPI) has no such class
+TREE_ONLY = frozenset({"HybridEncoder", "SimpleFeaturePyramid"})
 
 # Upstream necks with an unnormalized path and no safe variant, and why none fits: none left (PRENFPN and
 # SequenceEncoder, whose paths end in nn.Linear outputs, have variants since the rule normalizes linears too).
@@ -181,6 +204,12 @@ SETTING_SAFE: dict[tuple[str, str], tuple[str, dict[str, str], str]] = {
         "measured already safe: 'rnn' and 'cascadernn' without with_linear (they end in paddle's LSTM, whose output "
         "is bounded), 'reshape' (no conv or matmul), 'svtr' (only inner links open)",
     ),
+    (PADDLEDET, "TTFFPN"): (
+        "lite_neck",
+        {"True": f"{_CONV_BN} (LiteConv / LiteUpsample: pafnet_lite's neck)"},
+        "the variant changes the default lite_neck False (ttfnet_darknet53, pafnet); the swap refuses lite_neck True "
+        "(pafnet_lite), measured already safe: every conv is in a conv + BatchNorm block",
+    ),
 }
 
 
@@ -198,10 +227,11 @@ def setting_safe_reason(ecosystem: str, name: str, section) -> str | None:
     detail = reasons.get(value)
     if detail is None:
         return None
+    owner = "PaddleOCR's" if ecosystem == PADDLEOCR else "ppdet's"
     return (
-        f"PaddleOCR's {name} with {key} {value!r} {detail}, so the safe variant would add nothing (it normalizes "
-        f"{', '.join(SAFE_NECKS[(ecosystem, name)].normalizes)}, which this setting does not build). For the rest of "
-        "the model use ampsafe.patch(model) (FP32 islands where a scan finds them risky) and a loss-scale floor "
+        f"{owner} {name} with {key} {value!r} {detail}, so the safe variant would add nothing (it normalizes "
+        f"{', '.join(SAFE_NECKS[(ecosystem, name)].normalizes)}, which this setting does not build unnormalized). "
+        "For the rest of the model use ampsafe.patch(model) (FP32 islands where a scan finds them risky) and a loss-scale floor "
         "(`ampsafe run -- python tools/train.py ...`)"
     )
 
@@ -232,7 +262,9 @@ def already_safe_reason(ecosystem: str, name: str) -> str | None:
             "and a loss-scale floor (`ampsafe run -- python tools/train.py ...`)"
         )
     version = ppdet_version()
-    if version is None:
+    if name in TREE_ONLY:
+        owner, source = "PaddleDetection's", " (measured on its 2024-10 tree; ppdet 2.6.0 has no such class)"
+    elif version is None:
         # a source tree's ppdet (PaddleDetection's tools/ put it on sys.path) has no package metadata: the
         # version in use is unknown here, not absent
         owner, source = "ppdet's", f" (measured on {_READ_IN}; the ppdet in use has no version metadata)"

@@ -389,7 +389,9 @@ def _plan_ppdet(cfg: Mapping, source: str) -> tuple[str, str, str, Mapping]:
     neck = str(section["neck"])
     if neck in registry.safe_names(PADDLEDET):
         raise ConfigError(f"{source} is already swapped ({arch}.neck: {neck}); nothing written")
-    reason = registry.already_safe_reason(PADDLEDET, neck)
+    reason = registry.already_safe_reason(PADDLEDET, neck) or registry.setting_safe_reason(
+        PADDLEDET, neck, cfg.get(neck) or {}
+    )
     if reason is not None:
         raise ConfigError(f"{source}: nothing to swap for {arch}.neck: {neck}. {reason}. Nothing written.")
     spec = registry.safe_neck(PADDLEDET, neck)

@@ -74,6 +74,10 @@ _ALIASING_METHODS = ("_use_gpudnn",)
 
 # sublayers that normalize with running statistics written as plain ops (frozen BN variants in ppdet/ppocr)
 NORM_LAYER_TYPES = frozenset({"FrozenBatchNorm2d", "FrozenBatchNorm", "FrozenBN", "BatchNormAct", "LayerNorm2d"})
+# norms written as plain ops (mean, variance, rsqrt), by the class name's ending as on the torch side
+# (ampsafe.torch.ops.PLAIN_NORM_SUFFIXES): ppdet's ViTDet and ConvNeXt channel-first LayerNorms, PaddleOCR's SR
+# transformer LayerNorm; paddle.nn.LayerNorm itself is its layer_norm op
+PLAIN_NORM_SUFFIXES = ("RMSNorm", "RmsNorm", "LayerNorm")
 
 
 def _finite(x) -> bool:
@@ -118,7 +122,8 @@ class _Hooks:
     def is_norm_module(self, layer) -> bool:
         if layer is None:
             return False
-        if type(layer).__name__ in NORM_LAYER_TYPES:
+        name = type(layer).__name__
+        if name in NORM_LAYER_TYPES or name.endswith(PLAIN_NORM_SUFFIXES):
             return True
         return self.backend.norm_stats(layer) is not None
 

@@ -58,10 +58,7 @@ DET: dict[str, tuple[str, tuple]] = {
     "CSPPAN": ("picodet/legacy_model/more_config/picodet_lcnet_1_0x_416_coco.yml", _C3_5(128, 256, 512)),
     "LCPAN": ("picodet/picodet_s_320_coco_lcnet.yml", _C3_5(96, 192, 384)),
     "DilatedEncoder": ("yolof/yolof_r50_c5_1x_coco.yml", ((2048, 4, 4),)),
-    "TTFFPN": (
-        "ttfnet/pafnet_lite_mobilenet_v3_20x_coco.yml",
-        ((72, 32, 32), (240, 16, 16), (672, 8, 8), (960, 4, 4)),
-    ),
+    "TTFFPN": ("ttfnet/ttfnet_darknet53_1x_coco.yml", ((128, 32, 32), (256, 16, 16), (512, 8, 8), (1024, 4, 4))),
     "BlazeNeck": ("face_detection/blazeface_fpn_ssh_1000e.yml", ((96, 16, 16), (96, 8, 8))),
     "CenterNetDLAFPN": (
         "mot/fairmot/fairmot_dla34_30e_1088x608.yml",
@@ -72,9 +69,25 @@ DET: dict[str, tuple[str, tuple]] = {
         ((96, 32, 32), (214, 16, 16), (458, 8, 8), (784, 4, 4)),
     ),
     "ChannelMapper": ("keypoint/petr/petr_resnet50_16x2_coco.yml", _C3_5(512, 1024, 2048)),
+    # necks the configs name from outside ppdet.modeling.necks: RT-DETR's encoders (ppdet/modeling/transformers)
+    # and ViTDet's pyramid (ppdet/modeling/backbones/vit_mae.py)
+    "HybridEncoder": ("rtdetr/rtdetr_r18vd_6x_coco.yml", _C3_5(128, 256, 512)),  # ResNet18_vd's last three
+    "MaskHybridEncoder": (  # PP-HGNetV2 S's four stages (return_idx [0, 1, 2, 3])
+        "mask_rtdetr/mask_rtdetr_hgnetv2_s_6x_coco.yml",
+        ((64, 32, 32), (256, 16, 16), (512, 8, 8), (1024, 4, 4)),
+    ),
+    "SimpleFeaturePyramid": ("group_detr/group_dino_vit_huge_4scale_1x_coco.yml", ((1280, 8, 8),)),  # ViT-H/16
     # no config names these two: built at the channels of a ResNet 50's last three stages (BiFPN) and of PicoDet's
     # CSPPAN inputs (ESPAN), their other arguments at their defaults
     "BiFPN": ("", _C3_5(512, 1024, 2048)),
     "ESPAN": ("", _C3_5(128, 256, 512)),
 }
-DET_DEFAULT_ARGS = {"ESPAN": {"out_channels": 96}}
+# RT-DETR's configs fix the encoder's position embedding for eval at eval_size [640, 640] (20 x 20 at stride 32):
+# built for the 128 px image, in eval mode, the encoders get that image's size
+_EVAL_128 = {"eval_size": [128, 128]}
+DET_DEFAULT_ARGS = {"ESPAN": {"out_channels": 96}, "HybridEncoder": _EVAL_128, "MaskHybridEncoder": _EVAL_128}
+# necks with a safe variant built again at a setting of another config, where the registry reads them as already
+# safe (registry.SETTING_SAFE): TTFFPN with lite_neck (MobileNetV3 large's four stages)
+DET_SETTINGS: dict[str, tuple[str, tuple]] = {
+    "TTFFPN": ("ttfnet/pafnet_lite_mobilenet_v3_20x_coco.yml", ((72, 32, 32), (240, 16, 16), (672, 8, 8), (960, 4, 4))),
+}

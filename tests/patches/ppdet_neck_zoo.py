@@ -71,7 +71,7 @@ def _record(neck, inputs) -> dict:
     from ampsafe.patches.normed_necks import in_conv_norm_block
 
     neck.eval()
-    check = check_neck(neck, inputs)
+    check = check_neck(neck, ([*inputs[0]],))  # a fresh list: MaskHybridEncoder pops its stride-4 map off it
     parents = {id(c): (p, n) for p in [neck, *neck.sublayers()] for n, c in p.named_children()}
     convs = {p: s for p, s in neck.named_sublayers() if isinstance(s, BACKEND.swaps.convs)}
     unpaired = [p for p, c in convs.items() if not in_conv_norm_block(*parents[id(c)])]
@@ -101,9 +101,11 @@ def main(configs: Path) -> dict:
         for k, v in global_config.items()
         if getattr(getattr(v, "pymodule", None), "__name__", "").startswith("ppdet.modeling.necks")
     )
+    modules = {k: getattr(getattr(v, "pymodule", None), "__name__", None) for k, v in global_config.items()}
     out = {"ppdet": ppdet.__file__, "registered": registered, "register": register_paddledet(), "necks": {}}
+    out["modules"] = {name: modules.get(name) for name in cases.DET}  # where each neck class is registered from
     for name, (rel, maps) in cases.DET.items():
-        if name not in registered or (rel and not (configs / rel).is_file()):
+        if out["modules"][name] is None or (rel and not (configs / rel).is_file()):
             out["necks"][name] = None  # an older ppdet (the installed fallback) or its config copies lack it
             continue
         section, top = _section(configs, rel, name)
@@ -129,6 +131,15 @@ def main(configs: Path) -> dict:
                 "normalized": list(getattr(variant, "ampsafe_normalized", ())),
             }
         out["necks"][name] = record
+    out["settings"] = {}
+    for name, (rel, maps) in cases.DET_SETTINGS.items():
+        if out["modules"].get(name) is None or not (configs / rel).is_file():
+            out["settings"][name] = None
+            continue
+        section, top = _section(configs, rel, name)
+        record = _record(_create(name, section, top, maps), _inputs(maps))
+        variant = _create(registry.safe_neck(registry.PADDLEDET, name).name, section, top, maps)
+        out["settings"][name] = {**record, "section": section, "normalized": list(variant.ampsafe_normalized)}
     return out
 
 

@@ -15,6 +15,7 @@ import copy
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -297,10 +298,25 @@ def _record(ppdet_zoo, name: str) -> dict:
     return record
 
 
-def test_the_table_names_exactly_the_necks_ppdet_registers(ppdet_zoo, upstream_tree):
-    if not (upstream_tree / "PaddleDetection-src").is_dir():
+def _config_necks(configs: Path) -> set[str]:
+    """The neck classes the tree's configs name (``neck: Name`` in an architecture section), read from the text."""
+    named = re.compile(r"^\s+neck:\s*([A-Za-z_]\w*)\s*$", re.MULTILINE)
+    return {n for path in configs.rglob("*.yml") for n in named.findall(path.read_text(encoding="utf-8"))}
+
+
+def test_the_table_names_exactly_the_necks_ppdet_registers_and_its_configs_name(ppdet_zoo, upstream_tree):
+    """ppdet.modeling.necks' classes, and the classes defined elsewhere that a config names as its neck
+    (RT-DETR's HybridEncoder and MaskHybridEncoder in ppdet/modeling/transformers, ViTDet's
+    SimpleFeaturePyramid in ppdet/modeling/backbones)."""
+    src = upstream_tree / "PaddleDetection-src"
+    if not src.is_dir():
         pytest.skip("the table is for PaddleDetection's 2024-10 tree (shared/upstream/PaddleDetection-src), absent")
-    assert set(_table(PADDLEDET)) == set(ppdet_zoo["registered"]) == set(cases.DET)
+    named = _config_necks(src / "configs")
+    modules = ppdet_zoo["modules"]
+    outside = {n for n in named if not (modules.get(n) or "").startswith("ppdet.modeling.necks")}
+    assert {"HybridEncoder", "MaskHybridEncoder", "SimpleFeaturePyramid"} <= outside
+    assert all(modules.get(n) for n in outside), {n: modules.get(n) for n in outside}  # registered, built here
+    assert set(_table(PADDLEDET)) == set(ppdet_zoo["registered"]) | outside == set(cases.DET)
     generic = {s.name for s in registry.SAFE_NECKS.values() if s.ecosystem == PADDLEDET}
     assert set(ppdet_zoo["register"]) == generic  # every variant's upstream class is in this ppdet
 
@@ -310,7 +326,7 @@ def test_ppdet_already_safe_neck_is_measured_safe_for_the_reason_given(ppdet_zoo
     record, detail = _record(ppdet_zoo, name), registry.ALREADY_SAFE[(PADDLEDET, name)]
     assert record["safe"], record["reason"]
     assert bool(record["inner"]) == detail.startswith(registry.INNER_LINKS), (detail, record["inner"])
-    if detail.startswith("builds every conv as a conv + "):
+    if detail.startswith("builds every conv as a conv + ") or "every conv is a conv + " in detail:
         assert record["all_conv_bn"], record["unpaired"]
 
 
@@ -331,3 +347,52 @@ def test_ppdet_safe_variant_loads_the_upstream_keys_and_checks_safe(ppdet_zoo, n
         assert set(variant["missing"]) == {f"{c}.bn.{k}" for c in unnormalized for k in BN_KEYS}
     else:  # AmpSafeFPN: a sibling <conv>_norm per conv
         assert set(variant["missing"]) == {f"{c}_norm.{k}" for c in unnormalized for k in BN_KEYS}
+
+
+def test_a_neck_measured_only_on_the_tree_is_not_credited_to_the_installed_ppdet():
+    """HybridEncoder and SimpleFeaturePyramid were measured on the 2024-10 tree; the reason says so whichever ppdet
+    is installed, and the release it names lacks them (read from the installed package's files, when it is 2.6.0)."""
+    import importlib.util
+
+    for name in registry.TREE_ONLY:
+        reason = registry.already_safe_reason(PADDLEDET, name)
+        assert reason.startswith(f"PaddleDetection's {name} ") and "measured on its 2024-10 tree" in reason
+    spec = importlib.util.find_spec("ppdet")
+    if spec is None or registry.ppdet_version() != "2.6.0":
+        pytest.skip("the installed ppdet is not 2.6.0: its classes are not the ones the reason names")
+    sources = "".join(p.read_text(encoding="utf-8") for p in Path(spec.origin).parent.rglob("*.py"))
+    assert not any(f"class {name}(" in sources for name in registry.TREE_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(n for (e, n) in registry.SETTING_SAFE if e == PADDLEDET))
+def test_ppdet_setting_the_swap_refuses_is_measured_safe_for_the_reason_given(ppdet_zoo, name):
+    """TTFFPN: unsafe at its default (the variant test), already safe with pafnet_lite's lite_neck, where the
+    variant normalizes nothing and the swap refuses with the measured reason."""
+    record = ppdet_zoo["settings"][name]
+    if record is None:
+        pytest.skip(f"{name} (or its config) is not in the ppdet in use, {ppdet_zoo['ppdet']}")
+    key, reasons, _ = registry.SETTING_SAFE[(PADDLEDET, name)]
+    detail = reasons[str(record["section"][key])]
+    assert record["safe"], record["reason"]
+    assert bool(record["inner"]) == detail.startswith(registry.INNER_LINKS), (detail, record["inner"])
+    if detail.startswith("builds every conv as a conv + "):
+        assert record["all_conv_bn"], record["unpaired"]
+    assert record["normalized"] == []  # the variant adds nothing at this setting
+    assert detail in registry.setting_safe_reason(PADDLEDET, name, record["section"])
+    assert registry.setting_safe_reason(PADDLEDET, name, {}) is None  # the default: the variant's setting
+
+
+def test_swap_refuses_a_lite_ttffpn_with_the_measured_reason_and_swaps_the_default_one(upstream_tree, tmp_path):
+    from ampsafe.errors import ConfigError
+    from ampsafe.patches import swap_neck
+
+    configs = upstream_tree / "PaddleDetection-src" / "configs"
+    if not configs.is_dir():
+        pytest.skip("needs PaddleDetection's 2024-10 tree (shared/upstream/PaddleDetection-src)")
+    out = tmp_path / "lite.yml"
+    with pytest.raises(ConfigError, match="nothing to swap") as refused:
+        swap_neck(configs / cases.DET_SETTINGS["TTFFPN"][0], out=out)
+    assert registry.SETTING_SAFE[(PADDLEDET, "TTFFPN")][1]["True"] in str(refused.value)
+    assert not out.exists()
+    written = swap_neck(configs / cases.DET["TTFFPN"][0], out=tmp_path / "ttfnet.yml")
+    assert "neck: AmpSafeTTFFPN" in written.read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from ampsafe.patches.registry import INNER_LINKS
 from bench.zoo_ppdet import child_env, overlay, run_group, tree, write_coco
 from bench.zoo_ppdet_table import neck_status
 
@@ -66,8 +67,9 @@ def test_neck_family_builds_and_scans_at_both_levels(scanned, neck):
         assert s["neck_risky"] == 0, s
         assert s["least_headroom"] is not None and s["least_headroom"] > 0, s
     status = neck_status(neck)
-    # the registry's word on the neck holds on what the scan measures
-    if status.startswith("already safe"):
+    # the registry's word on the neck holds on what the scan measures (an already-safe neck measured with inner
+    # links, RT-DETR's HybridEncoder, has unnormalized paths that end inside it)
+    if status.startswith("already safe") and INNER_LINKS not in status:
         assert r["scan"]["O1"]["neck_unnormalized"] == 0, (status, r["scan"]["O1"])
     elif status.startswith("safe variant"):
         assert r["scan"]["O1"]["neck_unnormalized"] > 0, (status, r["scan"]["O1"])
