@@ -22,7 +22,6 @@ named once in its ``_package()`` (a :class:`Package`):
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import weakref
@@ -35,6 +34,7 @@ from typing import Any, NamedTuple, Protocol
 
 from . import amp as levels
 from .graph import MASK_LIMIT, Graph
+from .live_objects import live_objects
 from .swaps import Swaps
 
 log = logging.getLogger("ampsafe")
@@ -556,7 +556,7 @@ class BackendBase:
         return 1  # a framework without processes
 
     def live_modules(self) -> list:
-        return [o for o in gc.get_objects() if issubclass(type(o), self.module_type)]  # type(): no __class__ lookups
+        return live_objects(self.module_type)
 
     def owner_of(self, optimizer, candidates: Iterable | None = None):
         return owner_of(self, optimizer, candidates)

@@ -18,10 +18,10 @@ Framework-neutral: works for ``torch.nn.Module`` and ``paddle.nn.Layer`` alike, 
 
 from __future__ import annotations
 
-import gc
 from typing import Any, Protocol
 
 from ..errors import ConfigError
+from .live_objects import live_objects
 
 __all__ = ["SwapMixin", "swap", "unswap", "swapped_class", "protection_of", "Swaps", "SwapsBase"]
 
@@ -170,7 +170,7 @@ class SwapsBase:
     def optimizer_holding(self, model, optimizers=None):
         ids = {id(p) for p in self.backend.parameters(model)}
         if optimizers is None:
-            optimizers = [o for o in gc.get_objects() if issubclass(type(o), self.optimizer_type)]
+            optimizers = live_objects(self.optimizer_type)
         elif isinstance(optimizers, self.optimizer_type):
             optimizers = [optimizers]
         for opt in optimizers:

@@ -63,6 +63,7 @@ import warnings
 import weakref
 
 from ..core.ledger import AttrPatches
+from ..core.live_objects import live_objects
 
 __all__ = ["install", "install_ppdet", "uninstall", "active", "current", "last", "summary", "amp_less_place"]
 
@@ -273,7 +274,7 @@ def _resolve_model():
         gc.collect()  # a model or an optimizer dropped in a reference cycle must not be found again
     built = _state["optimizers_built"]
     roots = live_roots(backend)
-    optimizers = [o for o in gc.get_objects() if issubclass(type(o), paddle.optimizer.Optimizer)]
+    optimizers = live_objects(paddle.optimizer.Optimizer)
     owners: dict[int, object] = {}
     for optimizer in optimizers:
         owner = backend.owner_of(optimizer, roots)

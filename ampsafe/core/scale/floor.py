@@ -17,11 +17,11 @@ so a pickled scaler carries its handlers' state and nothing of the training loop
 
 from __future__ import annotations
 
-import gc
 from dataclasses import replace
 from typing import Callable, Optional
 
 from ...errors import LossScaleFloorError
+from ..live_objects import live_objects
 from .state import FloorInfo, StepDecision
 
 __all__ = [
@@ -98,8 +98,8 @@ def names_from_live_modules(module_type: type, wrappers=frozenset()) -> dict[int
     """id(parameter) -> the longest name any live ``module_type`` (not a wrapper class named in ``wrappers``)
     gives it, i.e. the root model's name. Walks the garbage collector: only for the rare floor path."""
     names: dict[int, str] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), module_type) and type(obj).__name__ not in wrappers:
+    for obj in live_objects(module_type):
+        if type(obj).__name__ not in wrappers:
             try:
                 items = obj.named_parameters()
             except Exception:  # a half-built module: nothing to name
