@@ -549,26 +549,28 @@ def write_tables(root: Path, count: int, *, box_format: str = "xyxy", seed: int 
 def write_sr_pairs(root: Path, count: int, *, seed: int = 0) -> Path:
     """``count`` synthetic text-line pairs in the LMDB layout the tree's ``LMDBDataSetSR`` reads (TextZoom's:
     ``num-samples``; 1-based ``label-%09d``, ``image_hr-%09d`` 128 x 32 and ``image_lr-%09d`` 64 x 16 PNGs, the
-    low-resolution one the high-resolution one shrunk and blurred). Returns the LMDB folder."""
+    low-resolution one the high-resolution one shrunk and blurred), in ``lmdb`` and again in ``lmdb_eval``: train.py
+    opens its Train and Eval sets in one process, and lmdb opens an environment once per process. Returns the
+    ``lmdb`` folder."""
     import cv2
     import lmdb
 
     lines = root / "lines"
     write_lines(lines, SR_CHARS, count, seed=seed)
     labels = [ln.split("\t") for ln in (lines / "train.txt").read_text(encoding="utf-8").splitlines()]
-    folder = root / "lmdb"
-    folder.mkdir(parents=True, exist_ok=True)
-    env = lmdb.open(str(folder), map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        for index, (name, label) in enumerate(labels, start=1):
-            hr = cv2.resize(cv2.imread(str(lines / name)), (128, 32), interpolation=cv2.INTER_AREA)
-            lr = cv2.GaussianBlur(cv2.resize(hr, (64, 16), interpolation=cv2.INTER_AREA), (3, 3), 0)
-            txn.put(b"label-%09d" % index, label.encode())
-            txn.put(b"image_hr-%09d" % index, cv2.imencode(".png", hr)[1].tobytes())
-            txn.put(b"image_lr-%09d" % index, cv2.imencode(".png", lr)[1].tobytes())
-        txn.put(b"num-samples", str(len(labels)).encode())
-    env.close()
-    return folder
+    for folder in (root / "lmdb", root / "lmdb_eval"):
+        folder.mkdir(parents=True, exist_ok=True)
+        env = lmdb.open(str(folder), map_size=1 << 26)
+        with env.begin(write=True) as txn:
+            for index, (name, label) in enumerate(labels, start=1):
+                hr = cv2.resize(cv2.imread(str(lines / name)), (128, 32), interpolation=cv2.INTER_AREA)
+                lr = cv2.GaussianBlur(cv2.resize(hr, (64, 16), interpolation=cv2.INTER_AREA), (3, 3), 0)
+                txn.put(b"label-%09d" % index, label.encode())
+                txn.put(b"image_hr-%09d" % index, cv2.imencode(".png", hr)[1].tobytes())
+                txn.put(b"image_lr-%09d" % index, cv2.imencode(".png", lr)[1].tobytes())
+            txn.put(b"num-samples", str(len(labels)).encode())
+        env.close()
+    return root / "lmdb"
 
 
 def write_stroke_dict(path: Path, chars: str = SR_CHARS, seed: int = 0) -> Path:
@@ -635,7 +637,7 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
     if isinstance(config["Train"].get("sampler"), dict):  # MultiScaleSampler: its own batch sizes (a CPU can't)
         opts += [f"Train.sampler.first_bs={BATCH}", "Train.sampler.fix_bs=True"]
     if family == "sr":  # the tree's LMDBDataSetSR on the pairs write_sr_pairs wrote
-        opts += [f"Train.dataset.data_dir={data / 'lmdb'}", f"Eval.dataset.data_dir={data / 'lmdb'}"]
+        opts += [f"Train.dataset.data_dir={data / 'lmdb'}", f"Eval.dataset.data_dir={data / 'lmdb_eval'}"]
         if _stroke_dict(config):
             strokes = data / "english_decomposition.txt"
             opts += [f"Global.character_dict_path={strokes}", f"Loss.character_dict_path={strokes}"]
@@ -689,6 +691,17 @@ def train_one(
     return {**result, "recipe": recipe}
 
 
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b")
+
+
+def _raised(log: str) -> str:
+    """The line naming the exception that ended a run (the last such line, so a traceback's own exception, not
+    what ``ampsafe run`` said after it at exit); else the log's last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    raised = [ln for ln in lines if _RAISED.match(ln)]
+    return raised[-1] if raised else (lines[-1] if lines else "")
+
+
 def _run_record(result: dict) -> dict:
     """One run's row part, read from the step log and (ampsafe) the run's report.json."""
     import math
@@ -705,8 +718,7 @@ def _run_record(result: dict) -> dict:
         "returncode": result["returncode"],
     }
     if result["returncode"] and result["steps"] < K:
-        lines = [ln for ln in result["log_tail"].splitlines() if ln.strip()]
-        record["error"] = (result.get("error") or (lines[-1] if lines else ""))[:300]
+        record["error"] = (result.get("error") or _raised(result["log_tail"]))[:300]
     if result.get("report"):
         summary = RunSummary.from_dict(result["report"])
         record["heals"] = [{"step": h.step, "islanded": list(h.paths)} for s in summary.scalers for h in s.heal_records]
