@@ -802,7 +802,10 @@ def train_pass(
     """Train the configs of :func:`train_order` not trained yet (``redo``: the ``only`` ones again); start none
     after ``until`` (HH:MM UTC), and cut a run UNTIL_GRACE_S after it without writing its row."""
     data, stop = load(), _until(until)
-    for rel in train_order(data["rows"]):
+    order = train_order(data["rows"])
+    if only:  # any built config it names, in the order or not
+        order += [r["config"] for r in data["rows"] if r.get("built") and r["config"] not in order]
+    for rel in order:
         if only and only not in rel:
             continue
         if stop is not None and time.time() >= stop:
