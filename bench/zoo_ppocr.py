@@ -406,6 +406,10 @@ NO_DATA = {  # families whose label formats the synthetic writers below do not m
     "kie": "key-information labels (SDMGR / LayoutXLM entity files)",
 }
 RESIZE_KEYS = ("size", "image_shape", "target_size", "crop_size", "input_size")
+DEFAULT_SIZES = {  # det ops whose page size is a constructor default, not a config key: (key, default)
+    "RandomScale": ("short_size", 640),
+    "GroupRandomCropPadding": ("target_size", (640, 640)),
+}
 TRAIN_LIMIT_S = 900  # one run
 SR_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"  # SR labels (LMDBDataSetSR keeps letters and digits)
 UNTIL_GRACE_S = 480  # a run started before --until is cut this long after it (and not recorded)
@@ -450,7 +454,10 @@ def det_transforms(config: dict, side: int = DET_SIZE) -> list[dict]:
     """The config's own Train transforms with every crop / resize size at ``side`` (a CPU-affordable page)."""
     transforms = json.loads(json.dumps(config["Train"]["dataset"]["transforms"]))
     for op in transforms:
-        ((_, args),) = op.items()
+        ((name, args),) = op.items()
+        if name in DEFAULT_SIZES and not args:  # a size left at the op's own default (CT's 640 crops)
+            key, _ = DEFAULT_SIZES[name]
+            args = op[name] = {key: [side, side] if name == "GroupRandomCropPadding" else side}
         for key in RESIZE_KEYS:
             value = (args or {}).get(key)
             if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
@@ -586,6 +593,19 @@ def write_stroke_dict(path: Path, chars: str = SR_CHARS, seed: int = 0) -> Path:
     return path
 
 
+def flatten_points(label_file: Path) -> None:
+    """Rewrite a det label file's ``points`` from ``[[x, y], ...]`` to ``[x, y, ...]``: the Total-Text layout CT's
+    ``CTLabelEncode`` / ``MakeShrink`` read (they scale each box by a flat ``[sx, sy] * n`` list)."""
+    lines = []
+    for line in label_file.read_text(encoding="utf-8").splitlines():
+        name, label = line.split("\t", 1)
+        boxes = json.loads(label)
+        for box in boxes:
+            box["points"] = [float(v) for point in box["points"] for v in point]
+        lines.append(f"{name}\t{json.dumps(boxes)}")
+    label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def _stroke_dict(config: dict) -> bool:
     """An SR config whose labels are stroke sequences (Gestalt: ``StrokeFocusLoss``)."""
     return "character_dict_path" in (config.get("Loss") or {}) and "SRLabelEncode" in json.dumps(config["Train"])
@@ -663,6 +683,8 @@ def write_data(src: Path, rel: str, data: Path, *, count: int | None = None, sid
     family, count = rel.split("/")[0], count or (K + 2) * BATCH
     if family in ("det", "e2e"):
         write_dataset(data, count=count, size=side)
+        if "CTLabelEncode" in _ops(config):
+            flatten_points(data / "train.txt")
     elif family == "table":
         write_tables(data, count, box_format=str((config.get("Global") or {}).get("box_format") or "xyxy"))
     elif family == "sr":
