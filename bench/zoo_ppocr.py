@@ -406,10 +406,6 @@ NO_DATA = {  # families whose label formats the synthetic writers below do not m
     "kie": "key-information labels (SDMGR / LayoutXLM entity files)",
 }
 RESIZE_KEYS = ("size", "image_shape", "target_size", "crop_size", "input_size")
-DEFAULT_SIZES = {  # det ops whose page size is a constructor default, not a config key: (key, default)
-    "RandomScale": ("short_size", 640),
-    "GroupRandomCropPadding": ("target_size", (640, 640)),
-}
 TRAIN_LIMIT_S = 900  # one run
 SR_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"  # SR labels (LMDBDataSetSR keeps letters and digits)
 UNTIL_GRACE_S = 480  # a run started before --until is cut this long after it (and not recorded)
@@ -451,13 +447,12 @@ def train_order(rows: list[dict]) -> list[str]:
 
 
 def det_transforms(config: dict, side: int = DET_SIZE) -> list[dict]:
-    """The config's own Train transforms with every crop / resize size at ``side`` (a CPU-affordable page)."""
+    """The config's own Train transforms with every crop / resize size they name at ``side`` (a CPU-affordable
+    page). Sizes left at an op's default stay: CT's 640 crops (its loss holds a fixed 640 x 640 coordinate grid),
+    PGNet's 512 pages (PGProcessTrain's own constant)."""
     transforms = json.loads(json.dumps(config["Train"]["dataset"]["transforms"]))
     for op in transforms:
-        ((name, args),) = op.items()
-        if name in DEFAULT_SIZES and not args:  # a size left at the op's own default (CT's 640 crops)
-            key, _ = DEFAULT_SIZES[name]
-            args = op[name] = {key: [side, side] if name == "GroupRandomCropPadding" else side}
+        ((_, args),) = op.items()
         for key in RESIZE_KEYS:
             value = (args or {}).get(key)
             if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
@@ -654,6 +649,8 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
         "Eval.loader.num_workers=0",
         "Eval.loader.use_shared_memory=False",
     ]
+    if (config["Train"]["dataset"].get("ratio_list") or [1.0]) != [1.0]:  # one label file here, read whole
+        opts.append("Train.dataset.ratio_list=[1.0]")
     if isinstance(config["Train"].get("sampler"), dict):  # MultiScaleSampler: its own batch sizes (a CPU can't)
         opts += [f"Train.sampler.first_bs={BATCH}", "Train.sampler.fix_bs=True"]
     if family == "sr":  # the tree's LMDBDataSetSR on the pairs write_sr_pairs wrote
@@ -955,7 +952,8 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         "risky paths / least headroom in bits (log2(65504/amax)) `where`; risky float16 ops (e.g. `exp`) after.",
         f"* **train**: K = {data.get('K', K)} steps of `tools/train.py` at {LEVEL}, float16 emulated, batch {BATCH}, "
         "the config's optimizer and lr (warmup off), random init, Paddle's scaler from 1024 with dynamic scaling, "
-        f"synthetic data ({TRAIN_SIDE} px pages for det/e2e, 48x192 text lines for rec/cls, ruled tables with "
+        f"synthetic data ({TRAIN_SIDE} px pages for det/e2e where the config names the size (CT 640, PGNet 512), "
+        "48x192 text lines for rec/cls, ruled tables with "
         "PubTabNet structure labels for table, 128x32 / 64x16 line pairs in TextZoom's LMDB layout for sr, Gestalt "
         "with a synthetic stroke decomposition); native = Paddle's "
         "GradScaler; ampsafe = `ampsafe run --emulate-fp16` (defaults: heal), heals read from its report.json. "
