@@ -658,8 +658,12 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
         if _stroke_dict(config):
             strokes = data / "english_decomposition.txt"
             opts += [f"Global.character_dict_path={strokes}", f"Loss.character_dict_path={strokes}"]
-    elif "LMDB" in str(config["Train"]["dataset"].get("name")):
-        opts += ["Train.dataset.name=SimpleDataSet", "Eval.dataset.name=SimpleDataSet"]
+    else:  # an LMDB rec set (Train's, Eval's or both) read as PaddleOCR's SimpleDataSet
+        opts += [
+            f"{split}.dataset.name=SimpleDataSet"
+            for split in ("Train", "Eval")
+            if "LMDB" in str(((config.get(split) or {}).get("dataset") or {}).get("name"))
+        ]
     if family in ("det", "e2e"):
         flow = yaml.safe_dump(det_transforms(config, side), default_flow_style=True, width=1 << 20).strip()
         opts.append(f"Train.dataset.transforms={flow}")
