@@ -407,6 +407,7 @@ NO_DATA = {  # families whose label formats the synthetic writers below do not m
 }
 RESIZE_KEYS = ("size", "image_shape", "target_size", "crop_size", "input_size")
 TRAIN_LIMIT_S = 900  # one run
+SIDES = {"SAST": 128}  # page sides other than TRAIN_SIDE: SASTFPN's upsampled maps match at 128, not 160
 SR_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"  # SR labels (LMDBDataSetSR keeps letters and digits)
 UNTIL_GRACE_S = 480  # a run started before --until is cut this long after it (and not recorded)
 
@@ -775,8 +776,9 @@ def train_row(
     import subprocess
 
     folder = work / rel.replace("/", "__").removesuffix(".yml")
+    side = SIDES.get(next((a for a in SIDES if f"_{a.lower()}_" in rel), ""), TRAIN_SIDE)
     if not (folder / "data" / "train.txt").is_file():
-        write_data(src, rel, folder / "data", side=TRAIN_SIDE)
+        write_data(src, rel, folder / "data", side=side)
     train, wall = {"steps": K, "level": LEVEL, "batch": BATCH}, {}
     for run in ("native", "ampsafe"):
         start = time.time()
@@ -784,11 +786,11 @@ def train_row(
         if limit < 30:
             raise OutOfTime(f"{rel}: no time left for the {run} run")
         try:
-            result = train_one(src, rel, folder, run, side=TRAIN_SIDE, timeout=limit)
+            result = train_one(src, rel, folder, run, side=side, timeout=limit)
         except subprocess.TimeoutExpired as exc:
             if limit < run_limit:
                 raise OutOfTime(f"{rel}: the {run} run was cut at the --until budget") from exc
-            train.update(train_options(src, rel, folder / "data", folder / run, TRAIN_SIDE)[1])
+            train.update(train_options(src, rel, folder / "data", folder / run, side)[1])
             train[run] = _run_record(_timed_out(folder / run, limit))
         except Exception as exc:  # noqa: BLE001 - a timeout is a row, too
             train[run] = {"error": _first_line(exc)}
