@@ -417,6 +417,35 @@ def run_folder(run: str, level: str, options: tuple = (), stop_after: int | None
     return "-".join([run, level, *(o.strip("-") for o in options), *more, *([f"{stop_after}"] if stop_after else [])])
 
 
+def _children(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (Linux's /proc; none elsewhere)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """Kill ``pid`` and every process below it, by id (the whole tree found before any is killed)."""
+    import signal
+
+    todo, seen = [pid], []
+    while todo:
+        current = todo.pop()
+        seen.append(current)
+        todo += _children(current)
+    for p in seen:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def launch(
     src: Path, work: Path, out: Path, cmd: list[str], head: dict, *, stop_after: int | None, timeout: float
 ) -> dict:
@@ -433,9 +462,16 @@ def launch(
         env[STOP_ENV] = str(stop_after)
     env.setdefault("OMP_NUM_THREADS", "2")
     start = time.time()
-    proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(cmd, cwd=src, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)  # ``ampsafe run`` starts the trainer as its child: it goes too
+        stdout, stderr = proc.communicate()
+        (out / "log.txt").write_text(stdout + stderr, encoding="utf-8")
+        raise
     seconds = time.time() - start
-    log = proc.stdout + proc.stderr
+    log = stdout + stderr
     (out / "log.txt").write_text(log, encoding="utf-8")
     steps = [json.loads(line) for line in steplog.read_text().splitlines()] if steplog.is_file() else []
     printed = parse_log(log)
@@ -452,7 +488,7 @@ def launch(
         "report": json.loads((report / "report.json").read_text()) if (report / "report.json").is_file() else None,
         "report_md": (report / "report.md").read_text() if (report / "report.md").is_file() else None,
         "heal_log": heal_lines(log),
-        "stdout": proc.stdout[-20000:],
+        "stdout": stdout[-20000:],
         "log_tail": log[-4000:],
     }
     (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")

@@ -17,8 +17,9 @@ For each ``configs/**/*.yml`` of the tree (``$PADDLEOCR_SRC``, else ``shared/ups
   (:mod:`bench.ppocr_optin`'s launcher and step log; heals read from ``report.json``);
 * the neck's status, read from ``patches/registry.py`` when the table is rendered.
 
-``python -m bench.zoo_ppocr --pass scan|train [--only SUBSTR]`` appends rows to bench/results/zoo-ppocr.json
-(resumable: done configs are skipped); ``--render`` writes bench/results/zoo-ppocr.md from it.
+``python -m bench.zoo_ppocr --pass scan|train [--only SUBSTR] [--until HH:MM]`` appends rows to
+bench/results/zoo-ppocr.json (resumable: done configs are skipped); the train pass takes the cheapest config of every
+algorithm not trained yet first (:func:`train_order`); ``--render`` writes bench/results/zoo-ppocr.md from it.
 """
 
 from __future__ import annotations
@@ -402,15 +403,38 @@ TRAIN_FIRST = (  # one per family and algorithm first, cheap ones first; after t
     "det/det_r50_drrg_ctw.yml",
 )
 NO_DATA = {  # families whose label formats the synthetic writers below do not make
-    "table": "table structure labels (PubTabDataSet)",
     "kie": "key-information labels (SDMGR / LayoutXLM entity files)",
-    "sr": "super-resolution LR/HR pairs (LMDBDataSetSR)",
 }
 RESIZE_KEYS = ("size", "image_shape", "target_size", "crop_size", "input_size")
 TRAIN_LIMIT_S = 900  # one run
+SIDES = {"SAST": 128}  # page sides other than TRAIN_SIDE: SASTFPN's upsampled maps match at 128, not 160
+SR_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"  # SR labels (LMDBDataSetSR keeps letters and digits)
+UNTIL_GRACE_S = 480  # a run started before --until is cut this long after it (and not recorded)
+
+
+def algorithm(row: dict) -> tuple[str, str]:
+    """A row's algorithm: its family and architecture (Distillation counted once per family)."""
+    return row["family"], row["architecture"]
+
+
+def _cost(row: dict) -> float:
+    """Build + scan wall seconds: the ordering's stand-in for a config's training cost."""
+    wall = row.get("wall_s") or {}
+    return float((wall.get("build") or 0) + (wall.get("scan") or 0))
+
+
+def untried_algorithms(rows: list[dict]) -> list[str]:
+    """The cheapest built config of every algorithm of which no config was trained yet, cheapest first."""
+    tried = {algorithm(r) for r in rows if r.get("train")}
+    cheapest: dict[tuple[str, str], dict] = {}
+    for r in sorted((r for r in rows if r.get("built") and r["family"] not in NO_DATA), key=_cost):
+        cheapest.setdefault(algorithm(r), r)
+    return [r["config"] for key, r in sorted(cheapest.items(), key=lambda kv: _cost(kv[1])) if key not in tried]
 
 
 def train_order(rows: list[dict]) -> list[str]:
+    """One config per untrained algorithm first (cheapest first); then TRAIN_FIRST's first five, every config whose
+    scan found a risky path, and the rest of TRAIN_FIRST."""
     built = {r["config"]: r for r in rows if r.get("built")}
 
     def risky(r):
@@ -419,11 +443,14 @@ def train_order(rows: list[dict]) -> list[str]:
     first = [c for c in TRAIN_FIRST[:5] if c in built]
     flagged = sorted(c for c, r in built.items() if risky(r) and c not in first)
     rest = [c for c in TRAIN_FIRST[5:] if c in built and c not in flagged]
-    return first + flagged + rest
+    order = untried_algorithms(rows)
+    return order + [c for c in first + flagged + rest if c not in order]
 
 
 def det_transforms(config: dict, side: int = DET_SIZE) -> list[dict]:
-    """The config's own Train transforms with every crop / resize size at ``side`` (a CPU-affordable page)."""
+    """The config's own Train transforms with every crop / resize size they name at ``side`` (a CPU-affordable
+    page). Sizes left at an op's default stay: CT's 640 crops (its loss holds a fixed 640 x 640 coordinate grid),
+    PGNet's 512 pages (PGProcessTrain's own constant)."""
     transforms = json.loads(json.dumps(config["Train"]["dataset"]["transforms"]))
     for op in transforms:
         ((_, args),) = op.items()
@@ -445,9 +472,10 @@ def _charset(src: Path, config: dict) -> str:
     return "".join(ascii_chars[:36] if len(ascii_chars) >= 10 else [c for c in chars if len(c) == 1][:36])
 
 
-def write_lines(root: Path, chars: str, count: int, *, cls: bool = False, seed: int = 0) -> Path:
+def write_lines(root: Path, chars: str, count: int, *, cls: bool = False, separator: str = "", seed: int = 0) -> Path:
     """``count`` synthetic text lines (48 x 192 px; 3 to 10 characters of ``chars``) and PaddleOCR's rec label file
-    (``cls``: the cls label file, half the lines turned by 180 degrees)."""
+    (``cls``: the cls label file, half the lines turned by 180 degrees; ``separator``: between the label's symbols,
+    a space for CAN's LaTeX token labels)."""
     import cv2
     import numpy as np
 
@@ -461,7 +489,7 @@ def write_lines(root: Path, chars: str, count: int, *, cls: bool = False, seed: 
         ink = tuple(int(c) for c in rng.integers(0, 90, size=3))
         cv2.putText(canvas, shown, (6, 34), cv2.FONT_HERSHEY_SIMPLEX, 0.9, ink, 2, cv2.LINE_AA)
         canvas = np.clip(canvas + rng.normal(0, 8, canvas.shape), 0, 255).astype(np.uint8)
-        label = text
+        label = separator.join(text)
         if cls:
             label = "180" if i % 2 else "0"
             canvas = canvas[::-1, ::-1] if i % 2 else canvas
@@ -471,6 +499,116 @@ def write_lines(root: Path, chars: str, count: int, *, cls: bool = False, seed: 
     label_file = root / "train.txt"
     label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return label_file
+
+
+TABLE_BOX_SIZES = {"xyxy": 4, "xywh": 4, "xyxyxyxy": 8}
+
+
+def _table_box(x0: float, y0: float, x1: float, y1: float, box_format: str) -> list[float]:
+    if box_format == "xywh":  # TableBoxEncode's xywh: centre, width, height
+        return [(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0]
+    if box_format == "xyxyxyxy":
+        return [x0, y0, x1, y0, x1, y1, x0, y1]
+    return [x0, y0, x1, y1]
+
+
+def write_tables(root: Path, count: int, *, box_format: str = "xyxy", seed: int = 0) -> Path:
+    """``count`` synthetic ruled tables (2 to 4 rows, 2 to 4 columns, a few characters per cell) and their
+    PubTabNet label file (one JSON line each: ``filename``, ``html.structure.tokens`` in PubTabNet's ``<td>``,
+    ``</td>`` tokens, ``html.cells`` with ``tokens`` and a ``bbox`` in the config's box format), which the tree's
+    ``PubTabDataSet`` reads."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        rows, cols = int(rng.integers(2, 5)), int(rng.integers(2, 5))
+        cell_w, cell_h = int(rng.integers(60, 100)), int(rng.integers(28, 40))
+        width, height = cols * cell_w + 8, rows * cell_h + 8
+        canvas = np.full((height, width, 3), 255, np.uint8)
+        tokens, cells = ["<tbody>"], []
+        for r in range(rows):
+            tokens.append("<tr>")
+            for c in range(cols):
+                x0, y0 = 4 + c * cell_w, 4 + r * cell_h
+                cv2.rectangle(canvas, (x0, y0), (x0 + cell_w, y0 + cell_h), (0, 0, 0), 1)
+                text = "".join(rng.choice(list("0123456789abcdefgh"), size=int(rng.integers(1, 5))))
+                cv2.putText(canvas, text, (x0 + 6, y0 + cell_h - 10), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1)
+                box = _table_box(x0 + 4, y0 + 4, x0 + cell_w - 4, y0 + cell_h - 4, box_format)
+                cells.append({"tokens": list(text), "bbox": box})
+                tokens += ["<td>", "</td>"]
+            tokens.append("</tr>")
+        tokens.append("</tbody>")
+        name = f"images/table_{i:04d}.png"
+        cv2.imwrite(str(root / name), canvas)
+        lines.append(json.dumps({"filename": name, "html": {"structure": {"tokens": tokens}, "cells": cells}}))
+    label_file = root / "train.txt"
+    label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return label_file
+
+
+def write_sr_pairs(root: Path, count: int, *, seed: int = 0) -> Path:
+    """``count`` synthetic text-line pairs in the LMDB layout the tree's ``LMDBDataSetSR`` reads (TextZoom's:
+    ``num-samples``; 1-based ``label-%09d``, ``image_hr-%09d`` 128 x 32 and ``image_lr-%09d`` 64 x 16 PNGs, the
+    low-resolution one the high-resolution one shrunk and blurred), in ``lmdb`` and again in ``lmdb_eval``: train.py
+    opens its Train and Eval sets in one process, and lmdb opens an environment once per process. Returns the
+    ``lmdb`` folder."""
+    import cv2
+    import lmdb
+
+    lines = root / "lines"
+    write_lines(lines, SR_CHARS, count, seed=seed)
+    labels = [ln.split("\t") for ln in (lines / "train.txt").read_text(encoding="utf-8").splitlines()]
+    for folder in (root / "lmdb", root / "lmdb_eval"):
+        folder.mkdir(parents=True, exist_ok=True)
+        env = lmdb.open(str(folder), map_size=1 << 26)
+        with env.begin(write=True) as txn:
+            for index, (name, label) in enumerate(labels, start=1):
+                hr = cv2.resize(cv2.imread(str(lines / name)), (128, 32), interpolation=cv2.INTER_AREA)
+                lr = cv2.GaussianBlur(cv2.resize(hr, (64, 16), interpolation=cv2.INTER_AREA), (3, 3), 0)
+                txn.put(b"label-%09d" % index, label.encode())
+                txn.put(b"image_hr-%09d" % index, cv2.imencode(".png", hr)[1].tobytes())
+                txn.put(b"image_lr-%09d" % index, cv2.imencode(".png", lr)[1].tobytes())
+            txn.put(b"num-samples", str(len(labels)).encode())
+        env.close()
+    return root / "lmdb"
+
+
+def write_stroke_dict(path: Path, chars: str = SR_CHARS, seed: int = 0) -> Path:
+    """A synthetic English stroke decomposition (``<char> <strokes>``, strokes digits 1 to 5), the format Gestalt's
+    ``SRLabelEncode`` and ``StrokeFocusLoss`` read from ``character_dict_path``; the tree does not ship the file
+    (its configs point at ``train_data/srdata/english_decomposition.txt``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = [f"{c} {''.join(rng.choice(list('12345'), size=int(rng.integers(2, 5))))}" for c in chars]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def flatten_points(label_file: Path) -> None:
+    """Rewrite a det label file's ``points`` from ``[[x, y], ...]`` to ``[x, y, ...]``: the Total-Text layout CT's
+    ``CTLabelEncode`` / ``MakeShrink`` read (they scale each box by a flat ``[sx, sy] * n`` list)."""
+    lines = []
+    for line in label_file.read_text(encoding="utf-8").splitlines():
+        name, label = line.split("\t", 1)
+        boxes = json.loads(label)
+        for box in boxes:
+            box["points"] = [float(v) for point in box["points"] for v in point]
+        lines.append(f"{name}\t{json.dumps(boxes)}")
+    label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _stroke_dict(config: dict) -> bool:
+    """An SR config whose labels are stroke sequences (Gestalt: ``StrokeFocusLoss``)."""
+    return "character_dict_path" in (config.get("Loss") or {}) and "SRLabelEncode" in json.dumps(config["Train"])
+
+
+def _ops(config: dict) -> set[str]:
+    return {next(iter(op)) for op in config["Train"]["dataset"].get("transforms") or [] if isinstance(op, dict)}
 
 
 def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SIZE) -> tuple[list[str], dict]:
@@ -512,10 +650,21 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
         "Eval.loader.num_workers=0",
         "Eval.loader.use_shared_memory=False",
     ]
+    if (config["Train"]["dataset"].get("ratio_list") or [1.0]) != [1.0]:  # one label file here, read whole
+        opts.append("Train.dataset.ratio_list=[1.0]")
     if isinstance(config["Train"].get("sampler"), dict):  # MultiScaleSampler: its own batch sizes (a CPU can't)
         opts += [f"Train.sampler.first_bs={BATCH}", "Train.sampler.fix_bs=True"]
-    if "LMDB" in str(config["Train"]["dataset"].get("name")):
-        opts += ["Train.dataset.name=SimpleDataSet", "Eval.dataset.name=SimpleDataSet"]
+    if family == "sr":  # the tree's LMDBDataSetSR on the pairs write_sr_pairs wrote
+        opts += [f"Train.dataset.data_dir={data / 'lmdb'}", f"Eval.dataset.data_dir={data / 'lmdb_eval'}"]
+        if _stroke_dict(config):
+            strokes = data / "english_decomposition.txt"
+            opts += [f"Global.character_dict_path={strokes}", f"Loss.character_dict_path={strokes}"]
+    else:  # an LMDB rec set (Train's, Eval's or both) read as PaddleOCR's SimpleDataSet
+        opts += [
+            f"{split}.dataset.name=SimpleDataSet"
+            for split in ("Train", "Eval")
+            if "LMDB" in str(((config.get(split) or {}).get("dataset") or {}).get("name"))
+        ]
     if family in ("det", "e2e"):
         flow = yaml.safe_dump(det_transforms(config, side), default_flow_style=True, width=1 << 20).strip()
         opts.append(f"Train.dataset.transforms={flow}")
@@ -525,7 +674,8 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
 
 
 def write_data(src: Path, rel: str, data: Path, *, count: int | None = None, side: int = DET_SIZE) -> None:
-    """Synthetic data in the family's label format: det / e2e pages of ``side`` px, rec / cls text lines."""
+    """Synthetic data in the family's label format: det / e2e pages of ``side`` px, rec / cls text lines, table
+    structure labels, SR pairs (``train.txt`` marks a written folder)."""
     from bench.ppocr_optin import write_dataset
 
     with _in_tree(src):
@@ -535,11 +685,23 @@ def write_data(src: Path, rel: str, data: Path, *, count: int | None = None, sid
     family, count = rel.split("/")[0], count or (K + 2) * BATCH
     if family in ("det", "e2e"):
         write_dataset(data, count=count, size=side)
+        if "CTLabelEncode" in _ops(config):
+            flatten_points(data / "train.txt")
+    elif family == "table":
+        write_tables(data, count, box_format=str((config.get("Global") or {}).get("box_format") or "xyxy"))
+    elif family == "sr":
+        write_sr_pairs(data, count)
+        if _stroke_dict(config):
+            write_stroke_dict(data / "english_decomposition.txt")
+        (data / "train.txt").write_text("\n".join(f"lmdb {i}" for i in range(count)) + "\n", encoding="utf-8")
     else:
-        write_lines(data, _charset(src, config), count, cls=family == "cls")
+        separator = " " if "CANLabelEncode" in _ops(config) else ""
+        write_lines(data, _charset(src, config), count, cls=family == "cls", separator=separator)
 
 
-def train_one(src: Path, rel: str, folder: Path, run: str, *, steps: int = K, side: int = DET_SIZE) -> dict:
+def train_one(
+    src: Path, rel: str, folder: Path, run: str, *, steps: int = K, side: int = DET_SIZE, timeout: float = TRAIN_LIMIT_S
+) -> dict:
     """``steps`` steps of ``tools/train.py -c configs/rel`` on ``folder/data``: ``run`` is ``native`` (Paddle's
     GradScaler, float16 emulated) or ``ampsafe`` (``ampsafe run --emulate-fp16``); :func:`bench.ppocr_optin.launch`'s
     result, with ``recipe`` (optimizer, lr) added."""
@@ -549,8 +711,19 @@ def train_one(src: Path, rel: str, folder: Path, run: str, *, steps: int = K, si
     out.mkdir(parents=True, exist_ok=True)
     opts, recipe = train_options(src, rel, folder / "data", out, side)
     cmd = command(run, f"configs/{rel}", opts, report=None if run == "native" else out / "report")
-    result = launch(src, folder, out, cmd, {"run": run}, stop_after=steps, timeout=TRAIN_LIMIT_S)
+    result = launch(src, folder, out, cmd, {"run": run}, stop_after=steps, timeout=timeout)
     return {**result, "recipe": recipe}
+
+
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b")
+
+
+def _raised(log: str) -> str:
+    """The line naming the exception that ended a run (the last such line, so a traceback's own exception, not
+    what ``ampsafe run`` said after it at exit); else the log's last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    raised = [ln for ln in lines if _RAISED.match(ln)]
+    return raised[-1] if raised else (lines[-1] if lines else "")
 
 
 def _run_record(result: dict) -> dict:
@@ -569,8 +742,7 @@ def _run_record(result: dict) -> dict:
         "returncode": result["returncode"],
     }
     if result["returncode"] and result["steps"] < K:
-        lines = [ln for ln in result["log_tail"].splitlines() if ln.strip()]
-        record["error"] = (result.get("error") or (lines[-1] if lines else ""))[:300]
+        record["error"] = (result.get("error") or _raised(result["log_tail"]))[:300]
     if result.get("report"):
         summary = RunSummary.from_dict(result["report"])
         record["heals"] = [{"step": h.step, "islanded": list(h.paths)} for s in summary.scalers for h in s.heal_records]
@@ -579,16 +751,47 @@ def _run_record(result: dict) -> dict:
     return record
 
 
-def train_row(src: Path, rel: str, work: Path) -> tuple[dict, dict]:
-    """``(train, wall_s)`` of one config: K steps native and under ``ampsafe run --emulate-fp16``."""
+class OutOfTime(Exception):
+    """A run cut by the pass's ``--until`` budget rather than by TRAIN_LIMIT_S: its row is not written."""
+
+
+def _timed_out(out: Path, limit: float) -> dict:
+    """A run cut at its time limit, as :func:`bench.ppocr_optin.launch` would have returned it, from the steps its
+    step log holds (``ampsafe run`` writes report.json at exit only: no report)."""
+    from bench.ppocr_optin import summarize
+
+    path = out / "steps.jsonl"
+    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    result = summarize(steps)
+    error = result["error"] or f"stopped: over {limit:.0f} s on this CPU"
+    return {**result, "returncode": -9, "log_tail": "", "report": None, "error": error}
+
+
+def train_row(
+    src: Path, rel: str, work: Path, deadline: float | None = None, run_limit: float = TRAIN_LIMIT_S
+) -> tuple[dict, dict]:
+    """``(train, wall_s)`` of one config: K steps native and under ``ampsafe run --emulate-fp16``; each run cut at
+    ``run_limit`` seconds (a row, with the steps done) or at ``deadline`` (epoch seconds: :class:`OutOfTime`, no
+    row)."""
+    import subprocess
+
     folder = work / rel.replace("/", "__").removesuffix(".yml")
+    side = SIDES.get(next((a for a in SIDES if f"_{a.lower()}_" in rel), ""), TRAIN_SIDE)
     if not (folder / "data" / "train.txt").is_file():
-        write_data(src, rel, folder / "data", side=TRAIN_SIDE)
+        write_data(src, rel, folder / "data", side=side)
     train, wall = {"steps": K, "level": LEVEL, "batch": BATCH}, {}
     for run in ("native", "ampsafe"):
         start = time.time()
+        limit = run_limit if deadline is None else min(run_limit, deadline - start)
+        if limit < 30:
+            raise OutOfTime(f"{rel}: no time left for the {run} run")
         try:
-            result = train_one(src, rel, folder, run, side=TRAIN_SIDE)
+            result = train_one(src, rel, folder, run, side=side, timeout=limit)
+        except subprocess.TimeoutExpired as exc:
+            if limit < run_limit:
+                raise OutOfTime(f"{rel}: the {run} run was cut at the --until budget") from exc
+            train.update(train_options(src, rel, folder / "data", folder / run, side)[1])
+            train[run] = _run_record(_timed_out(folder / run, limit))
         except Exception as exc:  # noqa: BLE001 - a timeout is a row, too
             train[run] = {"error": _first_line(exc)}
         else:
@@ -598,15 +801,49 @@ def train_row(src: Path, rel: str, work: Path) -> tuple[dict, dict]:
     return train, wall
 
 
-def train_pass(src: Path, only: str | None, work: Path = Path("/tmp/zoo-ppocr-train")) -> None:
-    data = load()
-    for rel in train_order(data["rows"]):
+def _until(until: str | None) -> float | None:
+    """``HH:MM`` UTC as epoch seconds: today's, or tomorrow's when today's lies over 12 hours back."""
+    if not until:
+        return None
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    hh, mm = (int(v) for v in until.split(":"))
+    stop = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+    if stop < now - datetime.timedelta(hours=12):
+        stop += datetime.timedelta(days=1)
+    return stop.timestamp()
+
+
+def train_pass(
+    src: Path,
+    only: str | None,
+    work: Path = Path("/tmp/zoo-ppocr-train"),
+    *,
+    until: str | None = None,
+    redo: bool = False,
+    run_limit: float = TRAIN_LIMIT_S,
+) -> None:
+    """Train the configs of :func:`train_order` not trained yet (``redo``: the ``only`` ones again); start none
+    after ``until`` (HH:MM UTC), and cut a run UNTIL_GRACE_S after it without writing its row."""
+    data, stop = load(), _until(until)
+    order = train_order(data["rows"])
+    if only:  # any built config it names, in the order or not
+        order += [r["config"] for r in data["rows"] if r.get("built") and r["config"] not in order]
+    for rel in order:
         if only and only not in rel:
             continue
+        if stop is not None and time.time() >= stop:
+            print(f"train: stopped at {until} UTC", flush=True)
+            break
         row = next(r for r in load()["rows"] if r["config"] == rel)
-        if row.get("train") or rel.split("/")[0] in NO_DATA:
+        if (row.get("train") and not (redo and only)) or rel.split("/")[0] in NO_DATA:
             continue
-        train, wall = train_row(src, rel, work)
+        try:
+            train, wall = train_row(src, rel, work, None if stop is None else stop + UNTIL_GRACE_S, run_limit)
+        except OutOfTime as exc:
+            print(f"train: {exc}; row not written", flush=True)
+            break
         data = load()
         for r in data["rows"]:
             if r["config"] == rel:
@@ -721,9 +958,12 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         "risky paths / least headroom in bits (log2(65504/amax)) `where`; risky float16 ops (e.g. `exp`) after.",
         f"* **train**: K = {data.get('K', K)} steps of `tools/train.py` at {LEVEL}, float16 emulated, batch {BATCH}, "
         "the config's optimizer and lr (warmup off), random init, Paddle's scaler from 1024 with dynamic scaling, "
-        f"synthetic data ({TRAIN_SIDE} px pages for det/e2e, 48x192 text lines for rec/cls); native = Paddle's "
+        f"synthetic data ({TRAIN_SIDE} px pages for det/e2e where the config names the size (CT 640, PGNet 512), "
+        "48x192 text lines for rec/cls, ruled tables with "
+        "PubTabNet structure labels for table, 128x32 / 64x16 line pairs in TextZoom's LMDB layout for sr, Gestalt "
+        "with a synthetic stroke decomposition); native = Paddle's "
         "GradScaler; ampsafe = `ampsafe run --emulate-fp16` (defaults: heal), heals read from its report.json. "
-        "A MultiScaleSampler config gets `first_bs` 2 with `fix_bs`, an LMDB set PaddleOCR's SimpleDataSet. "
+        "A MultiScaleSampler config gets `first_bs` 2 with `fix_bs`, an LMDB rec set PaddleOCR's SimpleDataSet. "
         "Steps are 0-based.",
         f"* Sweep wall time: {total / 60:.0f} min over {len(rows)} rows.",
         "",
@@ -818,9 +1058,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--src", default=default_src(), type=Path, help="PaddleOCR checkout")
     parser.add_argument("--pass", dest="which", choices=("scan", "train"), default=None)
     parser.add_argument("--only", default=None, help="configs whose path contains this")
-    parser.add_argument("--redo", action="store_true", help="scan again the configs --only selects")
+    parser.add_argument("--redo", action="store_true", help="scan (or train) again the configs --only selects")
     parser.add_argument("--redo-failed", action="store_true", help="scan again the rows not built or not scanned")
     parser.add_argument("--render", action="store_true", help="write zoo-ppocr.md from zoo-ppocr.json")
+    parser.add_argument(
+        "--until",
+        default=None,
+        help=f"HH:MM UTC: the train pass starts no config after it; a run still going {UNTIL_GRACE_S} s after it "
+        "is cut and its row not written",
+    )
+    parser.add_argument(
+        "--run-limit", type=float, default=TRAIN_LIMIT_S, help="seconds one training run may take (its row says so)"
+    )
     args = parser.parse_args(argv)
     if args.which and not args.src:
         parser.error("no PaddleOCR tree: set PADDLEOCR_SRC or pass --src")
@@ -829,7 +1078,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--redo needs --only")
         scan_pass(args.src, args.only, args.redo, args.redo_failed)
     elif args.which == "train":
-        train_pass(args.src, args.only)
+        if args.redo and not args.only:
+            parser.error("--redo needs --only")
+        train_pass(args.src, args.only, until=args.until, redo=args.redo, run_limit=args.run_limit)
     if args.render:
         render()
     return 0
