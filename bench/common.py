@@ -13,6 +13,19 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def deadline(until: str | None) -> float | None:
+    """A sweep's ``--until HH:MM`` (UTC) as epoch seconds: today's, or tomorrow's when today's lies over 12 hours
+    back; None without one."""
+    if not until:
+        return None
+    now = _dt.datetime.now(_dt.timezone.utc)
+    hh, mm = (int(v) for v in until.split(":"))
+    stop = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+    if stop < now - _dt.timedelta(hours=12):
+        stop += _dt.timedelta(days=1)
+    return stop.timestamp()
+
+
 def machine() -> dict:
     """CPU model, cores, GPU and framework versions: recorded with every result."""
     cpu = platform.processor() or ""

@@ -189,21 +189,8 @@ def run(model_name: str, lr: float, steps: int, init_range: float, hidden: int, 
                 rows[-1]["grad_norm"] = float(logs.get("grad_norm", float("nan")))
 
     dataset = Dataset.from_dict({"text": [text(i) for i in range(batch * steps * 2)]})
-    sft = SFTConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-growth-"),
-        max_steps=steps,
-        per_device_train_batch_size=batch,
-        learning_rate=lr,
-        lr_scheduler_type="constant",
-        max_length=32,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
+    out = tempfile.mkdtemp(prefix="trl-growth-")
+    sft = SFTConfig(**tiny_lm.sft_options(out=out, steps=steps, batch=batch, lr=lr, fp16=False))
     trainer = SFTTrainer(
         model=model, args=sft, train_dataset=dataset, processing_class=tiny_lm.tokenizer(), callbacks=[Record()]
     )

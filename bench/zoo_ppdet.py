@@ -23,7 +23,6 @@ included) are the config's.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -381,14 +380,8 @@ def _row_for(record: dict) -> dict:
 
 
 def _past(until: str | None) -> bool:
-    if not until:
-        return False
-    now = datetime.datetime.now(datetime.timezone.utc)
-    hh, mm = (int(v) for v in until.split(":"))
-    stop = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
-    if stop < now - datetime.timedelta(hours=12):
-        stop += datetime.timedelta(days=1)
-    return now >= stop
+    stop = common.deadline(until)
+    return stop is not None and time.time() >= stop
 
 
 def scan_one(record: dict, work: Path, data: Path) -> dict:

@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.common import deadline
 from bench.numpy2 import set_sctypes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -801,20 +802,6 @@ def train_row(
     return train, wall
 
 
-def _until(until: str | None) -> float | None:
-    """``HH:MM`` UTC as epoch seconds: today's, or tomorrow's when today's lies over 12 hours back."""
-    if not until:
-        return None
-    import datetime
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    hh, mm = (int(v) for v in until.split(":"))
-    stop = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
-    if stop < now - datetime.timedelta(hours=12):
-        stop += datetime.timedelta(days=1)
-    return stop.timestamp()
-
-
 def train_pass(
     src: Path,
     only: str | None,
@@ -826,7 +813,7 @@ def train_pass(
 ) -> None:
     """Train the configs of :func:`train_order` not trained yet (``redo``: the ``only`` ones again); start none
     after ``until`` (HH:MM UTC), and cut a run UNTIL_GRACE_S after it without writing its row."""
-    data, stop = load(), _until(until)
+    data, stop = load(), deadline(until)
     order = train_order(data["rows"])
     if only:  # any built config it names, in the order or not
         order += [r["config"] for r in data["rows"] if r.get("built") and r["config"] not in order]

@@ -51,6 +51,21 @@ def router_net(seed: int = 0):
     return model
 
 
+def export_router(path) -> tuple:
+    """``router_net()`` in eval mode exported to ONNX at ``path`` by the TorchScript exporter (the module scopes
+    ``ampsafe plan --to modelopt`` names): (the model, its input ``x``)."""
+    import warnings
+
+    import torch
+
+    model = router_net().eval()
+    x, _ = router_batch(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"])
+    return model, x
+
+
 def router_batch(step: int):
     import torch
 

@@ -11,7 +11,6 @@ plan, not AutoCast's calibration.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ pytest.importorskip(
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from plan_models import router_batch, router_net  # noqa: E402
+from plan_models import export_router  # noqa: E402
 
 from ampsafe.plan import plan  # noqa: E402
 
@@ -33,12 +32,8 @@ SCOPE = "/layers.1/router/"  # the exporter's scope of ROUTER's nodes (ampsafe/p
 
 
 def _exported(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
-    model = router_net().eval()
-    x, _ = router_batch(0)
     path = tmp_path / "model.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"])
+    model, x = export_router(path)
     with torch.no_grad():
         reference = model(x).numpy()
     return path, x.numpy(), reference

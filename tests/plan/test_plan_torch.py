@@ -22,7 +22,7 @@ from ampsafe.plan import node_names, plan  # noqa: E402
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"
 sys.path.insert(0, str(HERE))
-from plan_models import ROUTER, router_batch, router_net  # noqa: E402
+from plan_models import ROUTER, export_router, router_batch, router_net  # noqa: E402
 
 
 def _router_steps(model, steps: int = 3, **amp) -> list[float]:
@@ -224,12 +224,8 @@ def test_modelopt_nodes_to_exclude_name_the_routers_onnx_nodes_and_the_graph_run
 
     from onnx.reference import ReferenceEvaluator
 
-    model = router_net().eval()
-    x, _ = router_batch(0)
     path = tmp_path / "model.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"])
+    model, x = export_router(path)
     result = plan(FIXTURES / "router_heal.json", "modelopt")
     graph = onnx.load(str(path))
     names = [n.name for n in graph.graph.node]

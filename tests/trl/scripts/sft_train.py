@@ -36,22 +36,7 @@ def text(i: int) -> str:
 
 dataset = Dataset.from_dict({"text": [text(i) for i in range(args.batch * args.steps * 2)]})
 model = tiny_lm.model(args.model, init_range=args.init_range, hidden=args.hidden, experts=args.experts)
-config = SFTConfig(
-    output_dir=args.out,
-    max_steps=args.steps,
-    per_device_train_batch_size=args.batch,
-    learning_rate=args.lr,
-    lr_scheduler_type="constant",
-    max_length=32,
-    logging_steps=1,
-    save_strategy="no",
-    report_to=[],
-    use_cpu=True,
-    fp16=True,
-    disable_tqdm=True,
-    dataloader_num_workers=0,
-    seed=0,
-)
+config = SFTConfig(**tiny_lm.sft_options(out=args.out, steps=args.steps, batch=args.batch, lr=args.lr, fp16=True))
 trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tiny_lm.tokenizer())
 trainer.train()
 trainer.save_state()

@@ -86,3 +86,24 @@ def model(name: str, *, seed: int = 0, experts: str | None = None, **options):
     torch.manual_seed(seed)
     extra = {} if experts is None else {"experts_implementation": experts}
     return AutoModelForCausalLM.from_config(config(name, **options), **extra)
+
+
+def sft_options(*, out: str, steps: int, batch: int, lr: float, fp16: bool) -> dict:
+    """The ``SFTConfig`` arguments of every SFT run here: a constant ``lr``, 32-token rows, a log line per step, no
+    checkpoints, the CPU, and float16 mixed precision when ``fp16``."""
+    return dict(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        max_length=32,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        fp16=fp16,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
