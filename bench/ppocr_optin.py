@@ -52,24 +52,13 @@ SHIM = r'''"""Test shim for PaddleOCR under NumPy 2 (written by bench/ppocr_opti
    line per optimizer step (loss, scale before/after, overflow, heals) to that file; with
    $AMPSAFE_PPOCR_STOP_AFTER=N, exit with status 0 after the N-th step.
 """
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
 
-
-def _numpy_sctypes():
-    import numpy as np
-
-    if "sctypes" not in vars(np):
-        np.sctypes = {
-            "int": [np.int8, np.int16, np.int32, np.int64],
-            "uint": [np.uint8, np.uint16, np.uint32, np.uint64],
-            "float": [np.float16, np.float32, np.float64, np.longdouble],
-            "complex": [np.complex64, np.complex128, np.clongdouble],
-            "others": [bool, object, bytes, str, np.void],
-        }
+sys.path.append(__CHECKOUT__)  # bench.numpy2 and bench.import_hooks
+from bench.import_hooks import install  # noqa: E402
+from bench.numpy2 import set_sctypes  # noqa: E402
 
 
 def _float(value):
@@ -156,45 +145,15 @@ def _wrap_train(module):
     module.train = train
 
 
-class _Hook(importlib.abc.MetaPathFinder):
-    """Run a callback before (imgaug) or after (tools.program) a module executes."""
-
-    def __init__(self):
-        self.before = {"imgaug": _numpy_sctypes}
-        self.after = {"tools.program": _wrap_train}
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.before and name not in self.after:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        before, after = self.before.pop(name, None), self.after.pop(name, None)
-        exec_module = spec.loader.exec_module
-
-        def run(module):
-            if before is not None:
-                before()
-            exec_module(module)
-            if after is not None:
-                after(module)
-
-        spec.loader.exec_module = run
-        return spec
-
-
-sys.meta_path.insert(0, _Hook())
+install(before={"imgaug": set_sctypes}, after={"tools.program": _wrap_train})
 '''
 
 
 def write_shim(folder: Path) -> Path:
     """A folder holding the test ``sitecustomize.py`` (numpy.sctypes for imgaug; the per-step scaler log)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SHIM, encoding="utf-8")
+    checkout = repr(str(Path(__file__).resolve().parents[1]))
+    (folder / "sitecustomize.py").write_text(SHIM.replace("__CHECKOUT__", checkout), encoding="utf-8")
     return folder
 
 

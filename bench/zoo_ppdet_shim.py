@@ -19,14 +19,13 @@ STEPLOG_ENV = "AMPSAFE_ZOO_STEPLOG"
 STOP_ENV = "AMPSAFE_ZOO_STOP_AFTER"
 
 SHIM = r'''"""Written by bench/zoo_ppdet_shim.py: numpy.sctypes for imgaug, and a per-step scaler log."""
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
 
 
-from bench.numpy2 import set_sctypes as _numpy_sctypes  # the checkout is on the children's PYTHONPATH
+from bench.import_hooks import install  # the checkout is on the children's PYTHONPATH
+from bench.numpy2 import set_sctypes as _numpy_sctypes
 
 
 def _float(value):
@@ -120,37 +119,8 @@ def _wrap_stats(module):
     cls.update = update
 
 
-class _Hook(importlib.abc.MetaPathFinder):
-    def __init__(self):
-        self.before = {"imgaug": _numpy_sctypes}
-        self.after = {"paddle.amp.grad_scaler": _wrap_scaler, "ppdet.utils.stats": _wrap_stats}
-        for name in list(self.after):  # a sitecustomize that ran before this one may have imported it already
-            if name in sys.modules:
-                self.after.pop(name)(sys.modules[name])
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.before and name not in self.after:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        before, after = self.before.pop(name, None), self.after.pop(name, None)
-        exec_module = spec.loader.exec_module
-
-        def run(module):
-            if before is not None:
-                before()
-            exec_module(module)
-            if after is not None:
-                after(module)
-
-        spec.loader.exec_module = run
-        return spec
-
-
-sys.meta_path.insert(0, _Hook())
+install(
+    before={"imgaug": _numpy_sctypes},
+    after={"paddle.amp.grad_scaler": _wrap_scaler, "ppdet.utils.stats": _wrap_stats},
+)
 '''
