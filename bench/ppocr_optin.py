@@ -149,6 +149,34 @@ install(before={"imgaug": set_sctypes}, after={"tools.program": _wrap_train})
 '''
 
 
+def run_options(out: Path) -> list[str]:
+    """The ``-o`` options every bench run of ``tools/train.py`` shares: a log line per step, no checkpoint and no
+    evaluation within the run, the model saved under ``out``."""
+    return [
+        "Global.print_batch_step=1",
+        "Global.log_smooth_window=1",
+        "Global.save_epoch_step=100000",
+        "Global.eval_batch_step=[100000,100000]",
+        f"Global.save_model_dir={out / 'model'}",
+    ]
+
+
+def loader_options(data: Path, labels: str, batch: int) -> list[str]:
+    """Train and Eval both on the synthetic set at ``data`` (label files ``labels``), ``batch`` images a step, read
+    in the training process."""
+    return [
+        f"Train.dataset.data_dir={data}",
+        f"Train.dataset.label_file_list={labels}",
+        f"Train.loader.batch_size_per_card={batch}",
+        "Train.loader.num_workers=0",
+        "Train.loader.use_shared_memory=False",
+        f"Eval.dataset.data_dir={data}",
+        f"Eval.dataset.label_file_list={labels}",
+        "Eval.loader.num_workers=0",
+        "Eval.loader.use_shared_memory=False",
+    ]
+
+
 def write_shim(folder: Path) -> Path:
     """A folder holding the test ``sitecustomize.py`` (numpy.sctypes for imgaug; the per-step scaler log)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -232,22 +260,10 @@ def overrides(
         *(["Global.use_amp=False"] if level == "fp32" else amp_options(level, scale)),
         f"Global.pretrained_model={pretrained}",
         f"Global.epoch_num={epochs}",
-        "Global.print_batch_step=1",
-        "Global.log_smooth_window=1",
-        "Global.save_epoch_step=100000",
-        "Global.eval_batch_step=[100000,100000]",
-        f"Global.save_model_dir={out / 'model'}",
+        *run_options(out),
         *([] if lr is None else [f"Optimizer.lr.learning_rate={lr}"]),
-        f"Train.dataset.data_dir={data}",
-        f"Train.dataset.label_file_list={labels}",
         f"Train.dataset.transforms={flow}",
-        f"Train.loader.batch_size_per_card={batch}",
-        "Train.loader.num_workers=0",
-        "Train.loader.use_shared_memory=False",
-        f"Eval.dataset.data_dir={data}",
-        f"Eval.dataset.label_file_list={labels}",
-        "Eval.loader.num_workers=0",
-        "Eval.loader.use_shared_memory=False",
+        *loader_options(data, labels, batch),
     ]
 
 

@@ -616,7 +616,7 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
     """``tools/train.py``'s ``-o`` options for one zoo run and the recipe they leave (optimizer, lr)."""
     import yaml
 
-    from bench.ppocr_optin import amp_options
+    from bench.ppocr_optin import amp_options, loader_options, run_options
 
     with _in_tree(src):
         import tools.program as program
@@ -633,23 +633,11 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
         "Global.pretrained_model=",
         "Global.checkpoints=",
         "Global.epoch_num=1",
-        "Global.print_batch_step=1",
-        "Global.log_smooth_window=1",
         "Global.cal_metric_during_train=False",
-        "Global.save_epoch_step=100000",
-        "Global.eval_batch_step=[100000,100000]",
-        f"Global.save_model_dir={out / 'model'}",
+        *run_options(out),
         *random_init(config.get("Architecture") or {}),
         *(["Optimizer.lr.warmup_epoch=0"] if isinstance(lr, dict) and "warmup_epoch" in lr else []),
-        f"Train.dataset.data_dir={data}",
-        f"Train.dataset.label_file_list={labels}",
-        f"Train.loader.batch_size_per_card={BATCH}",
-        "Train.loader.num_workers=0",
-        "Train.loader.use_shared_memory=False",
-        f"Eval.dataset.data_dir={data}",
-        f"Eval.dataset.label_file_list={labels}",
-        "Eval.loader.num_workers=0",
-        "Eval.loader.use_shared_memory=False",
+        *loader_options(data, labels, BATCH),
     ]
     if (config["Train"]["dataset"].get("ratio_list") or [1.0]) != [1.0]:  # one label file here, read whole
         opts.append("Train.dataset.ratio_list=[1.0]")
