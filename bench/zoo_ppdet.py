@@ -4,6 +4,8 @@ tree's own ``tools/train.py --amp`` with float16 emulated, natively and under ``
 
     python -m bench.zoo_ppdet --scan   [--until HH:MM]   # build + scan pass (appends rows, skips done ones)
     python -m bench.zoo_ppdet --train  [--until HH:MM]   # training pass (RT-DETR, PicoDet, YOLOX first)
+    python -m bench.zoo_ppdet --train --only CONFIG... [--redo] [--run-limit S]   # these rows, again; passes
+                                                         # with disjoint --only lists can run side by side
     python -m bench.zoo_ppdet --fp32 CONFIG...           # the same rows' tools/train.py without --amp, 3 steps
     python -m bench.zoo_ppdet --render                   # bench/results/zoo-ppdet.md from the JSON
 
@@ -23,6 +25,7 @@ included) are the config's.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -256,9 +259,25 @@ def load() -> dict:
 
 def save(doc: dict) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".tmp")
+    tmp = RESULTS.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     tmp.replace(RESULTS)
+
+
+def save_row(row: dict) -> None:
+    """Write one row into the results file as it is on disk now, under a lock: two training passes (``--only``
+    with disjoint configs) can then run side by side without one's save dropping the other's rows."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        doc = load()
+        rows = doc["rows"]
+        at = next((i for i, r in enumerate(rows) if r["config"] == row["config"]), None)
+        if at is None:
+            rows.append(row)
+        else:
+            rows[at] = row
+        save(doc)
 
 
 def enumerate_signatures(work: Path) -> list[dict]:
@@ -511,7 +530,7 @@ def summarize_run(lines: list[dict], report: dict | None, returncode: int, log: 
     return out
 
 
-def train_one(row: dict, record: dict, work: Path, data: Path) -> dict:
+def train_one(row: dict, record: dict, work: Path, data: Path, run_limit: float = TRAIN_TIMEOUT) -> dict:
     out = work / row["config"].replace("/", "__").removesuffix(".yml")
     record = complete(record, work)
     config = overlay(record, data, out)
@@ -526,7 +545,7 @@ def train_one(row: dict, record: dict, work: Path, data: Path) -> dict:
         env = child_env(work)
         env[STEPLOG_ENV], env[STOP_ENV] = str(steplog), str(K)
         start = time.time()
-        code, log = run_group(train_command(run, config, report), timeout=TRAIN_TIMEOUT, env=env, cwd=tree())
+        code, log = run_group(train_command(run, config, report), timeout=run_limit, env=env, cwd=tree())
         (folder / "log.txt").write_text(log)
         seconds = round(time.time() - start, 1)
         rep = json.loads((report / "report.json").read_text()) if (report / "report.json").is_file() else None
@@ -567,18 +586,38 @@ def _train_order(doc: dict) -> list[dict]:
     return placed + flagged + rest
 
 
-def run_train(doc: dict, work: Path, until: str | None, only: list[str] | None) -> None:
+def run_train(
+    doc: dict,
+    work: Path,
+    until: str | None,
+    only: list[str] | None,
+    redo: bool = False,
+    run_limit: float = TRAIN_TIMEOUT,
+) -> None:
+    """Train the rows in :func:`_train_order` (or ``only`` those, in the order given). ``redo`` retrains rows that
+    have a training already, and first scans again a row scanned before the overlay unfroze the norms."""
     records = {r["config"]: r for r in enumerate_signatures(work)}
     data = write_coco(work / "coco", K * BATCH)
-    order = _train_order(doc)
     if only:
-        order = [r for r in order if r["config"] in only]
+        by_config = {r["config"]: r for r in doc["rows"]}
+        unknown = [c for c in only if c not in by_config]
+        if unknown:
+            raise SystemExit(f"--only names configs with no scanned row: {unknown}; run --scan first")
+        order = [by_config[c] for c in only if redo or not by_config[c].get("train")]
+    else:
+        order = _train_order(doc)
     for row in order:
         if _past(until):
             print(f"train: stopped at {until} UTC", flush=True)
             return
-        row["train"] = train_one(row, records[row["config"]], work, data)
-        save(doc)
+        if redo and row.get("frozen_at_init"):
+            row = scan_one(records[row["config"]], work, data)
+            print(f"scan: {row['config']} again with the norms unfrozen {row['wall_s']}", flush=True)
+            if not row.get("scan"):
+                save_row(row)
+                continue
+        row["train"] = train_one(row, records[row["config"]], work, data, run_limit)
+        save_row(row)
 
 
 def resummarize(doc: dict, work: Path) -> None:
@@ -633,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", action="store_true")
     parser.add_argument("--until", default=None, help="HH:MM UTC: start no new config after it")
     parser.add_argument("--only", nargs="*", default=None, help="train only these configs (relative to configs/)")
+    parser.add_argument("--redo", action="store_true", help="with --only: train again (and scan again if frozen)")
+    parser.add_argument("--run-limit", type=float, default=TRAIN_TIMEOUT, help="seconds per training run")
     parser.add_argument("--fp32", nargs="*", default=[], help="float32 check of these configs (no --amp)")
     parser.add_argument("--resummarize", action="store_true", help="rebuild the run summaries from the run folders")
     parser.add_argument("--work", default="/tmp/ampsafe-zoo-ppdet")
@@ -646,11 +687,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.scan:
         run_scan(doc, work, args.until)
     if args.train:
-        run_train(doc, work, args.until, args.only)
+        run_train(doc, work, args.until, args.only, args.redo, args.run_limit)
     for config in args.fp32:
         fp32_check(doc, work, config)
     if args.resummarize:
         resummarize(doc, work)
+    if args.train:
+        doc = load()  # the rows as saved, a parallel pass's included
     if args.scan or args.train:
         doc["wall_s_total"] = round(doc.get("wall_s_total", 0) + time.time() - start, 1)
         doc["machine"]["date"] = machine()["date"]
