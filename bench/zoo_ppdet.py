@@ -640,10 +640,10 @@ def resummarize(doc: dict, work: Path) -> None:
 FP32_STEPS = 3
 
 
-def fp32_check(doc: dict, work: Path, config: str) -> None:
-    """``tools/train.py`` without ``--amp`` (float32) for :data:`FP32_STEPS` steps on the row's overlay: whether a
+def fp32_check(work: Path, config: str, steps: int = FP32_STEPS, run_limit: float = TRAIN_TIMEOUT) -> None:
+    """``tools/train.py`` without ``--amp`` (float32) for ``steps`` steps on the row's overlay: whether a
     run that fails under float16 trains in float32 on the same data and seed. Stored as the row's ``fp32``."""
-    row = next(r for r in doc["rows"] if r["config"] == config)
+    row = next(r for r in load()["rows"] if r["config"] == config)  # as saved: a parallel pass may have trained it
     records = {r["config"]: r for r in enumerate_signatures(work)}
     data = write_coco(work / "coco", K * BATCH)
     out = work / config.replace("/", "__").removesuffix(".yml")
@@ -652,16 +652,16 @@ def fp32_check(doc: dict, work: Path, config: str) -> None:
     steplog.parent.mkdir(parents=True, exist_ok=True)
     steplog.unlink(missing_ok=True)
     env = child_env(work)
-    env[STEPLOG_ENV], env[STOP_ENV] = str(steplog), str(FP32_STEPS)
+    env[STEPLOG_ENV], env[STOP_ENV] = str(steplog), str(steps)
     start = time.time()
     cmd = [sys.executable, "tools/train.py", "-c", str(path), "--enable_ce", "True"]
-    code, log = run_group(cmd, timeout=TRAIN_TIMEOUT, env=env, cwd=tree())
+    code, log = run_group(cmd, timeout=run_limit, env=env, cwd=tree())
     (steplog.parent / "log.txt").write_text(log)
     run = summarize_run(_steps(steplog), None, code, log)
     run["losses"] = [s.get("loss") for s in _steps(steplog) if s.get("kind") == "stats"]
     row["fp32"] = run
     row["wall_s"]["fp32"] = round(time.time() - start, 1)
-    save(doc)
+    save_row(row)
     print(f"fp32: {config} {json.dumps(run)[:400]}", flush=True)
 
 
@@ -675,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redo", action="store_true", help="with --only: train again (and scan again if frozen)")
     parser.add_argument("--run-limit", type=float, default=TRAIN_TIMEOUT, help="seconds per training run")
     parser.add_argument("--fp32", nargs="*", default=[], help="float32 check of these configs (no --amp)")
+    parser.add_argument("--fp32-steps", type=int, default=FP32_STEPS, help="steps of the float32 check")
     parser.add_argument("--resummarize", action="store_true", help="rebuild the run summaries from the run folders")
     parser.add_argument("--work", default="/tmp/ampsafe-zoo-ppdet")
     args = parser.parse_args(argv)
@@ -689,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.train:
         run_train(doc, work, args.until, args.only, args.redo, args.run_limit)
     for config in args.fp32:
-        fp32_check(doc, work, config)
+        fp32_check(work, config, args.fp32_steps, args.run_limit)
     if args.resummarize:
         resummarize(doc, work)
     if args.train:
