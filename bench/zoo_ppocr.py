@@ -17,7 +17,10 @@ For each ``configs/**/*.yml`` of the tree (``$PADDLEOCR_SRC``, else ``shared/ups
   (:mod:`bench.ppocr_optin`'s launcher and step log; heals read from ``report.json``);
 * the neck's status, read from ``patches/registry.py`` when the table is rendered.
 
-``python -m bench.zoo_ppocr --pass scan|train [--only SUBSTR] [--until HH:MM]`` appends rows to
+The kie configs import paddlenlp, which lives in its own venv: run their rows through ``bash bench/kie_env.sh VENV --
+ARGS``.
+
+``python -m bench.zoo_ppocr --pass scan|train [--only SUBSTR] [--until HH:MM] [--work DIR]`` appends rows to
 bench/results/zoo-ppocr.json (resumable: done configs are skipped); the train pass takes the cheapest config of every
 algorithm not trained yet first (:func:`train_order`); ``--render`` writes bench/results/zoo-ppocr.md from it.
 """
@@ -151,11 +154,14 @@ def build(src: Path, rel: str):
 
     import paddle
 
-    with _in_tree(src):
+    with _in_tree(src), _no_downloads(src) as skipped:
         import tools.program as program
         import tools.train as train
 
         config = program.load_config(str(src / "configs" / rel))
+        missing = write_class_lists(src, config, Path(os.environ.get("TMPDIR", "/tmp")) / "zoo-ppocr-classes")
+        if missing:
+            skipped.append(f"{missing} absent from the tree: XFUND's class list written in its place")
         config["Global"]["distributed"] = False
         config["Global"]["use_gpu"] = False
         config["Global"]["pretrained_model"] = None
@@ -172,16 +178,97 @@ def build(src: Path, rel: str):
             with paddle.utils.unique_name.guard():  # a fresh parameter-name registry per config
                 train.main(config, "cpu", logging.getLogger("zoo"), None, 1024)
         except _Built as built:
-            return built.model, built.config, None
+            return built.model, built.config, "; ".join(dict.fromkeys(skipped)) or None
         except Exception as exc:  # noqa: BLE001 - before build_model: the Architecture may still build alone
             stopped = f"tools/train.py stops before build_model on this CPU ({_first_line(exc)})"
             if "Models" in config["Architecture"] or rel.split("/")[0] == "rec":
                 raise  # their heads' sizes come from train.py's character logic, which did not run
             with paddle.utils.unique_name.guard():
-                return original_build(config["Architecture"]), config, stopped
+                model = original_build(config["Architecture"])
+            return model, config, "; ".join(dict.fromkeys([stopped, *skipped]))
         finally:
             train.build_dataloader, train.build_model = original_loader, original_build
     raise RuntimeError("tools/train.py's main returned before building the model")
+
+
+XFUND_CLASSES = ("QUESTION", "ANSWER", "HEADER", "OTHER")  # XFUND's entity classes (7 BIO labels: 2 x 3 + 1)
+
+
+def write_class_lists(src: Path, config, folder: Path) -> str | None:
+    """Point every ``class_path`` of a config that names a file absent from the tree (the XFUND configs'
+    ``train_data/XFUND/class_list_xfun.txt``, which the tree does not ship) at XFUND's class list written in
+    ``folder``; returns the absent path, or None."""
+    missing = None
+
+    def walk(node):
+        nonlocal missing
+        if isinstance(node, dict):
+            for key, value in node.items():
+                xfund = isinstance(value, str) and "XFUND" in value
+                if key == "class_path" and xfund and not (src / value).is_file():
+                    folder.mkdir(parents=True, exist_ok=True)
+                    written = folder / Path(value).name
+                    written.write_text("\n".join(XFUND_CLASSES) + "\n", encoding="utf-8")
+                    node[key], missing = str(written), value
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(config)
+    return missing
+
+
+@contextlib.contextmanager
+def _no_downloads(src: Path):
+    """Random init where the tree downloads weights whatever the config says: PPLCNetV2's backbone (its
+    ``if pretrained:`` is commented out) and the LayoutLM family's ``NLPBaseModel`` (always ``from_pretrained``),
+    whose paddlenlp model is built here from paddlenlp's own configuration of that name, untrained. Yields the
+    list of what was skipped (the row's ``build_note``); restores both after."""
+    import importlib
+
+    skipped: list[str] = []
+    restore = []
+    lcnet = importlib.import_module("ppocr.modeling.backbones.det_pp_lcnet_v2") if _importable(src) else None
+    if lcnet is not None:
+        original_load = lcnet.PPLCNetV2._load_pretrained
+
+        def no_load(self, url, use_ssld=False):
+            skipped.append(f"PPLCNetV2 weights not downloaded ({url.rsplit('/', 1)[-1]}): random init")
+
+        lcnet.PPLCNetV2._load_pretrained = no_load
+        restore.append(lambda: setattr(lcnet.PPLCNetV2, "_load_pretrained", original_load))
+    try:
+        from paddlenlp.transformers.model_utils import PretrainedModel
+    except ImportError:
+        PretrainedModel = None
+    if PretrainedModel is not None:
+        original = PretrainedModel.__dict__["from_pretrained"]
+
+        def from_config(cls, name, *args, **kwargs):
+            known = getattr(cls, "pretrained_init_configuration", None) or {}
+            if name not in known:
+                return original.__func__(cls, name, *args, **kwargs)
+            config = cls.config_class(**known[name])
+            if "num_classes" in kwargs:
+                config.num_labels = kwargs.pop("num_classes")
+            if kwargs.pop("dropout", None) == 0:
+                config.hidden_dropout_prob = 0.0
+            skipped.append(f"paddlenlp {name} not downloaded: random init from paddlenlp's configuration")
+            return cls(config)
+
+        PretrainedModel.from_pretrained = classmethod(from_config)
+        restore.append(lambda: setattr(PretrainedModel, "from_pretrained", original))
+    try:
+        yield skipped
+    finally:
+        for undo in restore:
+            undo()
+
+
+def _importable(src: Path) -> bool:
+    return str(src) in sys.path and (src / "ppocr" / "modeling" / "backbones" / "det_pp_lcnet_v2.py").is_file()
 
 
 def random_init(arch, prefix: str = "Architecture") -> list[str]:
@@ -204,7 +291,52 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def scan_model(model, shape: tuple[int, ...], *, sr: bool = False) -> dict:
+KIE_TOKENS = 64  # LayoutLM-family scan: tokens per sequence (the configs' max_seq_len is 512)
+KIE_BOXES, KIE_CHARS = 8, 12  # SDMGR scan: text boxes per page, characters per box
+
+
+def kie_inputs(arch: dict, rng) -> tuple[list, str]:
+    """One batch in the layout the kie config's KeepKeys hands the model: LayoutLM-family SER/RE ``[input_ids,
+    bbox, attention_mask, token_type_ids, image(, entities, relations)]`` (the tensors TensorizeEntitiesRelations
+    makes for RE), SDMGR ``[image, relations, texts, points, labels, tag, shape]``."""
+    import numpy as np
+    import paddle
+
+    backbone = str((arch.get("Backbone") or {}).get("name"))
+    if backbone == "Kie_backbone":
+        n, chars, side = KIE_BOXES, KIE_CHARS, 512
+        image = rng.uniform(-1, 1, (BATCH, 3, side, side)).astype("float32")
+        corners = rng.uniform(0, side - 40, (BATCH, n, 2))
+        boxes = np.concatenate([corners, corners + rng.uniform(16, 40, (BATCH, n, 2))], -1).astype("float32")
+        relations = rng.uniform(-1, 1, (BATCH, n, n, 5)).astype("float32")
+        texts = rng.integers(0, 90, (BATCH, n, chars)).astype("int64")
+        labels = rng.integers(0, 26, (BATCH, n, n + 1)).astype("int64")
+        tag = np.array([[n, chars]] * BATCH, "int64")
+        shape = np.array([[side, side, 1, 1]] * BATCH, "int64")
+        arrays = [image, relations, texts, boxes, labels, tag, shape]
+        described = f"{BATCH}x3x{side}x{side} page, {n} boxes of {chars} characters"
+    else:
+        tokens = KIE_TOKENS
+        ids = rng.integers(5, 1000, (BATCH, tokens)).astype("int64")
+        corners = rng.integers(0, 900, (BATCH, tokens, 2))
+        bbox = np.concatenate([corners, corners + rng.integers(10, 100, (BATCH, tokens, 2))], -1).astype("int64")
+        mask, types = np.ones((BATCH, tokens), "int64"), np.zeros((BATCH, tokens), "int64")
+        image = rng.uniform(-1, 1, (BATCH, 3, 224, 224)).astype("float32")
+        arrays = [ids, bbox, mask, types, image]
+        described = f"{BATCH}x{tokens} tokens, {BATCH}x3x224x224 image"
+        if backbone.endswith("ForRe"):
+            entities = np.zeros((BATCH, 5, 3), "int64")  # row 0: counts; then start, end, label
+            entities[:, 0] = 4
+            entities[:, 1:] = [[0, 8, 1], [8, 16, 2], [16, 24, 1], [24, 32, 2]]
+            relations = np.zeros((BATCH, 3, 2), "int64")  # row 0: counts; then head, tail
+            relations[:, 0] = 2
+            relations[:, 1:] = [[0, 1], [2, 3]]
+            arrays += [entities, relations]
+            described += ", 4 entities, 2 relations"
+    return [paddle.to_tensor(a) for a in arrays], described
+
+
+def scan_model(model, shape: tuple[int, ...], *, sr: bool = False, kie: dict | None = None) -> dict:
     """O1 and O2 scans on a seeded random batch; train mode, else eval mode when the train forward raises."""
     import numpy as np
     import paddle
@@ -218,6 +350,9 @@ def scan_model(model, shape: tuple[int, ...], *, sr: bool = False) -> dict:
         c, h, w = shape
         hr = paddle.to_tensor(rng.uniform(-1, 1, (BATCH, c, 2 * h, 2 * w)).astype("float32"))
         inputs, described = ([x, hr],), f"[{described}, {BATCH}x{c}x{2 * h}x{2 * w}]"
+    if kie is not None:  # the kie models read the list their KeepKeys makes
+        batch, described = kie_inputs(kie, rng)
+        inputs = (batch,)
     out = {}
     for level in ("O1", "O2"):
         mode, report, error = "train", None, None
@@ -277,7 +412,7 @@ def _alarm(seconds: int):
     signal.alarm(seconds)
 
 
-def scan_row(src: Path, rel: str) -> dict:
+def scan_row(src: Path, rel: str, limit: int = SCAN_LIMIT_S) -> dict:
     import yaml
 
     family = rel.split("/")[0]
@@ -291,8 +426,10 @@ def scan_row(src: Path, rel: str) -> dict:
     row.update(built=False, why_not=parse_error, scan=None, train=None, wall_s={})
     if parse_error:
         return row
+    if limit != SCAN_LIMIT_S:
+        row["scan_limit_s"] = limit
     start = time.time()
-    _alarm(SCAN_LIMIT_S)
+    _alarm(limit)
     try:
         model, config, note = build(src, rel)
         row["wall_s"]["build"] = round(time.time() - start, 1)
@@ -302,7 +439,8 @@ def scan_row(src: Path, rel: str) -> dict:
         row["params"] = int(sum(int(p.size) for p in model.parameters()))
         shape = input_shape(config, family)
         start = time.time()
-        row["scan"] = scan_model(model, shape, sr=family == "sr")
+        kie = config["Architecture"] if family == "kie" else None
+        row["scan"] = scan_model(model, shape, sr=family == "sr", kie=kie)
         row["wall_s"]["scan"] = round(time.time() - start, 1)
     except BaseException as exc:  # noqa: BLE001 - SystemExit from a tree's sys.exit, too
         if isinstance(exc, KeyboardInterrupt):
@@ -355,13 +493,15 @@ def _complete(row: dict) -> bool:
     )
 
 
-def scan_pass(src: Path, only: str | None, redo: bool = False, redo_failed: bool = False) -> None:
+def scan_pass(
+    src: Path, only: str | None, redo: bool = False, redo_failed: bool = False, limit: int = SCAN_LIMIT_S
+) -> None:
     data = load()
     done = set() if redo else {r["config"] for r in data["rows"] if not redo_failed or _complete(r)}
     for rel in configs(src):
         if rel in done or (only and only not in rel):
             continue
-        row = scan_row(src, rel)
+        row = scan_row(src, rel, limit)
         data = load()
         before = next((r for r in data["rows"] if r["config"] == rel), None)
         if before and before.get("train"):  # a scan done again keeps the row's training
@@ -404,8 +544,17 @@ TRAIN_FIRST = (  # one per family and algorithm first, cheap ones first; after t
     "det/det_r50_drrg_ctw.yml",
 )
 NO_DATA = {  # families whose label formats the synthetic writers below do not make
-    "kie": "key-information labels (SDMGR / LayoutXLM entity files)",
+    "kie": "LayoutLM-family SER/RE labels (the tree's VQATokenLabelEncode downloads a paddlenlp tokenizer)",
 }
+DATA_WRITTEN = ("kie/sdmgr/",)  # configs of a NO_DATA family whose labels write_data does write (SDMGR's)
+
+
+def no_data(rel: str) -> str | None:
+    """Why no synthetic data is written for ``configs/rel``, or None."""
+    family = rel.split("/")[0]
+    return None if rel.startswith(DATA_WRITTEN) else NO_DATA.get(family)
+
+
 RESIZE_KEYS = ("size", "image_shape", "target_size", "crop_size", "input_size")
 TRAIN_LIMIT_S = 900  # one run
 SIDES = {"SAST": 128}  # page sides other than TRAIN_SIDE: SASTFPN's upsampled maps match at 128, not 160
@@ -428,7 +577,7 @@ def untried_algorithms(rows: list[dict]) -> list[str]:
     """The cheapest built config of every algorithm of which no config was trained yet, cheapest first."""
     tried = {algorithm(r) for r in rows if r.get("train")}
     cheapest: dict[tuple[str, str], dict] = {}
-    for r in sorted((r for r in rows if r.get("built") and r["family"] not in NO_DATA), key=_cost):
+    for r in sorted((r for r in rows if r.get("built") and not no_data(r["config"])), key=_cost):
         cheapest.setdefault(algorithm(r), r)
     return [r["config"] for key, r in sorted(cheapest.items(), key=lambda kv: _cost(kv[1])) if key not in tried]
 
@@ -451,10 +600,13 @@ def train_order(rows: list[dict]) -> list[str]:
 def det_transforms(config: dict, side: int = DET_SIZE) -> list[dict]:
     """The config's own Train transforms with every crop / resize size they name at ``side`` (a CPU-affordable
     page). Sizes left at an op's default stay: CT's 640 crops (its loss holds a fixed 640 x 640 coordinate grid),
-    PGNet's 512 pages (PGProcessTrain's own constant)."""
+    PGNet's 512 pages (PGProcessTrain's own constant). PGProcessTrain's ``batch_size`` is set to the loader's
+    (PGNet's loss reads each text's image id modulo it)."""
     transforms = json.loads(json.dumps(config["Train"]["dataset"]["transforms"]))
     for op in transforms:
-        ((_, args),) = op.items()
+        ((name, args),) = op.items()
+        if name == "PGProcessTrain":  # its image ids cycle modulo its batch_size, which must be the loader's
+            args["batch_size"] = BATCH
         for key in RESIZE_KEYS:
             value = (args or {}).get(key)
             if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
@@ -550,6 +702,44 @@ def write_tables(root: Path, count: int, *, box_format: str = "xyxy", seed: int 
     return label_file
 
 
+KIE_CLASSES = 26  # SDMGRHead's default num_classes (WildReceipt's 26 key classes)
+KIE_DICT = "0123456789abcdefghijklmnopqrstuvwxyz:$.-/ "  # fewer than SDMGRHead's num_chars (92) - 1
+
+
+def write_receipts(root: Path, count: int, *, seed: int = 0) -> Path:
+    """``count`` synthetic receipts (512 x 384 px, 4 to 10 text boxes) and their WildReceipt label file (one line
+    each: the image and a JSON list of ``transcription``, ``points`` (4 corners), ``label`` (a class name of
+    ``class_list.txt``)), which the tree's ``KieLabelEncode`` reads, with ``dict.txt`` (one character a line) and
+    ``class_list.txt`` (KIE_CLASSES names) beside it."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    classes = ["Ignore", *(f"Class{i}" for i in range(1, KIE_CLASSES))]
+    (root / "class_list.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
+    (root / "dict.txt").write_text("\n".join(KIE_DICT) + "\n", encoding="utf-8")
+    lines = []
+    for i in range(count):
+        canvas = np.full((512, 384, 3), int(rng.integers(200, 256)), np.uint8)
+        boxes = []
+        for k in range(int(rng.integers(4, 11))):
+            text = "".join(rng.choice(list(KIE_DICT.strip()), size=int(rng.integers(3, 12))))
+            x0, y0 = int(rng.integers(8, 200)), 12 + k * 46
+            x1, y1 = x0 + 14 * len(text), y0 + 30
+            cv2.putText(canvas, text, (x0, y1 - 8), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 1)
+            points = [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]
+            boxes.append(
+                {"transcription": text, "points": points, "label": classes[int(rng.integers(0, len(classes)))]}
+            )
+        name = f"images/receipt_{i:04d}.png"
+        cv2.imwrite(str(root / name), canvas)
+        lines.append(f"{name}\t{json.dumps(boxes)}")
+    label_file = root / "train.txt"
+    label_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return label_file
+
+
 def write_sr_pairs(root: Path, count: int, *, seed: int = 0) -> Path:
     """``count`` synthetic text-line pairs in the LMDB layout the tree's ``LMDBDataSetSR`` reads (TextZoom's:
     ``num-samples``; 1-based ``label-%09d``, ``image_hr-%09d`` 128 x 32 and ``image_lr-%09d`` 64 x 16 PNGs, the
@@ -639,6 +829,12 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
         *(["Optimizer.lr.warmup_epoch=0"] if isinstance(lr, dict) and "warmup_epoch" in lr else []),
         *loader_options(data, labels, BATCH),
     ]
+    piecewise = lr if isinstance(lr, dict) and lr.get("name") == "Piecewise" else {}
+    bounds, values = piecewise.get("decay_epochs") or [], piecewise.get("values") or []
+    if values and len(values) <= len(bounds):  # Paddle's PiecewiseDecay wants one value more than boundaries
+        opts.append(f"Optimizer.lr.decay_epochs={list(bounds[: len(values) - 1])}")
+    if (config.get("Global") or {}).get("use_sync_bn"):  # SyncBatchNorm has no CPU kernel: plain BatchNorm
+        opts.append("Global.use_sync_bn=False")
     if (config["Train"]["dataset"].get("ratio_list") or [1.0]) != [1.0]:  # one label file here, read whole
         opts.append("Train.dataset.ratio_list=[1.0]")
     if isinstance(config["Train"].get("sampler"), dict):  # MultiScaleSampler: its own batch sizes (a CPU can't)
@@ -654,11 +850,20 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
             for split in ("Train", "Eval")
             if "LMDB" in str(((config.get(split) or {}).get("dataset") or {}).get("name"))
         ]
+    if family == "kie":  # create_operators hands Global's keys to every op: KieLabelEncode's dictionary and classes
+        opts += [f"Global.character_dict_path={data / 'dict.txt'}", f"Global.class_path={data / 'class_list.txt'}"]
     if family in ("det", "e2e"):
         flow = yaml.safe_dump(det_transforms(config, side), default_flow_style=True, width=1 << 20).strip()
         opts.append(f"Train.dataset.transforms={flow}")
     value = lr.get("learning_rate") if isinstance(lr, dict) else None
     recipe = {"optimizer": str(optimizer.get("name")), "lr": value, "lr_schedule": lr.get("name") if lr else None}
+    if values and len(values) <= len(bounds):
+        recipe["lr_note"] = (
+            f"decay_epochs {bounds} cut to {bounds[: len(values) - 1]}: the config's {len(values)} values for "
+            f"{len(bounds)} boundaries raise in Paddle's PiecewiseDecay; lr {values[0]} for the K steps either way"
+        )
+    if "Global.use_sync_bn=False" in opts:
+        recipe["sync_bn"] = "off: SyncBatchNorm has no CPU kernel"
     return opts, recipe
 
 
@@ -678,6 +883,8 @@ def write_data(src: Path, rel: str, data: Path, *, count: int | None = None, sid
             flatten_points(data / "train.txt")
     elif family == "table":
         write_tables(data, count, box_format=str((config.get("Global") or {}).get("box_format") or "xyxy"))
+    elif family == "kie":
+        write_receipts(data, count)
     elif family == "sr":
         write_sr_pairs(data, count)
         if _stroke_dict(config):
@@ -812,7 +1019,7 @@ def train_pass(
             print(f"train: stopped at {until} UTC", flush=True)
             break
         row = next(r for r in load()["rows"] if r["config"] == rel)
-        if (row.get("train") and not (redo and only)) or rel.split("/")[0] in NO_DATA:
+        if (row.get("train") and not (redo and only)) or no_data(rel):
             continue
         try:
             train, wall = train_row(src, rel, work, None if stop is None else stop + UNTIL_GRACE_S, run_limit)
@@ -882,10 +1089,14 @@ def _run_cell(run: dict | None, *, heals: bool) -> str:
     if not run:
         return "-"
     if "overflow_steps" not in run or not run.get("steps_done"):
-        return f"error: {run.get('error', '')[:100]}"
+        return f"error: {run.get('error', '')}"  # the exception's first line, as stored
     cell = (
         f"{run['steps_done']} steps; overflow {_steps(run['overflow_steps'])}; scale {_g(run['final_scale'], 6)}; "
-        f"loss {_g(run['loss_first'])} → {_g(run['loss_last'])}{'' if run['finite'] else ' (not finite)'}"
+        + (
+            "loss not in the step log"  # the scaler's step record carried no loss value
+            if run["loss_first"] is None and run["loss_last"] is None
+            else f"loss {_g(run['loss_first'])} → {_g(run['loss_last'])}{'' if run['finite'] else ' (not finite)'}"
+        )
     )
     if heals and run.get("heals"):
         cell += "; heals " + "; ".join(
@@ -894,16 +1105,15 @@ def _run_cell(run: dict | None, *, heals: bool) -> str:
             for h in run["heals"]
         )
     if run.get("error"):
-        cell += f"; stopped: {run['error'][:100]}"
+        cell += f"; {'' if run['error'].startswith('stopped') else 'stopped: '}{run['error'][:200]}"
     return cell
 
 
 def _not_trained(row: dict) -> str:
     if not row.get("built"):
         return "not built"
-    family = row["family"]
-    if family in NO_DATA:
-        return f"not trained: no synthetic {NO_DATA[family]} written"
+    if no_data(row["config"]):
+        return f"not trained: no synthetic {no_data(row['config'])} written"
     if not _complete(row) and not any(((row.get("scan") or {}).get(lv) or {}).get("mode") for lv in ("O1", "O2")):
         return "not trained: time budget; scan failed"
     risky = any((lv or {}).get("risky_paths") for lv in (row.get("scan") or {}).values())
@@ -927,16 +1137,26 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         "",
         "* **build**: the tree's own `tools/train.py` main (data loader stubbed, stopped at `build_model`), random "
         "init (`pretrained` keys dropped); where train.py stops before `build_model` on this CPU (post-process "
-        "compile, missing package) a det/kie Architecture is built by `build_model` alone (noted).",
+        "compile, missing package) a det/kie Architecture is built by `build_model` alone (noted). Where the tree "
+        "downloads weights whatever the config says (PPLCNetV2's backbone; the LayoutLM family's `NLPBaseModel`, "
+        "always `from_pretrained`) the download is skipped and the model random-initialized (from paddlenlp's own "
+        "configuration of that name; noted). The kie rows run from `bench/kie_env.sh`'s venv (paddlenlp 2.8.1).",
         f"* **scan**: `ampsafe.scan` at O1 and O2, model in train mode (where its train forward needs targets: eval mode with the BatchNorms in train mode, noted), a seeded uniform(-1, 1) "
-        f"batch of {BATCH}; det/e2e pages {DET_SIZE}x{DET_SIZE}, others the shape of the config's transforms. Cell: "
+        f"batch of {BATCH}; det/e2e pages {DET_SIZE}x{DET_SIZE}, others the shape of the config's transforms; kie "
+        f"the list its KeepKeys makes: LayoutLM family {KIE_TOKENS} tokens (the configs' max_seq_len is 512) and a "
+        f"224x224 image (RE: 4 entities, 2 relations), SDMGR a 512x512 page with {KIE_BOXES} boxes of "
+        f"{KIE_CHARS} characters. A row scanned under a longer limit than {SCAN_LIMIT_S} s says so. Cell: "
         "risky paths / least headroom in bits (log2(65504/amax)) `where`; risky float16 ops (e.g. `exp`) after.",
         f"* **train**: K = {data.get('K', K)} steps of `tools/train.py` at {LEVEL}, float16 emulated, batch {BATCH}, "
         "the config's optimizer and lr (warmup off), random init, Paddle's scaler from 1024 with dynamic scaling, "
         f"synthetic data ({TRAIN_SIDE} px pages for det/e2e where the config names the size (CT 640, PGNet 512), "
         "48x192 text lines for rec/cls, ruled tables with "
         "PubTabNet structure labels for table, 128x32 / 64x16 line pairs in TextZoom's LMDB layout for sr, Gestalt "
-        "with a synthetic stroke decomposition); native = Paddle's "
+        "with a synthetic stroke decomposition; 512x384 receipts in WildReceipt's label format for SDMGR, 26 "
+        "classes; PGNet's PGProcessTrain `batch_size` set to the loader's; a Piecewise lr with as many values as "
+        "boundaries (SDMGR's, which Paddle rejects) loses its last boundary, the lr of the K steps unchanged; XFUND's "
+        "class list, which the tree does not ship, written where a kie config names it; `use_sync_bn` off where a config sets it, "
+        "SyncBatchNorm having no CPU kernel); native = Paddle's "
         "GradScaler; ampsafe = `ampsafe run --emulate-fp16` (defaults: heal), heals read from its report.json. "
         "A MultiScaleSampler config gets `first_bs` 2 with `fix_bs`, an LMDB rec set PaddleOCR's SimpleDataSet. "
         "Steps are 0-based.",
@@ -948,7 +1168,9 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
     for r in rows:
         built = "yes" if r["built"] else f"no: {(r.get('why_not') or '')[:120]}"
         if r.get("build_note"):
-            built += f" ({r['build_note'][:120]})"
+            built += f" ({'; '.join(dict.fromkeys(r['build_note'].split('; ')))[:300]})"
+        if r.get("scan_limit_s"):
+            built += f"; scan limit {r['scan_limit_s']} s"
         scan = r.get("scan") or {}
         if r.get("scan_error"):
             scan = {"O1": {"risky_paths": None, "error": r["scan_error"].replace("_Timeout", "stopped")}}
@@ -957,6 +1179,8 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
             built += f"; scanned in {modes.pop()} (its train forward needs targets)"
         train = r.get("train")
         native = _run_cell(train.get("native"), heals=False) if train else _not_trained(r)
+        if train and train.get("lr_note"):
+            native += f" (lr schedule: {train['lr_note'].split(':')[0]})"
         ampsafe = _run_cell(train.get("ampsafe"), heals=True) if train else ""
         wall = ", ".join(f"{k} {v:.0f}" for k, v in r.get("wall_s", {}).items() if v is not None)
         lines.append(
@@ -1043,6 +1267,15 @@ def main(argv: list[str] | None = None) -> int:
         "is cut and its row not written",
     )
     parser.add_argument(
+        "--scan-limit", type=int, default=SCAN_LIMIT_S, help="seconds one config's build and scans may take"
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/zoo-ppocr-train"),
+        help="folder of the train pass's synthetic data and run outputs (one per config)",
+    )
+    parser.add_argument(
         "--run-limit", type=float, default=TRAIN_LIMIT_S, help="seconds one training run may take (its row says so)"
     )
     args = parser.parse_args(argv)
@@ -1051,11 +1284,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "scan":
         if args.redo and not args.only:
             parser.error("--redo needs --only")
-        scan_pass(args.src, args.only, args.redo, args.redo_failed)
+        scan_pass(args.src, args.only, args.redo, args.redo_failed, args.scan_limit)
     elif args.which == "train":
         if args.redo and not args.only:
             parser.error("--redo needs --only")
-        train_pass(args.src, args.only, until=args.until, redo=args.redo, run_limit=args.run_limit)
+        train_pass(args.src, args.only, args.work, until=args.until, redo=args.redo, run_limit=args.run_limit)
     if args.render:
         render()
     return 0
