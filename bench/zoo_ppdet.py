@@ -4,10 +4,12 @@ tree's own ``tools/train.py --amp`` with float16 emulated, natively and under ``
 
     python -m bench.zoo_ppdet --scan   [--until HH:MM]   # build + scan pass (appends rows, skips done ones)
     python -m bench.zoo_ppdet --train  [--until HH:MM]   # training pass (RT-DETR, PicoDet, YOLOX first)
+    python -m bench.zoo_ppdet --scan --only CONFIG...    # build + scan these configs again (rows replaced)
     python -m bench.zoo_ppdet --train --only CONFIG... [--redo] [--run-limit S]   # these rows, again; passes
                                                          # with disjoint --only lists can run side by side
     python -m bench.zoo_ppdet --fp32 CONFIG...           # the same rows' tools/train.py without --amp, 3 steps
     python -m bench.zoo_ppdet --render                   # bench/results/zoo-ppdet.md from the JSON
+    python -m bench.zoo_ppdet --build-ext-op             # the tree's ppdet/ext_op for this CPU (rotated boxes)
 
 The tree: ``$PPDET_SRC``, else ``shared/upstream/PaddleDetection-src`` (``$AMPSAFE_SHARED`` or beside the
 checkout). Every child gets ``PYTHONPATH`` = the shim folder (:mod:`bench.zoo_ppdet_shim`), the tree, the
@@ -16,10 +18,14 @@ checkout and its lab, so the tree's ``ppdet`` wins over an installed one.
 What each config runs on: an overlay ``_BASE_: [the config]`` that changes only what a CPU and synthetic data
 need (``use_gpu: false``, ``norm_type: bn`` where the config says ``sync_bn``, no pretrained downloads and so
 ``freeze_norm: false`` where a class freezes its BatchNorms (their frozen statistics would be the initial mean 0 and
-variance 1: identities, see ``bench.zoo_ppdet_worker.frozen_norms``), the synthetic COCO folder, ``worker_num: 0``,
-batch :data:`BATCH`) and the config's own TrainReader transforms with
-their resize targets set to :data:`SIZE` (:func:`shrink`). Its optimizer, learning rate and schedule (warm-up
-included) are the config's.
+variance 1: identities, see ``bench.zoo_ppdet_worker.frozen_norms``), synthetic data in the format of the config's own
+TrainDataset class (:mod:`bench.zoo_ppdet_data`; :func:`train_dataset`), ``worker_num: 0``, batch :data:`BATCH`) and
+the config's own TrainReader transforms with their resize targets set to :data:`SIZE` (:func:`shrink`). Its
+optimizer, learning rate and schedule (warm-up included) are the config's. A ``_base_`` model fragment with no
+dataset borrows a config that names it in ``_BASE_`` (:func:`data_source`): the overlay's ``_BASE_`` is that config
+then the fragment (its optimizer, epochs and runtime, the fragment's model), with that config's dataset, reader
+and ``num_classes``.
+The rotated-box heads import the tree's ``ext_op``: ``--build-ext-op`` builds it for this CPU into the work folder.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import time
 from pathlib import Path
 
 from bench import common
+from bench.zoo_ppdet_data import NOT_WRITTEN, WRITERS, write_coco, write_dataset
 from bench.zoo_ppdet_shim import SHIM, STEPLOG_ENV, STOP_ENV
 from bench.zoo_ppdet_table import render
 
@@ -87,6 +94,17 @@ _FAMILY_DIRS = {
     "face_detection", "rotate", "clrnet", "semi_det", "few-shot", "sqr", "ppyoloe_seg",
 }  # fmt: skip
 COCO_DATASETS = {"COCODataSet"}
+# dataset classes that cache their parse under the working directory: tools/train.py runs in the tree, which the
+# sweep never writes, so their configs are scanned (in the config's work folder) but not trained
+CWD_CACHE = {"CULaneDataSet": "CULaneDataSet caches its parse in ./cache, and tools/train.py runs in the tree"}
+# architectures whose train-mode forward computes no loss: built, not scanned, with this reason
+NO_TRAIN_FORWARD = {
+    "DeepSORT": (
+        "DeepSORT has no training forward (ppdet's DeepSORT defines no get_loss, BaseArch's raises "
+        "NotImplementedError; its _forward embeds inputs['crops'] with the ReID model): its detector and ReID "
+        "train with their own configs"
+    ),
+}
 
 
 def tree() -> Path:
@@ -101,12 +119,46 @@ def family(config: str, architecture: str | None) -> str:
     return _ARCH_FAMILY.get(architecture or "", (architecture or top).lower())
 
 
+# ``import ext_op`` for the rotated-box heads (PP-YOLOE-R, FCOSR, S2ANet): the tree's ppdet/ext_op C++ sources,
+# built for this CPU by Paddle's own JIT loader into the work folder (``--build-ext-op``); nothing is installed
+EXT_OP = """\"\"\"Written by bench/zoo_ppdet.py: the tree's ppdet/ext_op built (once) and loaded by paddle's cpp_extension.\"\"\"
+import glob
+import os
+
+from paddle.utils.cpp_extension import load
+
+_csrc = os.path.join({tree!r}, "ppdet", "ext_op", "csrc")
+_build = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build")
+os.makedirs(_build, exist_ok=True)
+globals().update(vars(load("ext_op", sorted(glob.glob(os.path.join(_csrc, "*", "*.cc"))), build_directory=_build)))
+"""
+
+
+def ext_op_dir(work: Path) -> Path:
+    return work / "ext_op"
+
+
+def build_ext_op(work: Path) -> None:
+    """Write the ``ext_op`` loader module and build the op once (a child imports it); the children of later passes
+    find it on their ``PYTHONPATH``."""
+    folder = ext_op_dir(work)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ext_op.py").write_text(EXT_OP.format(tree=str(tree())), encoding="utf-8")
+    code = "import ext_op; print('ext_op:', sorted(k for k in vars(ext_op) if not k.startswith('_')))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=child_env(work), cwd=folder, capture_output=True, text=True, timeout=1800
+    )
+    print(proc.stdout.strip() or proc.stderr.strip()[-2000:], flush=True)
+
+
 def child_env(work: Path) -> dict:
     shim = work / "shim"
     shim.mkdir(parents=True, exist_ok=True)
     (shim / "sitecustomize.py").write_text(SHIM, encoding="utf-8")
     env = dict(os.environ)
     parts = [str(shim), str(tree()), str(ROOT), str(ROOT / "lab")]
+    if (ext_op_dir(work) / "ext_op.py").is_file():
+        parts.insert(1, str(ext_op_dir(work)))
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop(STEPLOG_ENV, None)
@@ -115,44 +167,6 @@ def child_env(work: Path) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- data and overlay
-
-
-def write_coco(root: Path, n: int, size: int = SIZE, seed: int = 0) -> Path:
-    """``n`` JPEGs with three filled rectangles each, and their COCO json (boxes and rectangle polygons)."""
-    import cv2
-    import numpy as np
-
-    if (root / "train.json").is_file():
-        return root
-    rng = np.random.default_rng(seed)
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    images, annotations = [], []
-    for i in range(n):
-        img = (rng.random((size, size, 3)) * 60).astype(np.uint8)
-        for k in range(3):
-            category = k % 2 + 1
-            x, y = (int(v) for v in rng.integers(5, size // 2, 2))
-            w, h = (int(v) for v in rng.integers(size // 6, size // 2, 2))
-            img[y : y + h, x : x + w] = 200 if category == 1 else 120
-            poly = [x, y, x + w, y, x + w, y + h, x, y + h]
-            annotations.append(
-                {
-                    "id": len(annotations) + 1,
-                    "image_id": i + 1,
-                    "category_id": category,
-                    "bbox": [x, y, w, h],
-                    "area": w * h,
-                    "iscrowd": 0,
-                    "segmentation": [poly],
-                }
-            )
-        cv2.imwrite(str(root / "images" / f"{i}.jpg"), img)
-        images.append({"id": i + 1, "file_name": f"{i}.jpg", "width": size, "height": size})
-    categories = [{"id": 1, "name": "bright"}, {"id": 2, "name": "grey"}]
-    (root / "train.json").write_text(
-        json.dumps({"images": images, "annotations": annotations, "categories": categories})
-    )
-    return root
 
 
 def _target(value, size: int):
@@ -205,6 +219,47 @@ def _merge(into: dict, extra: dict) -> dict:
     return into
 
 
+# the TrainDataset keys that name where a class reads its files: the overlay's writer sets them, the rest of the
+# config's own dataset arguments (data_fields, num_joints, trainsize, cut_height...) are kept
+_DATA_PATH_KEYS = {"dataset_dir", "image_dir", "anno_path", "image_lists", "list_path", "anno_list", "image_dirs",
+                   "label_list", "bbox_file"}  # fmt: skip
+
+
+def train_dataset(record: dict, data: Path, size: int = SIZE) -> dict:
+    """The overlay's TrainDataset: the config's own class and arguments, pointed at that class's synthetic files
+    (bench.zoo_ppdet_data writes them beside the COCO folder ``data``); a :class:`Tagged` object where the config
+    gives a ``!Class`` object (see ``bench.zoo_ppdet_worker.dataset_spec``). A class with no writer keeps the COCO
+    keys (its row is built, not scanned)."""
+    spec = record.get("train_dataset") or {"name": record.get("dataset"), "args": {}}
+    if spec.get("name") not in WRITERS:
+        return {"dataset_dir": str(data), "image_dir": "images", "anno_path": "train.json"}
+    args = {k: v for k, v in (spec.get("args") or {}).items() if k not in _DATA_PATH_KEYS}
+    fields = write_dataset(
+        spec["name"], data, K * BATCH, size, args=spec.get("args"), classes=record.get("num_classes")
+    )
+    if spec.get("tagged"):
+        return Tagged(spec["name"], {**args, **fields})
+    return {"name": spec["name"], **args, **fields}
+
+
+class Tagged(dict):
+    """A mapping the overlay writes as a ``!Name`` YAML object (ppdet constructs ``Name(**mapping)`` on load)."""
+
+    def __init__(self, tag: str, mapping: dict):
+        super().__init__(mapping)
+        self.tag = tag
+
+
+def _dumper():
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(Tagged, lambda d, t: d.represent_mapping("!" + t.tag, dict(t)))
+    return Dumper
+
+
 def overlay(record: dict, data: Path, out: Path, *, size: int = SIZE, batch: int = BATCH) -> Path:
     """The user's overlay over the upstream config (see the module docstring); returns its path."""
     import yaml
@@ -215,16 +270,19 @@ def overlay(record: dict, data: Path, out: Path, *, size: int = SIZE, batch: int
             reader[key] = [shrink(op, size) for op in reader[key]]
     reader.update(batch_size=batch, shuffle=False, drop_last=True, use_shared_memory=False)
     body: dict = {
-        "_BASE_": [str(tree() / "configs" / record["config"])],
+        # a fragment after the config it borrows from: that config's optimizer, epochs and runtime, the fragment's model
+        "_BASE_": [str(tree() / "configs" / c) for c in (record.get("data_from"), record["config"]) if c],
         "use_gpu": False,
         "log_iter": 1,
         "snapshot_epoch": 100000,
         "worker_num": 0,
         "pretrain_weights": "",
         "save_dir": str(out / "output"),
-        "TrainDataset": {"dataset_dir": str(data), "image_dir": "images", "anno_path": "train.json"},
+        "TrainDataset": train_dataset(record, data, size),
         "TrainReader": reader,
     }
+    if record.get("data_from") and record.get("num_classes"):  # the borrowed dataset's class count (JDE's loss)
+        body["num_classes"] = record["num_classes"]
     for path in record.get("sync_bn") or []:
         _merge(body, _nested(path, "bn"))
     for path in record.get("pretrained") or []:
@@ -233,7 +291,7 @@ def overlay(record: dict, data: Path, out: Path, *, size: int = SIZE, batch: int
         _merge(body, _nested(path, False))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "overlay.yml"
-    path.write_text(yaml.safe_dump(body, sort_keys=False), encoding="utf-8")
+    path.write_text(yaml.dump(body, Dumper=_dumper(), sort_keys=False), encoding="utf-8")
     return path
 
 
@@ -297,7 +355,7 @@ def _record_path(work: Path, config: str) -> Path:
 def prefetch(configs: list[str], work: Path) -> None:
     """The worker's records (signature and recipe) of ``configs`` not cached under ``work/records`` yet, read in one
     child (ppdet imported once)."""
-    missing = [c for c in configs if not _record_path(work, c).is_file()]
+    missing = [c for c in configs if _cached(work, c) is None]
     if not missing:
         return
     (work / "records").mkdir(parents=True, exist_ok=True)
@@ -305,17 +363,84 @@ def prefetch(configs: list[str], work: Path) -> None:
     subprocess.run([*cmd, *missing], env=child_env(work), cwd=ROOT, capture_output=True, text=True, timeout=1800)
 
 
+def _cached(work: Path, config: str) -> dict | None:
+    """The worker's cached record of ``config``, if it has every recipe key (``num_classes`` is the newest)."""
+    path = _record_path(work, config)
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    return record if "num_classes" in record else None
+
+
 def complete(record: dict, work: Path) -> dict:
-    """``record`` with the recipe keys an enumeration cached before they existed lacks (``frozen_norms``), from
-    the worker's record of that config. A config the worker cannot read again keeps its norms as configured (its
-    build says why, if it fails)."""
-    if "frozen_norms" in record:
+    """``record`` with the recipe keys an enumeration cached before they existed lacks (``frozen_norms``,
+    ``train_dataset``), from the worker's record of that config. A config the worker cannot read again keeps its
+    norms as configured (its build says why, if it fails)."""
+    if "frozen_norms" in record and "train_dataset" in record and "num_classes" in record:
         return record
     prefetch([record["config"]], work)
     path = _record_path(work, record["config"])
     fresh = json.loads(path.read_text()) if path.is_file() else {}
-    record.update(frozen_norms=fresh.get("frozen_norms") or [])
+    if "frozen_norms" not in record:
+        record["frozen_norms"] = fresh.get("frozen_norms") or []
+    record.setdefault("train_dataset", fresh.get("train_dataset"))
+    record.setdefault("num_classes", fresh.get("num_classes"))
     return record
+
+
+def _bases(config: Path) -> list[Path]:
+    """The files ``config``'s ``_BASE_`` names (read as plain YAML: ppdet's ``!Class`` tags become None)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    try:
+        doc = yaml.load(config.read_text(encoding="utf-8"), Loader=Loader) or {}
+    except yaml.YAMLError:
+        return []
+    bases = doc.get("_BASE_") if isinstance(doc, dict) else None
+    return [(config.parent / b).resolve() for b in bases or [] if isinstance(b, str)]
+
+
+def data_source(record: dict, records: dict[str, dict], doc: dict) -> tuple[str | None, str | None]:
+    """For a config with no TrainDataset or TrainReader of its own (a ``_base_`` model fragment): the top-level
+    config whose data and reader its scan borrows, or why none. The smallest config whose ``_BASE_`` names the
+    fragment; if those all fail to load, none (their load error is the reason); if no config names it, the
+    family's first scanned row (the family's real configs train on that dataset and reader)."""
+    configs = tree() / "configs"
+    me = (configs / record["config"]).resolve()
+    users = [r for r in records.values() if me in _bases(configs / r["config"])]
+    usable = [r for r in users if r.get("train_reader") and r.get("dataset") not in (None, "NoneType")]
+    if usable:
+        return min(usable, key=_pick_key)["config"], None
+    failed = [r for r in users if r.get("load_error")]
+    if failed:
+        names = ", ".join(r["config"] for r in failed)
+        return None, f"a _base_ fragment; the configs that name it in _BASE_ ({names}) do not load: " + failed[0][
+            "load_error"
+        ]
+    mine = family(record["config"], record.get("architecture"))
+    scanned = [r["config"] for r in doc["rows"] if r.get("scan") and r["family"] == mine]
+    if scanned:
+        return scanned[0], None
+    return (
+        None,
+        "a _base_ fragment with no TrainDataset, that no config names in _BASE_ and whose family has no scanned row",
+    )
+
+
+def with_data(record: dict, records: dict[str, dict], doc: dict, work: Path) -> dict:
+    """``record`` itself when it has a dataset, else (a ``_base_`` fragment) a copy whose ``dataset``,
+    ``train_dataset``, ``train_reader`` and ``num_classes`` are those of :func:`data_source`'s config, named in
+    ``data_from``."""
+    if record.get("dataset") not in (None, "NoneType"):
+        return record
+    source, why = data_source(record, records, doc)
+    if source is None:
+        return {**record, "no_data": why}
+    src = complete(dict(records[source]), work)
+    keys = ("dataset", "train_dataset", "train_reader", "num_classes")
+    return {**record, **{k: src.get(k) for k in keys}, "data_from": source}
 
 
 def mark_frozen(doc: dict, work: Path) -> None:
@@ -403,20 +528,38 @@ def _past(until: str | None) -> bool:
     return stop is not None and time.time() >= stop
 
 
+def not_scanned(record: dict) -> str | None:
+    """Why the scan pass builds ``record``'s model but does not scan it, or None when it scans it."""
+    arch, dataset = record.get("architecture"), record.get("dataset")
+    if arch in NO_TRAIN_FORWARD:
+        return NO_TRAIN_FORWARD[arch]
+    if dataset in NOT_WRITTEN:
+        return NOT_WRITTEN[dataset]
+    if dataset in (None, "NoneType"):
+        return record.get("no_data") or "no TrainDataset"
+    if dataset not in WRITERS:
+        return f"TrainDataset is {dataset}: the sweep writes no data of that class"
+    return None
+
+
 def scan_one(record: dict, work: Path, data: Path) -> dict:
     record = complete(record, work)
     row = _row_for(record)
     row["unfrozen_norms"] = [".".join(p) for p in record["frozen_norms"]]
+    if record.get("data_from"):
+        row["data_from"] = record["data_from"]
     out = work / record["config"].replace("/", "__").removesuffix(".yml")
     path = overlay(record, data, out)
     result_file = out / "scan.json"
     start = time.time()
     env = child_env(work)
-    if record.get("dataset") not in COCO_DATASETS:
-        env["AMPSAFE_ZOO_BUILD_ONLY"] = f"TrainDataset is {record.get('dataset')}: the sweep writes COCO data only"
+    reason = not_scanned(record)
+    if reason:
+        env["AMPSAFE_ZOO_BUILD_ONLY"] = reason
     result_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.zoo_ppdet_worker", "scan", str(path), str(result_file)]
-    code, log = run_group(cmd, timeout=SCAN_TIMEOUT, env=env, cwd=ROOT)
+    # cwd: the config's folder, where a dataset that caches its parse (CULaneDataSet: ./cache) writes it
+    code, log = run_group(cmd, timeout=SCAN_TIMEOUT, env=env, cwd=out)
     (out / "scan.log").write_text(log)
     result = json.loads(result_file.read_text()) if result_file.is_file() else None
     if result is None and code == 124:
@@ -425,12 +568,32 @@ def scan_one(record: dict, work: Path, data: Path) -> dict:
         tail = [ln for ln in log.strip().splitlines() if ln.strip()]
         result = {"built": None, "why_not": f"worker exit {code}: " + (tail[-1][:300] if tail else "")}
     row.update({k: result.get(k) for k in ("built", "why_not", "scan", "params")})
+    errors = [s.get("error") for s in (row["scan"] or {}).values()]
+    if errors and all(errors) and not row["why_not"]:  # the model's own forward raised at every level
+        at = row["scan"]["O1"].get("raised_at")
+        row["why_not"] = "scan: " + errors[0] + (f" (raised at {at})" if at else "")
     row["wall_s"] = {**(result.get("wall_s") or {}), "build+scan total": round(time.time() - start, 1)}
     return row
 
 
-def run_scan(doc: dict, work: Path, until: str | None) -> None:
+def run_scan(doc: dict, work: Path, until: str | None, only: list[str] | None = None) -> None:
+    """Build and scan every signature's chosen config that has no row yet; with ``only``, those configs again
+    (their rows replaced, a parallel pass's rows kept)."""
     records = {r["config"]: r for r in enumerate_signatures(work)}
+    if only:
+        unknown = [c for c in only if c not in records]
+        if unknown:
+            raise SystemExit(f"--only names configs the enumeration does not have: {unknown}")
+        prefetch(only, work)
+        data = write_coco(work / "coco", K * BATCH)
+        for config in only:
+            if _past(until):
+                print(f"scan: stopped at {until} UTC", flush=True)
+                return
+            row = scan_one(with_data(records[config], records, doc, work), work, data)
+            save_row(row)
+            print(f"scan: {row['config']} built={row['built']} {row['why_not'] or ''} {row['wall_s']}", flush=True)
+        return
     doc["signatures"] = signatures(list(records.values()))
     doc["fragments"] = sorted(r["config"] for r in records.values() if r.get("fragment"))
     doc["load_errors"] = {r["config"]: r["load_error"] for r in records.values() if "load_error" in r}
@@ -446,7 +609,7 @@ def run_scan(doc: dict, work: Path, until: str | None) -> None:
         if _past(until):
             print(f"scan: stopped at {until} UTC", flush=True)
             return
-        row = scan_one(records[sig["chosen"]], work, data)
+        row = scan_one(with_data(records[sig["chosen"]], records, doc, work), work, data)
         doc["rows"].append(row)
         save(doc)
         print(f"scan: {row['config']} built={row['built']} {row['why_not'] or ''} {row['wall_s']}", flush=True)
@@ -611,12 +774,16 @@ def run_train(
             print(f"train: stopped at {until} UTC", flush=True)
             return
         if redo and row.get("frozen_at_init"):
-            row = scan_one(records[row["config"]], work, data)
+            row = scan_one(with_data(records[row["config"]], records, doc, work), work, data)
             print(f"scan: {row['config']} again with the norms unfrozen {row['wall_s']}", flush=True)
             if not row.get("scan"):
                 save_row(row)
                 continue
-        row["train"] = train_one(row, records[row["config"]], work, data, run_limit)
+        record = with_data(records[row["config"]], records, doc, work)
+        if record.get("dataset") in CWD_CACHE:
+            print(f"train: {row['config']} not trained: {CWD_CACHE[record['dataset']]}", flush=True)
+            continue
+        row["train"] = train_one(row, record, work, data, run_limit)
         save_row(row)
 
 
@@ -647,7 +814,7 @@ def fp32_check(work: Path, config: str, steps: int = FP32_STEPS, run_limit: floa
     records = {r["config"]: r for r in enumerate_signatures(work)}
     data = write_coco(work / "coco", K * BATCH)
     out = work / config.replace("/", "__").removesuffix(".yml")
-    path = overlay(complete(records[config], work), data, out)
+    path = overlay(complete(with_data(records[config], records, doc, work), work), data, out)
     steplog = out / "fp32" / "steps.jsonl"
     steplog.parent.mkdir(parents=True, exist_ok=True)
     steplog.unlink(missing_ok=True)
@@ -671,12 +838,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", action="store_true")
     parser.add_argument("--render", action="store_true")
     parser.add_argument("--until", default=None, help="HH:MM UTC: start no new config after it")
-    parser.add_argument("--only", nargs="*", default=None, help="train only these configs (relative to configs/)")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="scan / train only these configs (relative to configs/)"
+    )
     parser.add_argument("--redo", action="store_true", help="with --only: train again (and scan again if frozen)")
     parser.add_argument("--run-limit", type=float, default=TRAIN_TIMEOUT, help="seconds per training run")
     parser.add_argument("--fp32", nargs="*", default=[], help="float32 check of these configs (no --amp)")
     parser.add_argument("--fp32-steps", type=int, default=FP32_STEPS, help="steps of the float32 check")
     parser.add_argument("--resummarize", action="store_true", help="rebuild the run summaries from the run folders")
+    parser.add_argument("--build-ext-op", action="store_true", help="build the tree's ppdet/ext_op for this CPU")
     parser.add_argument("--work", default="/tmp/ampsafe-zoo-ppdet")
     args = parser.parse_args(argv)
     if not (tree() / "tools" / "train.py").is_file():
@@ -685,8 +855,11 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     doc = load()
     start = time.time()
+    if args.build_ext_op:
+        build_ext_op(work)
     if args.scan:
-        run_scan(doc, work, args.until)
+        run_scan(doc, work, args.until, args.only)
+        doc = load()  # the rows as saved (--only saves row by row)
     if args.train:
         run_train(doc, work, args.until, args.only, args.redo, args.run_limit)
     for config in args.fp32:

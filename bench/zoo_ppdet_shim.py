@@ -2,7 +2,8 @@
 written to a folder; nothing of PaddleDetection is edited).
 
 1. imgaug 0.4.0 (which the tree's ``ppdet.data.source.culane`` imports) reads ``numpy.sctypes`` at import; NumPy 2
-   removed it: it is set just before imgaug imports.
+   removed it: it is set just before imgaug imports. Likewise ``numpy.float`` (removed in NumPy 1.24) just before
+   the tree's ``ppdet.data.source.pose3d_cmb`` (Pose3DDataset) imports.
 2. With $AMPSAFE_ZOO_STEPLOG set, every ``paddle.amp`` scaler built (Paddle's own or ampsafe's subclass) appends one
    JSON line per ``minimize`` (Paddle's own scaler: ampsafe's does not run ``AmpScaler.__init__`` and has its
    own per-step records in report.json): the loss it scaled, the scale before and after, whether Paddle's
@@ -18,7 +19,8 @@ __all__ = ["SHIM", "STEPLOG_ENV", "STOP_ENV"]
 STEPLOG_ENV = "AMPSAFE_ZOO_STEPLOG"
 STOP_ENV = "AMPSAFE_ZOO_STOP_AFTER"
 
-SHIM = r'''"""Written by bench/zoo_ppdet_shim.py: numpy.sctypes for imgaug, and a per-step scaler log."""
+SHIM = r'''"""Written by bench/zoo_ppdet_shim.py: numpy.sctypes for imgaug, numpy.float for Pose3DDataset, and a
+per-step scaler log."""
 import json
 import os
 import sys
@@ -119,8 +121,17 @@ def _wrap_stats(module):
     cls.update = update
 
 
+def _numpy_float():
+    """``numpy.float`` (the builtin float; NumPy 1.24 removed the alias) for the tree's Pose3DDataset, whose
+    get_mask builds its mask with ``dtype=np.float``."""
+    import numpy
+
+    if "float" not in vars(numpy):
+        numpy.float = float
+
+
 install(
-    before={"imgaug": _numpy_sctypes},
+    before={"imgaug": _numpy_sctypes, "ppdet.data.source.pose3d_cmb": _numpy_float},
     after={"paddle.amp.grad_scaler": _wrap_scaler, "ppdet.utils.stats": _wrap_stats},
 )
 '''

@@ -56,7 +56,8 @@ def _scan_cell(scan: dict | None, level: str) -> str:
     if not s:
         return "-"
     if "error" in s:
-        return f"scan error: {s['error'][:80]}"
+        at = f" (raised at `{s['raised_at']}`)" if s.get("raised_at") else ""
+        return f"scan error: {s['error'][:80]}{at}"
     where = f" @ `{s['where']}`" if s.get("where") else ""
     ops = f"; {s['risky_ops']} risky op(s), least `{s['risky_op_where']}`" if s.get("risky_ops") else ""
     return f"{s['risky_paths']} risky / {s['paths']} paths; least {_num(s['least_headroom'])} bits{where}{ops}"
@@ -118,7 +119,9 @@ def _table(doc: dict) -> list[str]:
         if row.get("why_not"):
             built += f": {row['why_not'][:140]}"
         cells = [
-            f"`{row['config']}`" + (f" ({norms})" if (norms := norm_note(row)) else ""),
+            f"`{row['config']}`"
+            + (f" (data and reader of `{row['data_from']}`)" if row.get("data_from") else "")
+            + (f" ({norms})" if (norms := norm_note(row)) else ""),
             row["family"],
             str(counts.get(row["config"], "-")),
             f"{row['architecture']} / {row['backbone']} / {row['head']}",
@@ -268,9 +271,15 @@ def render(doc: dict) -> str:
         "",
         f"Each row: the signature's chosen config built by ppdet's `load_config` + `create(cfg.architecture)`; "
         f"`ampsafe.scan` of the train-mode forward at O1 and O2 on one batch of the config's own TrainReader "
-        f"transforms ({doc.get('batch', 2)} synthetic COCO images, resize targets set to {doc.get('size', 320)}, so "
+        f"transforms ({doc.get('batch', 2)} synthetic images, resize targets set to {doc.get('size', 320)}, so "
         f"`image` {doc.get('batch', 2)}x3x{doc.get('size', 320)}x{doc.get('size', 320)} with the reader's "
-        "`im_shape` / `scale_factor` / targets); then K = "
+        "`im_shape` / `scale_factor` / targets, where the transforms resize; a top-down keypoint crop keeps the "
+        "config's `trainsize`: the scan cells give each input). The images are written in the format of the "
+        "config's own TrainDataset class by bench/zoo_ppdet_data.py (COCO boxes and polygons, COCO person "
+        "keypoints, Pascal VOC, MOT image lists with labels_with_ids, WIDER FACE text, CULane lanes, Pose3D json); "
+        "a `_base_` fragment with no dataset of its own is laid over a config that names it in `_BASE_` (or its "
+        "family's first scanned row), named in its config cell, and takes that config's dataset, TrainReader, "
+        "class count, optimizer and schedule. Then K = "
         f"{doc['K']} steps of the tree's own `tools/train.py --amp --enable_ce True` (O1, ppdet's initial scale 1024, "
         "dynamic) at the config's optimizer, learning rate and schedule (warm-up included), random init, batch "
         f"{doc.get('batch', 2)}: natively (Paddle's GradScaler, float16 emulated by "

@@ -22,7 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
-__all__ = ["signature", "enumerate_tree", "build_and_scan", "frozen_norms"]
+__all__ = ["signature", "enumerate_tree", "build_and_scan", "frozen_norms", "dataset_spec"]
 
 # the keys of an architecture's config that name its backbone / neck; every other class-valued key except the
 # post-processing ones is part of its head
@@ -148,6 +148,40 @@ def frozen_norms(cfg: dict) -> list[list[str]]:
     return out
 
 
+def _plain_value(value):
+    """``value`` if it is JSON data (a number, string, list or dict of them), else None."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def dataset_spec(dataset) -> dict | None:
+    """The config's TrainDataset as ``{"name": class, "args": {...}}``: a ``name:`` mapping as written, a
+    ``!Class`` object (dota.yml, the MOT and few-shot configs) by its constructor's arguments as the object holds
+    them (``tagged``). Why: ppdet merges a mapping into a mapping only, and a ``!Class`` object of a ``_BASE_`` file
+    lands in its global config in place of the registered ``TrainDataset`` schema (``_load_config_with_base``
+    merges the first base into ``global_config`` itself), so the overlay must give the object again, as a
+    ``!Class`` with its ``data_fields`` and the like."""
+    import inspect
+
+    if dataset is None:
+        return None
+    if isinstance(dataset, dict):
+        args = {k: _plain_value(v) for k, v in dataset.items() if k != "name"}
+        return {"name": dataset.get("name"), "args": {k: v for k, v in args.items() if v is not None}, "tagged": False}
+    params = inspect.signature(type(dataset).__init__).parameters
+    held = {**(getattr(dataset, "ann_info", None) or {}), **vars(dataset)}  # the keypoint classes: ann_info
+    args = {}
+    for key in params:
+        if key in ("self", "transform") or key not in held:
+            continue
+        value = _plain_value(held[key])
+        if value is not None:
+            args[key] = value
+    return {"name": type(dataset).__name__, "args": args, "tagged": True}
+
+
 def recipe(cfg: dict) -> dict:
     """What the sweep's overlay needs from the merged config: the TrainReader, where ``sync_bn`` and
     ``pretrained`` weights are set (or default to a download), which classes freeze their norms, and the optimizer
@@ -163,6 +197,8 @@ def recipe(cfg: dict) -> dict:
         )
         + _default_pretrained(cfg),
         "frozen_norms": frozen_norms(cfg),
+        "train_dataset": dataset_spec(cfg.get("TrainDataset")),
+        "num_classes": cfg.get("num_classes") if isinstance(cfg.get("num_classes"), int) else None,
         "lr": lr.get("base_lr") if isinstance(lr, dict) else None,
         "schedulers": [type(s).__name__ if not isinstance(s, dict) else s.get("name") for s in lr.get("schedulers", [])]
         if isinstance(lr, dict)
@@ -198,6 +234,17 @@ def _scan_summary(report, image_shape) -> dict:
         "input": "x".join(str(int(d)) for d in image_shape),
         **_neck_summary(report),
     }
+
+
+def _raised_at(exc: BaseException) -> str | None:
+    """``file:line: code`` of the innermost frame under ppdet/ where the model's own exception (the scan error's
+    cause) was raised, or None."""
+    cause = exc.__cause__ or exc.__context__ or exc
+    frames = [f for f in traceback.extract_tb(cause.__traceback__) if "/ppdet/" in f.filename]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f"{f.filename[f.filename.index('ppdet/') :]}:{f.lineno}: {(f.line or '').strip()[:120]}"
 
 
 def build_and_scan(overlay: Path) -> dict:
@@ -243,6 +290,8 @@ def build_and_scan(overlay: Path) -> dict:
             scans[level] = _scan_summary(report, batch["image"].shape)
         except Exception as exc:
             scans[level] = {"error": _first_line(exc), "input": "x".join(str(int(d)) for d in batch["image"].shape)}
+            if _raised_at(exc):
+                scans[level]["raised_at"] = _raised_at(exc)
     result["scan"] = scans
     result["wall_s"]["scan"] = round(time.time() - start, 1)
     if os.environ.get("AMPSAFE_ZOO_KEEP_MODEL"):
