@@ -810,7 +810,8 @@ FP32_STEPS = 3
 def fp32_check(work: Path, config: str, steps: int = FP32_STEPS, run_limit: float = TRAIN_TIMEOUT) -> None:
     """``tools/train.py`` without ``--amp`` (float32) for ``steps`` steps on the row's overlay: whether a
     run that fails under float16 trains in float32 on the same data and seed. Stored as the row's ``fp32``."""
-    row = next(r for r in load()["rows"] if r["config"] == config)  # as saved: a parallel pass may have trained it
+    doc = load()  # as saved: a parallel pass may have trained the row
+    row = next(r for r in doc["rows"] if r["config"] == config)
     records = {r["config"]: r for r in enumerate_signatures(work)}
     data = write_coco(work / "coco", K * BATCH)
     out = work / config.replace("/", "__").removesuffix(".yml")
