@@ -25,6 +25,7 @@ COLUMNS = (
     "risky path O2",
     "risky op O2",
     "trained",
+    "stopped by the run limit",
     "native overflowed",
     "native failed",
     "healed",
@@ -37,8 +38,19 @@ def _risky(row: dict, level: str, key: str = "risky_paths") -> bool:
     return bool(scan.get(key))
 
 
+# the sweeps' own kill at their run limit: ppdet's process-group timeout (124), PaddleOCR's SIGKILL (-9)
+LIMIT_CODES = (124, -9)
+
+
+def _stopped(run: dict) -> bool:
+    """A run the sweep stopped at its time limit: no verdict on the run, only on the steps it logged."""
+    return run.get("returncode") in LIMIT_CODES
+
+
 def _failed(run: dict) -> bool:
-    """A run that exited non-zero or ended on a non-finite loss."""
+    """A run that exited with its own error, or logged a non-finite loss."""
+    if _stopped(run):
+        return run.get("loss_last") is not None and not run.get("finite", True)
     return bool(run.get("returncode")) or not run.get("finite", True)
 
 
@@ -62,6 +74,7 @@ def family_counts(rows: list[dict]) -> dict[str, dict[str, int]]:
             continue
         native, ours = train["native"], train["ampsafe"]
         c["trained"] += 1
+        c["stopped by the run limit"] += _stopped(native) or _stopped(ours)
         c["native overflowed"] += bool(native.get("overflow_steps"))
         c["native failed"] += _failed(native)
         c["healed"] += bool(ours.get("heals"))
@@ -92,7 +105,8 @@ def render(results: Path = RESULTS) -> str:
         "signatures' members listed on its page). Risky path: `ampsafe.scan` found an unnormalized conv/matmul path "
         "within its margin of 65504 at that level; risky op: another float16 op (an `exp`, a division) out of range. "
         "Trained rows ran K steps of the tree's own `tools/train.py` with emulated float16, native and under "
-        "`ampsafe run`; failed: the run exited with an error or ended on a non-finite loss. The per-tree tables give "
+        "`ampsafe run`; stopped: the sweep's time limit ended a run before K steps (its row says how many it ran); "
+        "failed: the run exited with its own error or logged a non-finite loss. The per-tree tables give "
         "every config, its least headroom and where, and why a row did not build, scan or train.",
         "",
     ]

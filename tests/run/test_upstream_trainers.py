@@ -71,36 +71,10 @@ def test_torchvision_reference_loop_without_emulation_has_the_scaler_disabled():
 
 
 def _coco(root: Path, n: int = 4, size: int = 160) -> Path:
-    """``n`` JPEGs with two filled rectangles each and their COCO json (two categories)."""
-    import cv2
-    import numpy as np
+    """``n`` JPEGs of filled rectangles and their COCO json (two categories): the zoo sweep's writer."""
+    from bench.zoo_ppdet_data import write_coco
 
-    rng = np.random.default_rng(0)
-    (root / "images").mkdir(parents=True)
-    images, annotations = [], []
-    for i in range(n):
-        img = (rng.random((size, size, 3)) * 60).astype(np.uint8)
-        for category in (1, 2):
-            x, y = (int(v) for v in rng.integers(5, size // 2, 2))
-            w, h = (int(v) for v in rng.integers(size // 5, size // 2, 2))
-            img[y : y + h, x : x + w] = 200 if category == 1 else 120
-            annotations.append(
-                {
-                    "id": len(annotations) + 1,
-                    "image_id": i + 1,
-                    "category_id": category,
-                    "bbox": [x, y, w, h],
-                    "area": w * h,
-                    "iscrowd": 0,
-                }
-            )
-        cv2.imwrite(str(root / "images" / f"{i}.jpg"), img)
-        images.append({"id": i + 1, "file_name": f"{i}.jpg", "width": size, "height": size})
-    categories = [{"id": 1, "name": "bright"}, {"id": 2, "name": "grey"}]
-    (root / "train.json").write_text(
-        json.dumps({"images": images, "annotations": annotations, "categories": categories})
-    )
-    return root
+    return write_coco(root, n, size)
 
 
 def _overlay(path: Path, base: Path, data: Path, reader: str) -> Path:
