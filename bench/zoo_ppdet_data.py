@@ -46,16 +46,22 @@ def _imwrite(path: Path, img) -> None:
     cv2.imwrite(str(path), img)
 
 
+def _scenes(seed: int, n: int, size: int):
+    """``n`` seeded square scenes of ``size``: (index, image, objects), one random stream for all of them."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        yield (i, *_scene(rng, (size, size)))
+
+
 def write_coco(root: Path, n: int, size: int = 320, seed: int = 0) -> Path:
     """``n`` JPEGs with three filled rectangles each, and their COCO json (boxes and rectangle polygons)."""
-    import numpy as np
 
     if (root / "train.json").is_file():
         return root
-    rng = np.random.default_rng(seed)
     images, annotations = [], []
-    for i in range(n):
-        img, objects = _scene(rng, (size, size))
+    for i, img, objects in _scenes(seed, n, size):
         for category, x, y, w, h in objects:
             poly = [x, y, x + w, y, x + w, y + h, x, y + h]
             annotations.append(
@@ -150,14 +156,11 @@ def _keypoints(root: Path, n: int, size: int, seed: int, args: dict) -> dict:
 
 def _voc(root: Path, n: int, size: int, seed: int, args: dict) -> dict:
     """Pascal VOC: one xml per image, ``trainval.txt`` pairing image and xml, ``label_list.txt``."""
-    import numpy as np
 
     names = {1: "bright", 2: "grey"}
     if not (root / "trainval.txt").is_file():
-        rng = np.random.default_rng(seed)
         pairs = []
-        for i in range(n):
-            img, objects = _scene(rng, (size, size))
+        for i, img, objects in _scenes(seed, n, size):
             _imwrite(root / "JPEGImages" / f"{i}.jpg", img)
             boxes = "".join(
                 f"<object><name>{names[c]}</name><difficult>0</difficult><bndbox><xmin>{x}</xmin><ymin>{y}</ymin>"
@@ -177,13 +180,10 @@ def _mot(root: Path, n: int, size: int, seed: int, args: dict) -> dict:
     """The JDE/FairMOT layout MOTDataSet reads: ``image_lists/synthetic.train`` listing ``synthetic/images/*.jpg``,
     and beside each a ``labels_with_ids/*.txt`` of ``class id cx cy w h`` (normalized), one id per rectangle that
     stays with it from frame to frame."""
-    import numpy as np
 
     if not (root / "image_lists" / "synthetic.train").is_file():
-        rng = np.random.default_rng(seed)
         listed = []
-        for i in range(n):
-            img, objects = _scene(rng, (size, size))
+        for i, img, objects in _scenes(seed, n, size):
             _imwrite(root / "synthetic" / "images" / f"{i:05d}.jpg", img)
             lines = [
                 f"0 {k} {(x + w / 2) / size:.6f} {(y + h / 2) / size:.6f} {w / size:.6f} {h / size:.6f}"
@@ -200,13 +200,10 @@ def _mot(root: Path, n: int, size: int, seed: int, args: dict) -> dict:
 def _widerface(root: Path, n: int, size: int, seed: int, args: dict) -> dict:
     """WIDER FACE's ground-truth text: an image path line, a box count line, then ``x y w h`` + six zero flags a
     box (the layout of wider_face_train_bbx_gt.txt)."""
-    import numpy as np
 
     if not (root / "train_bbx_gt.txt").is_file():
-        rng = np.random.default_rng(seed)
         lines = []
-        for i in range(n):
-            img, objects = _scene(rng, (size, size))
+        for i, img, objects in _scenes(seed, n, size):
             _imwrite(root / "images" / f"{i}.jpg", img)
             lines += [f"{i}.jpg", str(len(objects))]
             lines += [f"{x} {y} {w} {h} 0 0 0 0 0 0 " for _, x, y, w, h in objects]
