@@ -4,7 +4,7 @@ tree's own ``tools/train.py --amp`` with float16 emulated, natively and under ``
 
     python -m bench.zoo_ppdet --scan   [--until HH:MM]   # build + scan pass (appends rows, skips done ones)
     python -m bench.zoo_ppdet --train  [--until HH:MM]   # training pass (RT-DETR, PicoDet, YOLOX first)
-    python -m bench.zoo_ppdet --scan --only CONFIG...    # build + scan these configs again (rows replaced)
+    python -m bench.zoo_ppdet --scan --only CONFIG... [--scan-limit S]   # build + scan these configs again (rows replaced)
     python -m bench.zoo_ppdet --train --only CONFIG... [--redo] [--run-limit S]   # these rows, again; passes
                                                          # with disjoint --only lists can run side by side
     python -m bench.zoo_ppdet --fp32 CONFIG...           # the same rows' tools/train.py without --amp, 3 steps
@@ -34,6 +34,7 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from bench import common
 from bench.zoo_ppdet_data import NOT_WRITTEN, WRITERS, write_coco, write_dataset
-from bench.zoo_ppdet_shim import SHIM, STEPLOG_ENV, STOP_ENV
+from bench.zoo_ppdet_shim import LIMIT_EXIT, SHIM, STEPLOG_ENV, STOP_AT_ENV, STOP_ENV
 from bench.zoo_ppdet_table import render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -542,7 +543,7 @@ def not_scanned(record: dict) -> str | None:
     return None
 
 
-def scan_one(record: dict, work: Path, data: Path) -> dict:
+def scan_one(record: dict, work: Path, data: Path, scan_limit: float = SCAN_TIMEOUT) -> dict:
     record = complete(record, work)
     row = _row_for(record)
     row["unfrozen_norms"] = [".".join(p) for p in record["frozen_norms"]]
@@ -559,11 +560,11 @@ def scan_one(record: dict, work: Path, data: Path) -> dict:
     result_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.zoo_ppdet_worker", "scan", str(path), str(result_file)]
     # cwd: the config's folder, where a dataset that caches its parse (CULaneDataSet: ./cache) writes it
-    code, log = run_group(cmd, timeout=SCAN_TIMEOUT, env=env, cwd=out)
+    code, log = run_group(cmd, timeout=scan_limit, env=env, cwd=out)
     (out / "scan.log").write_text(log)
     result = json.loads(result_file.read_text()) if result_file.is_file() else None
     if result is None and code == 124:
-        result = {"built": None, "why_not": f"build + scan over {SCAN_TIMEOUT} s on this CPU (not scanned)"}
+        result = {"built": None, "why_not": f"build + scan over {scan_limit:.0f} s on this CPU (not scanned)"}
     elif result is None:
         tail = [ln for ln in log.strip().splitlines() if ln.strip()]
         result = {"built": None, "why_not": f"worker exit {code}: " + (tail[-1][:300] if tail else "")}
@@ -576,7 +577,9 @@ def scan_one(record: dict, work: Path, data: Path) -> dict:
     return row
 
 
-def run_scan(doc: dict, work: Path, until: str | None, only: list[str] | None = None) -> None:
+def run_scan(
+    doc: dict, work: Path, until: str | None, only: list[str] | None = None, scan_limit: float = SCAN_TIMEOUT
+) -> None:
     """Build and scan every signature's chosen config that has no row yet; with ``only``, those configs again
     (their rows replaced, a parallel pass's rows kept)."""
     records = {r["config"]: r for r in enumerate_signatures(work)}
@@ -590,7 +593,7 @@ def run_scan(doc: dict, work: Path, until: str | None, only: list[str] | None = 
             if _past(until):
                 print(f"scan: stopped at {until} UTC", flush=True)
                 return
-            row = scan_one(with_data(records[config], records, doc, work), work, data)
+            row = scan_one(with_data(records[config], records, doc, work), work, data, scan_limit)
             save_row(row)
             print(f"scan: {row['config']} built={row['built']} {row['why_not'] or ''} {row['wall_s']}", flush=True)
         return
@@ -609,7 +612,7 @@ def run_scan(doc: dict, work: Path, until: str | None, only: list[str] | None = 
         if _past(until):
             print(f"scan: stopped at {until} UTC", flush=True)
             return
-        row = scan_one(with_data(records[sig["chosen"]], records, doc, work), work, data)
+        row = scan_one(with_data(records[sig["chosen"]], records, doc, work), work, data, scan_limit)
         doc["rows"].append(row)
         save(doc)
         print(f"scan: {row['config']} built={row['built']} {row['why_not'] or ''} {row['wall_s']}", flush=True)
@@ -630,8 +633,15 @@ def train_command(run: str, config: Path, report: Path) -> list[str]:
             sys.executable, "tools/train.py", *args]  # fmt: skip
 
 
+STOP_GRACE_S = 60  # after the Ctrl-C at a run's limit: time for ampsafe run to write its report
+STEP_GRACE_S = 300  # past a training run's limit: the step under way ends and the run stops (the shim's STOP_AT)
+
+
 def run_group(cmd: list[str], *, timeout: float, **kwargs) -> tuple[int, str]:
-    """Run ``cmd`` in its own process group; on timeout the whole group (``ampsafe run``'s child too) is killed."""
+    """Run ``cmd`` in its own process group. At ``timeout`` the group gets SIGINT, as a user's Ctrl-C (``ampsafe
+    run`` writes its report when the command ends within :data:`STOP_GRACE_S`); whatever still runs then is
+    killed. A training run stops itself between steps at its limit (the shim's ``STOP_AT``): this is its
+    backstop."""
     import signal
 
     proc = subprocess.Popen(
@@ -641,9 +651,13 @@ def run_group(cmd: list[str], *, timeout: float, **kwargs) -> tuple[int, str]:
         log, _ = proc.communicate(timeout=timeout)
         return proc.returncode, log
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        return 124, (log or "") + f"\ntimeout after {timeout} s on this CPU"
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            log, _ = proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            log, _ = proc.communicate()
+        return LIMIT_EXIT, (log or "") + f"\ntimeout after {timeout} s on this CPU"
 
 
 def _steps(path: Path) -> list[dict]:
@@ -705,10 +719,12 @@ def train_one(row: dict, record: dict, work: Path, data: Path, run_limit: float 
         steplog = folder / "steps.jsonl"
         steplog.unlink(missing_ok=True)
         report = folder / "report"
+        shutil.rmtree(report, ignore_errors=True)  # a report.json left by an earlier run is not this run's
         env = child_env(work)
-        env[STEPLOG_ENV], env[STOP_ENV] = str(steplog), str(K)
         start = time.time()
-        code, log = run_group(train_command(run, config, report), timeout=run_limit, env=env, cwd=tree())
+        env[STEPLOG_ENV], env[STOP_ENV], env[STOP_AT_ENV] = str(steplog), str(K), str(start + run_limit)
+        cmd = train_command(run, config, report)
+        code, log = run_group(cmd, timeout=run_limit + STEP_GRACE_S, env=env, cwd=tree())
         (folder / "log.txt").write_text(log)
         seconds = round(time.time() - start, 1)
         rep = json.loads((report / "report.json").read_text()) if (report / "report.json").is_file() else None
@@ -756,6 +772,7 @@ def run_train(
     only: list[str] | None,
     redo: bool = False,
     run_limit: float = TRAIN_TIMEOUT,
+    scan_limit: float = SCAN_TIMEOUT,
 ) -> None:
     """Train the rows in :func:`_train_order` (or ``only`` those, in the order given). ``redo`` retrains rows that
     have a training already, and first scans again a row scanned before the overlay unfroze the norms."""
@@ -774,7 +791,7 @@ def run_train(
             print(f"train: stopped at {until} UTC", flush=True)
             return
         if redo and row.get("frozen_at_init"):
-            row = scan_one(with_data(records[row["config"]], records, doc, work), work, data)
+            row = scan_one(with_data(records[row["config"]], records, doc, work), work, data, scan_limit)
             print(f"scan: {row['config']} again with the norms unfrozen {row['wall_s']}", flush=True)
             if not row.get("scan"):
                 save_row(row)
@@ -844,6 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--redo", action="store_true", help="with --only: train again (and scan again if frozen)")
     parser.add_argument("--run-limit", type=float, default=TRAIN_TIMEOUT, help="seconds per training run")
+    parser.add_argument("--scan-limit", type=float, default=SCAN_TIMEOUT, help="seconds per config's build + scan")
     parser.add_argument("--fp32", nargs="*", default=[], help="float32 check of these configs (no --amp)")
     parser.add_argument("--fp32-steps", type=int, default=FP32_STEPS, help="steps of the float32 check")
     parser.add_argument("--resummarize", action="store_true", help="rebuild the run summaries from the run folders")
@@ -859,10 +877,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.build_ext_op:
         build_ext_op(work)
     if args.scan:
-        run_scan(doc, work, args.until, args.only)
+        run_scan(doc, work, args.until, args.only, args.scan_limit)
         doc = load()  # the rows as saved (--only saves row by row)
     if args.train:
-        run_train(doc, work, args.until, args.only, args.redo, args.run_limit)
+        run_train(doc, work, args.until, args.only, args.redo, args.run_limit, args.scan_limit)
     for config in args.fp32:
         fp32_check(work, config, args.fp32_steps, args.run_limit)
     if args.resummarize:

@@ -298,7 +298,10 @@ NOT_WRITTEN = {
         "semi-supervised: tools/train.py hands these configs (ssod_method) to ppdet's Trainer_DenseTeacher / "
         "Trainer_ARSL / Trainer_Semi_RTDETR, which read TrainDataset + UnsupTrainDataset through SemiTrainReader "
         "(weak and strong views of labeled and unlabeled images) into a teacher-student model (cfg.SSOD or the "
-        "ARSL pair), not cfg.architecture on one TrainReader batch as the scan pass builds; not synthesized"
+        "ARSL pair), not cfg.architecture on one TrainReader batch as the scan pass builds; not synthesized. "
+        "Read in ppdet/engine/trainer_ssod.py: under --amp (O1) Trainer_DenseTeacher's and Trainer_ARSL's training "
+        "steps run in float32 (no auto_cast, no GradScaler: a plain losses_sup.backward(), lines 270 and 681); "
+        "Trainer_Semi_RTDETR's has both (lines 992-1061)"
     ),
 }
 

@@ -8,22 +8,26 @@ written to a folder; nothing of PaddleDetection is edited).
    JSON line per ``minimize`` (Paddle's own scaler: ampsafe's does not run ``AmpScaler.__init__`` and has its
    own per-step records in report.json): the loss it scaled, the scale before and after, whether Paddle's
    ``_found_inf`` was set. ppdet's ``TrainingStats.update`` (once per step, any scaler) appends the step's loss;
-   with $AMPSAFE_ZOO_STOP_AFTER=N the process exits with status 0 after the N-th step (``ampsafe run`` still
-   writes its report at exit).
+   with $AMPSAFE_ZOO_STOP_AFTER=N the process exits with status 0 after the N-th step, and with
+   $AMPSAFE_ZOO_STOP_AT=T (epoch seconds) with status 124 after the first step that ends past T: the run limit
+   stops a run between steps, so ``ampsafe run`` still writes its report at exit.
 """
 
 from __future__ import annotations
 
-__all__ = ["SHIM", "STEPLOG_ENV", "STOP_ENV"]
+__all__ = ["LIMIT_EXIT", "SHIM", "STEPLOG_ENV", "STOP_AT_ENV", "STOP_ENV"]
 
 STEPLOG_ENV = "AMPSAFE_ZOO_STEPLOG"
 STOP_ENV = "AMPSAFE_ZOO_STOP_AFTER"
+STOP_AT_ENV = "AMPSAFE_ZOO_STOP_AT"
+LIMIT_EXIT = 124  # a run stopped by its time limit, between steps or by run_group's timeout
 
 SHIM = r'''"""Written by bench/zoo_ppdet_shim.py: numpy.sctypes for imgaug, numpy.float for Pose3DDataset, and a
 per-step scaler log."""
 import json
 import os
 import sys
+import time
 
 
 from bench.import_hooks import install  # the checkout is on the children's PYTHONPATH
@@ -116,6 +120,8 @@ def _wrap_stats(module):
         count["n"] += 1
         if count["n"] == int(os.environ.get("AMPSAFE_ZOO_STOP_AFTER") or 0):
             sys.exit(0)
+        if time.time() >= float(os.environ.get("AMPSAFE_ZOO_STOP_AT") or "inf"):
+            sys.exit(124)
         return out
 
     cls.update = update

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import re
 import signal
@@ -1040,6 +1041,53 @@ def train_pass(
         )
 
 
+AMP_OPTIONS = ("Global.use_amp=", "Global.amp_level=", "Global.scale_loss=", "Global.use_dynamic_loss_scaling=")
+# families whose training fails in the tree's own AMP code path, read in tools/program.py (and checked by --fp32)
+AMP_BRANCH_BREAKS = {
+    "sr": "tools/program.py's AMP branch calls model(images) for SR models (lines 321-328), its float32 branch "
+    "model(batch) (lines 338-339): TBSRN/TSRN then read one image of the low-resolution batch as the batch",
+}
+
+
+def fp32_row(src: Path, rel: str, work: Path, run_limit: float = TRAIN_LIMIT_S) -> dict:
+    """``tools/train.py`` on the row's config and data with ``Global.use_amp=False``: whether a config that fails
+    under AMP trains in float32. No scaler, so no step log: the losses are the printed ones, one epoch of the
+    synthetic data."""
+    from bench.ppocr_optin import command, launch, parse_log
+
+    folder = work / rel.replace("/", "__").removesuffix(".yml")
+    side = SIDES.get(next((a for a in SIDES if f"_{a.lower()}_" in rel), ""), TRAIN_SIDE)
+    if not (folder / "data" / "train.txt").is_file():
+        write_data(src, rel, folder / "data", side=side)
+    out = folder / "fp32"
+    out.mkdir(parents=True, exist_ok=True)
+    opts, _ = train_options(src, rel, folder / "data", out, side)
+    opts = [o for o in opts if not o.startswith(AMP_OPTIONS)] + ["Global.use_amp=False"]
+    result = launch(src, folder, out, command("native", f"configs/{rel}", opts), {"run": "fp32"}, stop_after=None,
+                    timeout=run_limit)  # fmt: skip
+    losses = list(parse_log((out / "log.txt").read_text(encoding="utf-8")).values())
+    run = {
+        "steps_done": len(losses),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "finite": bool(losses) and all(math.isfinite(x) for x in losses),
+        "returncode": result["returncode"],
+    }
+    if result["returncode"]:
+        run["error"] = _raised(result["log_tail"])[:300]
+    return run
+
+
+def fp32_pass(src: Path, only: str, work: Path, run_limit: float = TRAIN_LIMIT_S) -> None:
+    """:func:`fp32_row` for the built configs ``only`` names, stored as their rows' ``fp32``."""
+    for rel in [r["config"] for r in load()["rows"] if r.get("built") and only in r["config"]]:
+        run = fp32_row(src, rel, work, run_limit)
+        data = load()
+        next(r for r in data["rows"] if r["config"] == rel)["fp32"] = run
+        save(data)
+        print(f"{rel}: float32 {run}", flush=True)
+
+
 # --- rendering -------------------------------------------------------------------------------------------------
 
 
@@ -1181,6 +1229,15 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         native = _run_cell(train.get("native"), heals=False) if train else _not_trained(r)
         if train and train.get("lr_note"):
             native += f" (lr schedule: {train['lr_note'].split(':')[0]})"
+        if r.get("fp32"):
+            f = r["fp32"]
+            native += (
+                f"; float32 (`use_amp` off): {f['steps_done']} steps"
+                + (f", loss {_g(f['loss_first'])} → {_g(f['loss_last'])}" if f["loss_first"] is not None else "")
+                + (f", {f['error']}" if f.get("error") else "")
+            )
+        if train and (train.get("native") or {}).get("error") and r["family"] in AMP_BRANCH_BREAKS:
+            native += f" (cause: {AMP_BRANCH_BREAKS[r['family']]})"
         ampsafe = _run_cell(train.get("ampsafe"), heals=True) if train else ""
         wall = ", ".join(f"{k} {v:.0f}" for k, v in r.get("wall_s", {}).items() if v is not None)
         lines.append(
@@ -1261,6 +1318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redo-failed", action="store_true", help="scan again the rows not built or not scanned")
     parser.add_argument("--render", action="store_true", help="write zoo-ppocr.md from zoo-ppocr.json")
     parser.add_argument(
+        "--fp32", default=None, metavar="ONLY", help="train the configs whose path contains this without use_amp"
+    )
+    parser.add_argument(
         "--until",
         default=None,
         help=f"HH:MM UTC: the train pass starts no config after it; a run still going {UNTIL_GRACE_S} s after it "
@@ -1289,6 +1349,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.redo and not args.only:
             parser.error("--redo needs --only")
         train_pass(args.src, args.only, args.work, until=args.until, redo=args.redo, run_limit=args.run_limit)
+    if args.fp32:
+        fp32_pass(args.src, args.fp32, args.work, args.run_limit)
     if args.render:
         render()
     return 0
