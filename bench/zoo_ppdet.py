@@ -644,8 +644,17 @@ def run_group(cmd: list[str], *, timeout: float, **kwargs) -> tuple[int, str]:
     backstop."""
     import signal
 
+    def sigint_default() -> None:  # a sweep started in the background (nohup, &) has SIGINT ignored: its children too
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=sigint_default,
+        **kwargs,
     )
     try:
         log, _ = proc.communicate(timeout=timeout)

@@ -89,16 +89,22 @@ def test_plot_training_writes_a_png_when_runs_failed_or_overflowed(tmp_path):
 
 def test_zoo_run_limit_stops_ampsafe_run_as_ctrl_c_so_its_report_is_written(tmp_path):
     """A training run cut at the zoo's run limit still gets ampsafe run's report, written after the cut: the
-    limit sends Ctrl-C to the run's process group instead of killing it."""
+    limit sends Ctrl-C to the run's process group instead of killing it, and the run hears it even when the
+    sweep ignores SIGINT (started with nohup or &, as a sweep of hours is)."""
     import json
+    import signal
     import sys
 
     from bench.zoo_ppdet import run_group
 
     report = tmp_path / "report"
     command = [sys.executable, "-c", "import time; time.sleep(300)"]
-    code, log = run_group([sys.executable, "-m", "ampsafe.cli", "run", "--report", str(report), "--", *command],
-                          timeout=10)  # fmt: skip
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a background sweep's children inherit
+    try:
+        code, log = run_group([sys.executable, "-m", "ampsafe.cli", "run", "--report", str(report), "--", *command],
+                              timeout=10)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert code == 124 and "timeout after 10 s" in log
     written = json.loads((report / "report.json").read_text())
     assert written["returncode"] == 130, written  # the command's status after the Ctrl-C: written after the cut
