@@ -695,7 +695,9 @@ def summarize_run(lines: list[dict], report: dict | None, returncode: int, log: 
         "scaler": scaler[-1]["class"] if scaler else None,
         "returncode": returncode,
     }
-    if returncode:
+    if returncode == LIMIT_EXIT:
+        out["error"] = "stopped by the sweep's run limit"
+    elif returncode:
         text = [ln for ln in log.strip().splitlines() if ln.strip()]
         out["error"] = next((ln for ln in reversed(text) if "Error" in ln), text[-1] if text else "")[:300]
     if report is not None:
@@ -738,6 +740,8 @@ def train_one(row: dict, record: dict, work: Path, data: Path, run_limit: float 
         seconds = round(time.time() - start, 1)
         rep = json.loads((report / "report.json").read_text()) if (report / "report.json").is_file() else None
         train[run] = summarize_run(_steps(steplog), rep if run == "ampsafe" else None, code, log)
+        if run == "ampsafe" and rep is None:  # its overflows and scale are in the report only: unknown here
+            train[run]["overflow_steps"] = None
         row["wall_s"][run] = seconds
         print(f"train: {row['config']} {run} {seconds}s {json.dumps(train[run])[:400]}", flush=True)
     return train

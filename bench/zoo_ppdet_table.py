@@ -78,7 +78,10 @@ def _run_cell(run: dict | None) -> str:
     if not run:
         return "-"
     over = run.get("overflow_steps") or []
-    text = f"{len(over)} overflowing{' ' + str(over) if over else ''}; scale {_num(run.get('final_scale'))}; "
+    if run.get("overflow_steps") is None:
+        text = "overflows unknown (no report.json); "
+    else:
+        text = f"{len(over)} overflowing{' ' + str(over) if over else ''}; scale {_num(run.get('final_scale'))}; "
     text += f"loss {_num(run.get('loss_first'))} → {_num(run.get('loss_last'))}"
     text += "" if run.get("finite") else " **non-finite**"
     if run.get("steps_run") is not None:
