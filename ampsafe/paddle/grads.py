@@ -42,6 +42,12 @@ def parameters(optimizer) -> list:
     return list(optimizer._parameter_list)
 
 
+def grouped(optimizer) -> bool:
+    """Whether ``optimizer`` was built with parameter groups (a list of dicts, each its own options)."""
+    params = optimizer._parameter_list
+    return bool(params) and isinstance(params[0], dict)
+
+
 def unscale_and_check_(optimizer, scale):
     """Divide every gradient ``optimizer`` holds by ``scale`` in place; returns found_inf (bool, shape [1]),
     True where a gradient was inf/NaN. No host sync."""

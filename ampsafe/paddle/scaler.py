@@ -44,12 +44,13 @@ from ..errors import ConfigError
 from ..healing.scaler import HealingScaler
 from .backend import BACKEND, amp_dtype, innermost_emulator
 from .fleet import KeptMethod
-from .grads import nonfinite_params, unscale_and_check_
+from .grads import grouped, nonfinite_params, unscale_and_check_
 
 __all__ = ["GradScaler", "OptimizerState", "amp_scaler"]
 
 OptimizerState = _paddle_grad_scaler.OptimizerState  # Paddle's enum: per-optimizer states compare equal to Paddle's
 _NAMES = ("init_loss_scaling", "min_loss_scaling", "max_loss_scaling")
+_SELECTING = ("parameters", "no_grad_set")  # minimize's arguments that choose which parameters it updates
 # a state dict's keys in Paddle's names -> the state machine's (LossScaleState.state_dict); Paddle's own scaler
 # saves the first six, so a state dict from it loads (the others keep their values)
 _STATE_KEYS = {
@@ -351,12 +352,19 @@ class GradScaler(HealingScaler, _paddle_grad_scaler.GradScaler):
 
     def minimize(self, optimizer, *args: Any, **kwargs: Any):
         """``step`` + ``update`` through ``optimizer.minimize(*args, **kwargs)``; returns what that returns. In a
-        static program it appends Paddle's in-program loss scaling, then the floor and cap, to the program."""
+        static program it appends Paddle's in-program loss scaling, then the floor and cap, to the program.
+
+        An optimizer built with parameter groups is stepped by ``optimizer.step()`` (when the call names no
+        ``parameters`` or ``no_grad_set``): Paddle's ``Optimizer.minimize`` hands the group dicts to ``backward``,
+        which takes tensors, so Paddle's own scaler raises a TypeError there (PaddleDetection's RT-DETRv2 under
+        ``--amp``), and ``step()`` applies each group with its own options."""
         if self._static and self._enable:
             return self._static_minimize(optimizer, *args, **kwargs)
         if not self._enable:
             return optimizer.minimize(*args, **kwargs)
-        result = self._optimizer_step(optimizer, lambda: optimizer.minimize(*args, **kwargs))
+        selects = any(a is not None for a in args[2:]) or any(kwargs.get(k) is not None for k in _SELECTING)
+        run = optimizer.step if grouped(optimizer) and not selects else lambda: optimizer.minimize(*args, **kwargs)
+        result = self._optimizer_step(optimizer, run)
         self._advance()
         return result if result is not None else (None, None)
 

@@ -129,3 +129,43 @@ def test_emulated_must_be_a_bool(value):
     with pytest.raises(ConfigError, match="emulated must be a bool"):
         GradScaler(emulated=value)
     assert issubclass(ConfigError, ampsafe.AmpSafeError)
+
+
+def _grouped_adamw(model):
+    params = model.parameters()
+    return paddle.optimizer.AdamW(
+        learning_rate=0.01, parameters=[{"params": params[:2]}, {"params": params[2:], "learning_rate": 0.05}]
+    )
+
+
+def test_minimize_steps_an_optimizer_built_with_parameter_groups_where_paddles_raises():
+    """Paddle's own ``GradScaler.minimize`` raises on an optimizer built with parameter groups (its
+    ``Optimizer.minimize`` hands the group dicts to ``backward``; PaddleDetection's RT-DETRv2 under ``--amp`` stops
+    there); ampsafe's takes the step each group asks for, the same as an unscaled float32 ``step()``."""
+    x = paddle.to_tensor(X)
+    reference = _model()
+    opt = _grouped_adamw(reference)
+    reference(x).pow(2).mean().backward()
+    opt.step()
+    expected = [p.numpy().copy() for p in reference.parameters()]
+    amp_emulation.install()
+    try:
+        theirs_model = _model()
+        theirs = paddle.amp.GradScaler(init_loss_scaling=256.0)
+        scaled = theirs.scale(theirs_model(x).pow(2).mean())
+        scaled.backward()
+        with pytest.raises(TypeError, match="must be list of Tensor, but got dict"):
+            theirs.minimize(_grouped_adamw(theirs_model), scaled)
+        model = _model()
+        before = [p.numpy().copy() for p in model.parameters()]
+        ours = GradScaler(init_loss_scaling=256.0)
+        scaled = ours.scale(model(x).pow(2).mean())
+        scaled.backward()
+        ours.minimize(_grouped_adamw(model), scaled)
+    finally:
+        amp_emulation.uninstall()
+    after = [p.numpy() for p in model.parameters()]
+    assert all(not np.array_equal(a, b) for a, b in zip(after, before))  # every group stepped
+    for a, e in zip(after, expected):
+        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)  # the scale of 256 (a power of two) unscaled exactly
+    assert ours.get_loss_scaling() == 256.0
