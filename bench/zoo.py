@@ -48,10 +48,12 @@ def _stopped(run: dict) -> bool:
 
 
 def _failed(run: dict) -> bool:
-    """A run that exited with its own error, or logged a non-finite loss."""
+    """A run that exited with its own error, or logged a non-finite loss (a run whose step log has no loss, as
+    PaddleOCR's distillation models', is judged by its exit alone)."""
+    nonfinite = run.get("loss_last") is not None and not run.get("finite", True)
     if _stopped(run):
-        return run.get("loss_last") is not None and not run.get("finite", True)
-    return bool(run.get("returncode")) or not run.get("finite", True)
+        return nonfinite
+    return bool(run.get("returncode")) or nonfinite
 
 
 def _trained(row: dict) -> dict | None:
