@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.common import RESULTS
+from bench.zoo_ppdet_shim import LIMIT_EXIT
 
 TREES = {"PaddleOCR": "zoo-ppocr", "PaddleDetection": "zoo-ppdet"}
 COLUMNS = (
@@ -38,8 +39,8 @@ def _risky(row: dict, level: str, key: str = "risky_paths") -> bool:
     return bool(scan.get(key))
 
 
-# the sweeps' own kill at their run limit: ppdet's process-group timeout (124), PaddleOCR's SIGKILL (-9)
-LIMIT_CODES = (124, -9)
+# the sweeps' own stop at their run limit: ppdet's (between steps, or its process-group timeout), PaddleOCR's SIGKILL
+LIMIT_CODES = (LIMIT_EXIT, -9)
 
 
 def _stopped(run: dict) -> bool:

@@ -964,6 +964,15 @@ def _timed_out(out: Path, limit: float) -> dict:
     return {**result, "returncode": -9, "log_tail": "", "report": None, "error": error}
 
 
+def run_folder(src: Path, rel: str, work: Path) -> tuple[Path, int]:
+    """The config's folder under ``work`` with its synthetic data written (once), and its training page side."""
+    folder = work / rel.replace("/", "__").removesuffix(".yml")
+    side = SIDES.get(next((a for a in SIDES if f"_{a.lower()}_" in rel), ""), TRAIN_SIDE)
+    if not (folder / "data" / "train.txt").is_file():
+        write_data(src, rel, folder / "data", side=side)
+    return folder, side
+
+
 def train_row(
     src: Path, rel: str, work: Path, deadline: float | None = None, run_limit: float = TRAIN_LIMIT_S
 ) -> tuple[dict, dict]:
@@ -972,10 +981,7 @@ def train_row(
     row)."""
     import subprocess
 
-    folder = work / rel.replace("/", "__").removesuffix(".yml")
-    side = SIDES.get(next((a for a in SIDES if f"_{a.lower()}_" in rel), ""), TRAIN_SIDE)
-    if not (folder / "data" / "train.txt").is_file():
-        write_data(src, rel, folder / "data", side=side)
+    folder, side = run_folder(src, rel, work)
     train, wall = {"steps": K, "level": LEVEL, "batch": BATCH}, {}
     for run in ("native", "ampsafe"):
         start = time.time()
@@ -1055,10 +1061,7 @@ def fp32_row(src: Path, rel: str, work: Path, run_limit: float = TRAIN_LIMIT_S) 
     synthetic data."""
     from bench.ppocr_optin import command, launch, parse_log
 
-    folder = work / rel.replace("/", "__").removesuffix(".yml")
-    side = SIDES.get(next((a for a in SIDES if f"_{a.lower()}_" in rel), ""), TRAIN_SIDE)
-    if not (folder / "data" / "train.txt").is_file():
-        write_data(src, rel, folder / "data", side=side)
+    folder, side = run_folder(src, rel, work)
     out = folder / "fp32"
     out.mkdir(parents=True, exist_ok=True)
     opts, _ = train_options(src, rel, folder / "data", out, side)

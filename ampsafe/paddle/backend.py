@@ -11,6 +11,7 @@ import paddle
 from ..core import backend as core
 from ..core.graph import OpKind
 from . import WRAPPERS, amp_lists, intercept
+from .grads import parameters
 from .tensors import LOW_DTYPES, TENSORS
 
 __all__ = ["PaddleBackend", "PaddleAmp", "BACKEND", "LOW_DTYPES", "is_statistic", "innermost_emulator", "amp_dtype"]
@@ -114,10 +115,7 @@ class PaddleBackend(core.BackendBase):
         return {"": model, **dict(model.named_sublayers())}
 
     def optimizer_params(self, optimizer) -> list:
-        params = list(optimizer._parameter_list or [])
-        if params and isinstance(params[0], dict):
-            params = [p for group in params for p in group["params"]]
-        return params
+        return parameters(optimizer)
 
     # -- state
     def state_slots(self, model) -> list[tuple[dict, str, paddle.Tensor]]:

@@ -34,18 +34,19 @@ def _check_finite_and_unscale(grads: list, scale):
     return found
 
 
-def parameters(optimizer) -> list:
-    """The parameters ``optimizer`` updates (parameter groups or a plain parameter list)."""
-    groups = getattr(optimizer, "_param_groups", None)
-    if groups and isinstance(groups[0], dict):
-        return [p for g in groups for p in g["params"]]
-    return list(optimizer._parameter_list)
-
-
 def grouped(optimizer) -> bool:
-    """Whether ``optimizer`` was built with parameter groups (a list of dicts, each its own options)."""
+    """Whether ``optimizer`` was built with parameter groups (a list of dicts, each its own options): Paddle's own
+    test, in ``Optimizer.__init__``."""
     params = optimizer._parameter_list
     return bool(params) and isinstance(params[0], dict)
+
+
+def parameters(optimizer) -> list:
+    """The parameters ``optimizer`` updates (parameter groups, as Paddle keeps them, or a plain parameter list;
+    none for a static-program optimizer built without them)."""
+    if grouped(optimizer):
+        return [p for g in optimizer._param_groups for p in g["params"]]
+    return list(optimizer._parameter_list or [])
 
 
 def unscale_and_check_(optimizer, scale):
