@@ -5,8 +5,8 @@ tree's own ``tools/train.py --amp`` with float16 emulated, natively and under ``
     python -m bench.zoo_ppdet --scan   [--until HH:MM]   # build + scan pass (appends rows, skips done ones)
     python -m bench.zoo_ppdet --train  [--until HH:MM]   # training pass (RT-DETR, PicoDet, YOLOX first)
     python -m bench.zoo_ppdet --scan --only CONFIG... [--scan-limit S]   # build + scan these configs again (rows replaced)
-    python -m bench.zoo_ppdet --train --only CONFIG... [--redo] [--run-limit S]   # these rows, again; passes
-                                                         # with disjoint --only lists can run side by side
+    python -m bench.zoo_ppdet --train --only CONFIG... [--redo] [--run-limit S] [--batch N]   # these rows,
+                                                         # again; passes with disjoint --only lists can run side by side
     python -m bench.zoo_ppdet --fp32 CONFIG...           # the same rows' tools/train.py without --amp, 3 steps
     python -m bench.zoo_ppdet --render                   # bench/results/zoo-ppdet.md from the JSON
     python -m bench.zoo_ppdet --build-ext-op             # the tree's ppdet/ext_op for this CPU (rotated boxes)
@@ -24,7 +24,9 @@ the config's own TrainReader transforms with their resize targets set to :data:`
 optimizer, learning rate and schedule (warm-up included) are the config's. A ``_base_`` model fragment with no
 dataset borrows a config that names it in ``_BASE_`` (:func:`data_source`): the overlay's ``_BASE_`` is that config
 then the fragment (its optimizer, epochs and runtime, the fragment's model), with that config's dataset, reader
-and ``num_classes``.
+and ``num_classes``. A semi-supervised config (``ssod_method``: ppdet's own trainers of labeled and unlabeled
+batches) gets its SemiTrainReader shrunk likewise and an UnsupTrainDataset on the same synthetic images.
+Every ppdet child runs in a :func:`~bench.zoo_ppdet_data.run_folder` of the work folder, never in the tree.
 The rotated-box heads import the tree's ``ext_op``: ``--build-ext-op`` builds it for this CPU into the work folder.
 """
 
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 
 from bench import common
-from bench.zoo_ppdet_data import NOT_WRITTEN, WRITERS, write_coco, write_dataset
+from bench.zoo_ppdet_data import WRITERS, run_folder, write_coco, write_dataset
 from bench.zoo_ppdet_shim import LIMIT_EXIT, SHIM, STEPLOG_ENV, STOP_AT_ENV, STOP_ENV
 from bench.zoo_ppdet_table import render
 
@@ -95,9 +97,6 @@ _FAMILY_DIRS = {
     "face_detection", "rotate", "clrnet", "semi_det", "few-shot", "sqr", "ppyoloe_seg",
 }  # fmt: skip
 COCO_DATASETS = {"COCODataSet"}
-# dataset classes that cache their parse under the working directory: tools/train.py runs in the tree, which the
-# sweep never writes, so their configs are scanned (in the config's work folder) but not trained
-CWD_CACHE = {"CULaneDataSet": "CULaneDataSet caches its parse in ./cache, and tools/train.py runs in the tree"}
 # architectures whose train-mode forward computes no loss: built, not scanned, with this reason
 NO_TRAIN_FORWARD = {
     "DeepSORT": (
@@ -181,11 +180,23 @@ def _target(value, size: int):
     return [size]
 
 
+def _is_transform(item) -> bool:
+    """Whether ``item`` is a reader transform as a config writes it: ``{ClassName: {arguments} or None}``."""
+    if not (isinstance(item, dict) and len(item) == 1):
+        return False
+    ((name, args),) = item.items()
+    return isinstance(name, str) and name[:1].isupper() and isinstance(args, (dict, type(None)))
+
+
 def shrink(op: dict, size: int = SIZE) -> dict:
-    """One transform of the config's TrainReader with its resize targets at ``size`` (other arguments kept)."""
+    """One transform of the config's TrainReader with its resize targets at ``size`` (other arguments kept), the
+    transforms it nests too (RandomSelect's ``transforms1`` / ``transforms2``, StrongAugImage's ``transforms``)."""
     ((name, args),) = op.items()
     args = dict(args or {})
-    if name == "BatchRandomResize":
+    for key, value in args.items():
+        if isinstance(value, list) and value and all(_is_transform(v) for v in value):
+            args[key] = [shrink(v, size) for v in value]
+    if name in ("BatchRandomResize", "BatchRandomResizeForSSOD"):
         args["target_size"] = [size]
     elif "target_size" in args:
         args["target_size"] = _target(args["target_size"], size)
@@ -226,12 +237,13 @@ _DATA_PATH_KEYS = {"dataset_dir", "image_dir", "anno_path", "image_lists", "list
                    "label_list", "bbox_file"}  # fmt: skip
 
 
-def train_dataset(record: dict, data: Path, size: int = SIZE) -> dict:
-    """The overlay's TrainDataset: the config's own class and arguments, pointed at that class's synthetic files
-    (bench.zoo_ppdet_data writes them beside the COCO folder ``data``); a :class:`Tagged` object where the config
-    gives a ``!Class`` object (see ``bench.zoo_ppdet_worker.dataset_spec``). A class with no writer keeps the COCO
-    keys (its row is built, not scanned)."""
-    spec = record.get("train_dataset") or {"name": record.get("dataset"), "args": {}}
+def train_dataset(record: dict, data: Path, size: int = SIZE, spec: dict | None = None) -> dict:
+    """The overlay's TrainDataset (or ``spec``'s: a semi-supervised config's UnsupTrainDataset): the config's own
+    class and arguments, pointed at that class's synthetic files (bench.zoo_ppdet_data writes them beside the COCO
+    folder ``data``); a :class:`Tagged` object where the config gives a ``!Class`` object (see
+    ``bench.zoo_ppdet_worker.dataset_spec``). A class with no writer keeps the COCO keys (its row is built, not
+    scanned)."""
+    spec = spec or record.get("train_dataset") or {"name": record.get("dataset"), "args": {}}
     if spec.get("name") not in WRITERS:
         return {"dataset_dir": str(data), "image_dir": "images", "anno_path": "train.json"}
     args = {k: v for k, v in (spec.get("args") or {}).items() if k not in _DATA_PATH_KEYS}
@@ -261,15 +273,42 @@ def _dumper():
     return Dumper
 
 
+# a reader's transform lists (a SemiTrainReader's: its sample transforms, then weak and strong views of each image,
+# then the labeled and the unlabeled batch's)
+_TRANSFORMS = ("sample_transforms", "batch_transforms", "weak_aug", "strong_aug", "sup_batch_transforms",
+               "unsup_batch_transforms")  # fmt: skip
+
+
+def _reader(reader: dict | None, size: int, **batch_sizes: int) -> dict:
+    """The config's reader with every resize target at ``size`` (:func:`shrink`), ``batch_sizes`` set, in order,
+    one process and no shared memory."""
+    out = dict(reader or {})
+    for key in _TRANSFORMS:
+        if key in out:
+            out[key] = [shrink(op, size) for op in out[key]]
+    out.update(**batch_sizes, shuffle=False, drop_last=True, use_shared_memory=False)
+    return out
+
+
+def labeled_view(semi: dict | None) -> dict | None:
+    """A semi-supervised config's SemiTrainReader as the TrainReader of its labeled batches (sample transforms,
+    then the weak view's, then the labeled batch's), for a config with no TrainReader of its own (ARSL's): what the
+    scan pass runs the config's model on."""
+    if not semi:
+        return None
+    return {
+        "sample_transforms": [*semi.get("sample_transforms", []), *semi.get("weak_aug", [])],
+        "batch_transforms": list(semi.get("sup_batch_transforms", [])),
+    }
+
+
 def overlay(record: dict, data: Path, out: Path, *, size: int = SIZE, batch: int = BATCH) -> Path:
     """The user's overlay over the upstream config (see the module docstring); returns its path."""
     import yaml
 
-    reader = dict(record.get("train_reader") or {})
-    for key in ("sample_transforms", "batch_transforms"):
-        if key in reader:
-            reader[key] = [shrink(op, size) for op in reader[key]]
-    reader.update(batch_size=batch, shuffle=False, drop_last=True, use_shared_memory=False)
+    reader = _reader(
+        record.get("train_reader") or labeled_view(record.get("semi_train_reader")), size, batch_size=batch
+    )
     body: dict = {
         # a fragment after the config it borrows from: that config's optimizer, epochs and runtime, the fragment's model
         "_BASE_": [str(tree() / "configs" / c) for c in (record.get("data_from"), record["config"]) if c],
@@ -282,6 +321,12 @@ def overlay(record: dict, data: Path, out: Path, *, size: int = SIZE, batch: int
         "TrainDataset": train_dataset(record, data, size),
         "TrainReader": reader,
     }
+    if record.get("semi_train_reader"):  # ssod_method: ppdet's semi-supervised trainers read these two instead
+        body["SemiTrainReader"] = _reader(
+            record["semi_train_reader"], size, sup_batch_size=batch, unsup_batch_size=batch
+        )
+        body["UnsupTrainDataset"] = train_dataset(record, data, size, record.get("unsup_train_dataset"))
+        body["pretrain_student_weights"] = body["pretrain_teacher_weights"] = ""
     if record.get("data_from") and record.get("num_classes"):  # the borrowed dataset's class count (JDE's loss)
         body["num_classes"] = record["num_classes"]
     for path in record.get("sync_bn") or []:
@@ -344,7 +389,7 @@ def enumerate_signatures(work: Path) -> list[dict]:
     if not out.is_file():
         subprocess.run(
             [sys.executable, "-m", "bench.zoo_ppdet_worker", "enumerate", str(tree() / "configs"), str(out)],
-            env=child_env(work), cwd=ROOT, capture_output=True, text=True, check=True, timeout=900,
+            env=child_env(work), cwd=run_folder(work / "cwd"), capture_output=True, text=True, check=True, timeout=900,
         )  # fmt: skip
     return json.loads(out.read_text())
 
@@ -361,7 +406,14 @@ def prefetch(configs: list[str], work: Path) -> None:
         return
     (work / "records").mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "bench.zoo_ppdet_worker", "records", str(tree() / "configs"), str(work / "records")]
-    subprocess.run([*cmd, *missing], env=child_env(work), cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    subprocess.run(
+        [*cmd, *missing],
+        env=child_env(work),
+        cwd=run_folder(work / "cwd"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 def _cached(work: Path, config: str) -> dict | None:
@@ -534,8 +586,6 @@ def not_scanned(record: dict) -> str | None:
     arch, dataset = record.get("architecture"), record.get("dataset")
     if arch in NO_TRAIN_FORWARD:
         return NO_TRAIN_FORWARD[arch]
-    if dataset in NOT_WRITTEN:
-        return NOT_WRITTEN[dataset]
     if dataset in (None, "NoneType"):
         return record.get("no_data") or "no TrainDataset"
     if dataset not in WRITERS:
@@ -559,8 +609,7 @@ def scan_one(record: dict, work: Path, data: Path, scan_limit: float = SCAN_TIME
         env["AMPSAFE_ZOO_BUILD_ONLY"] = reason
     result_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.zoo_ppdet_worker", "scan", str(path), str(result_file)]
-    # cwd: the config's folder, where a dataset that caches its parse (CULaneDataSet: ./cache) writes it
-    code, log = run_group(cmd, timeout=scan_limit, env=env, cwd=out)
+    code, log = run_group(cmd, timeout=scan_limit, env=env, cwd=run_folder(out))
     (out / "scan.log").write_text(log)
     result = json.loads(result_file.read_text()) if result_file.is_file() else None
     if result is None and code == 124:
@@ -619,18 +668,21 @@ def run_scan(
 
 
 NATIVE = (
-    "import sys, runpy; sys.path.insert(0, '.'); import ppdet.engine; "
+    "import sys, runpy; import ppdet.engine; "
     "from ampsafe.paddle import amp_emulation; amp_emulation.install(); "
-    "sys.argv = ['tools/train.py'] + sys.argv[1:]; runpy.run_path('tools/train.py', run_name='__main__')"
+    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 
 
 def train_command(run: str, config: Path, report: Path) -> list[str]:
+    """The tree's ``tools/train.py --amp`` on ``config``, natively (float16 emulated, Paddle's own scaler) or under
+    ``ampsafe run --emulate-fp16``; it runs in a :func:`run_folder`, not in the tree."""
+    script = str(tree() / "tools" / "train.py")
     args = ["-c", str(config), "--amp", "--enable_ce", "True"]  # enable_ce: tools/train.py seeds 0
     if run == "native":
-        return [sys.executable, "-c", NATIVE, *args]
+        return [sys.executable, "-c", NATIVE, script, *args]
     return [sys.executable, "-m", "ampsafe.cli", "run", "--emulate-fp16", "--report", str(report), "--",
-            sys.executable, "tools/train.py", *args]  # fmt: skip
+            sys.executable, script, *args]  # fmt: skip
 
 
 STOP_GRACE_S = 60  # after the Ctrl-C at a run's limit: time for ampsafe run to write its report
@@ -718,11 +770,15 @@ def summarize_run(lines: list[dict], report: dict | None, returncode: int, log: 
     return out
 
 
-def train_one(row: dict, record: dict, work: Path, data: Path, run_limit: float = TRAIN_TIMEOUT) -> dict:
+def train_one(
+    row: dict, record: dict, work: Path, data: Path, run_limit: float = TRAIN_TIMEOUT, batch: int = BATCH
+) -> dict:
     out = work / row["config"].replace("/", "__").removesuffix(".yml")
     record = complete(record, work)
-    config = overlay(record, data, out)
+    config = overlay(record, data, out, batch=batch)
     train = {"steps": K, "lr": row.get("lr"), "optimizer": row.get("optimizer"), "schedulers": row.get("schedulers")}
+    if batch != BATCH:  # a model whose step at BATCH does not fit this machine's memory
+        train["batch"] = batch
     train["unfrozen_norms"] = [".".join(p) for p in record["frozen_norms"]]
     for run in ("native", "ampsafe"):
         folder = out / run
@@ -735,7 +791,7 @@ def train_one(row: dict, record: dict, work: Path, data: Path, run_limit: float 
         start = time.time()
         env[STEPLOG_ENV], env[STOP_ENV], env[STOP_AT_ENV] = str(steplog), str(K), str(start + run_limit)
         cmd = train_command(run, config, report)
-        code, log = run_group(cmd, timeout=run_limit + STEP_GRACE_S, env=env, cwd=tree())
+        code, log = run_group(cmd, timeout=run_limit + STEP_GRACE_S, env=env, cwd=run_folder(folder))
         (folder / "log.txt").write_text(log)
         seconds = round(time.time() - start, 1)
         rep = json.loads((report / "report.json").read_text()) if (report / "report.json").is_file() else None
@@ -786,9 +842,11 @@ def run_train(
     redo: bool = False,
     run_limit: float = TRAIN_TIMEOUT,
     scan_limit: float = SCAN_TIMEOUT,
+    batch: int = BATCH,
 ) -> None:
-    """Train the rows in :func:`_train_order` (or ``only`` those, in the order given). ``redo`` retrains rows that
-    have a training already, and first scans again a row scanned before the overlay unfroze the norms."""
+    """Train the rows in :func:`_train_order` (or ``only`` those, in the order given) at ``batch`` images a step.
+    ``redo`` retrains rows that have a training already, and first scans again a row scanned before the overlay
+    unfroze the norms."""
     records = {r["config"]: r for r in enumerate_signatures(work)}
     data = write_coco(work / "coco", K * BATCH)
     if only:
@@ -810,10 +868,7 @@ def run_train(
                 save_row(row)
                 continue
         record = with_data(records[row["config"]], records, doc, work)
-        if record.get("dataset") in CWD_CACHE:
-            print(f"train: {row['config']} not trained: {CWD_CACHE[record['dataset']]}", flush=True)
-            continue
-        row["train"] = train_one(row, record, work, data, run_limit)
+        row["train"] = train_one(row, record, work, data, run_limit, batch)
         save_row(row)
 
 
@@ -852,8 +907,8 @@ def fp32_check(work: Path, config: str, steps: int = FP32_STEPS, run_limit: floa
     env = child_env(work)
     env[STEPLOG_ENV], env[STOP_ENV] = str(steplog), str(steps)
     start = time.time()
-    cmd = [sys.executable, "tools/train.py", "-c", str(path), "--enable_ce", "True"]
-    code, log = run_group(cmd, timeout=run_limit, env=env, cwd=tree())
+    cmd = [sys.executable, str(tree() / "tools" / "train.py"), "-c", str(path), "--enable_ce", "True"]
+    code, log = run_group(cmd, timeout=run_limit, env=env, cwd=run_folder(steplog.parent))
     (steplog.parent / "log.txt").write_text(log)
     run = summarize_run(_steps(steplog), None, code, log)
     run["losses"] = [s.get("loss") for s in _steps(steplog) if s.get("kind") == "stats"]
@@ -875,12 +930,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redo", action="store_true", help="with --only: train again (and scan again if frozen)")
     parser.add_argument("--run-limit", type=float, default=TRAIN_TIMEOUT, help="seconds per training run")
     parser.add_argument("--scan-limit", type=float, default=SCAN_TIMEOUT, help="seconds per config's build + scan")
+    parser.add_argument("--batch", type=int, default=BATCH, help="with --train --only: images a training step")
     parser.add_argument("--fp32", nargs="*", default=[], help="float32 check of these configs (no --amp)")
     parser.add_argument("--fp32-steps", type=int, default=FP32_STEPS, help="steps of the float32 check")
     parser.add_argument("--resummarize", action="store_true", help="rebuild the run summaries from the run folders")
     parser.add_argument("--build-ext-op", action="store_true", help="build the tree's ppdet/ext_op for this CPU")
     parser.add_argument("--work", default="/tmp/ampsafe-zoo-ppdet")
     args = parser.parse_args(argv)
+    if args.batch != BATCH and not (args.train and args.only):
+        parser.error(f"--batch {args.batch}: only with --train --only CONFIG... (the sweep's batch is {BATCH})")
     if not (tree() / "tools" / "train.py").is_file():
         raise SystemExit(f"needs the PaddleDetection source tree at {tree()}: set PPDET_SRC or AMPSAFE_SHARED")
     work = Path(args.work)
@@ -893,7 +951,7 @@ def main(argv: list[str] | None = None) -> int:
         run_scan(doc, work, args.until, args.only, args.scan_limit)
         doc = load()  # the rows as saved (--only saves row by row)
     if args.train:
-        run_train(doc, work, args.until, args.only, args.redo, args.run_limit, args.scan_limit)
+        run_train(doc, work, args.until, args.only, args.redo, args.run_limit, args.scan_limit, args.batch)
     for config in args.fp32:
         fp32_check(work, config, args.fp32_steps, args.run_limit)
     if args.resummarize:

@@ -7,7 +7,7 @@ the objects (COCO boxes and polygons, DOTA-style rotated boxes after the config'
 MOT boxes with a track id each, WIDER FACE boxes); a person for the keypoint and 3D-pose classes is a rectangle
 with its joints spread on a grid inside it; a lane is a straight line drawn across the lower image.
 
-Classes with no writer here are named in :data:`NOT_WRITTEN` with why.
+A config whose TrainDataset class has no writer here is built and not scanned, its row saying so.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["WRITERS", "NOT_WRITTEN", "write_coco", "write_dataset"]
+__all__ = ["WRITERS", "LOAD_CHECKED", "run_folder", "write_coco", "write_dataset"]
 
 _SCENE_OBJECTS = 3
 
@@ -284,6 +284,7 @@ def _pose3d(root: Path, n: int, size: int, seed: int, args: dict) -> dict:
 Writer = Callable[[Path, int, int, int, dict], dict]
 WRITERS: dict[str, Writer] = {
     "COCODataSet": _coco,
+    "SemiCOCODataSet": _coco,  # COCO's json; the labeled and the unlabeled dataset read the same images
     "KeypointTopDownCocoDataset": _keypoints,
     "KeypointBottomUpCocoDataset": _keypoints,
     "VOCDataSet": _voc,
@@ -291,18 +292,6 @@ WRITERS: dict[str, Writer] = {
     "WIDERFaceDataSet": _widerface,
     "CULaneDataSet": _culane,
     "Pose3DDataset": _pose3d,
-}
-
-NOT_WRITTEN = {
-    "SemiCOCODataSet": (
-        "semi-supervised: tools/train.py hands these configs (ssod_method) to ppdet's Trainer_DenseTeacher / "
-        "Trainer_ARSL / Trainer_Semi_RTDETR, which read TrainDataset + UnsupTrainDataset through SemiTrainReader "
-        "(weak and strong views of labeled and unlabeled images) into a teacher-student model (cfg.SSOD or the "
-        "ARSL pair), not cfg.architecture on one TrainReader batch as the scan pass builds; not synthesized. "
-        "Read in ppdet/engine/trainer_ssod.py: under --amp (O1) Trainer_DenseTeacher's and Trainer_ARSL's training "
-        "steps run in float32 (no auto_cast, no GradScaler: a plain losses_sup.backward(), lines 270 and 681); "
-        "Trainer_Semi_RTDETR's has both (lines 992-1061)"
-    ),
 }
 
 
@@ -322,3 +311,22 @@ def write_dataset(
         raise KeyError(name)
     folder = root if name == "COCODataSet" else root.parent / f"{root.name}-{name}"
     return WRITERS[name](folder, n, size, seed, {**(args or {}), "_classes": classes})
+
+
+# files that a config's datasets check for when the config loads, relative to the directory ppdet runs in:
+# configs/datasets/wider_face.yml's EvalDataset, a WIDERFaceValDataset, asserts its four ground-truth .mat files in
+# its constructor (ppdet/data/source/widerface.py); a training run never reads them
+LOAD_CHECKED = tuple(
+    f"dataset/wider_face/WIDER_val/ground_truth/wider_{part}val.mat" for part in ("face_", "hard_", "medium_", "easy_")
+)
+
+
+def run_folder(folder: Path) -> Path:
+    """``folder``, made, with an empty file at each of :data:`LOAD_CHECKED`: the working directory of a ppdet child,
+    so that the configs whose datasets check those files load, and a dataset that caches its parse under the
+    working directory (CULaneDataSet: ``./cache``) writes it there, never in the tree."""
+    for rel in LOAD_CHECKED:
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    return folder

@@ -7,7 +7,8 @@ written to a folder; nothing of PaddleDetection is edited).
 2. With $AMPSAFE_ZOO_STEPLOG set, every ``paddle.amp`` scaler built (Paddle's own or ampsafe's subclass) appends one
    JSON line per ``minimize`` (Paddle's own scaler: ampsafe's does not run ``AmpScaler.__init__`` and has its
    own per-step records in report.json): the loss it scaled, the scale before and after, whether Paddle's
-   ``_found_inf`` was set. ppdet's ``TrainingStats.update`` (once per step, any scaler) appends the step's loss;
+   ``_found_inf`` was set. ppdet's ``TrainingStats.update`` (once per step, any scaler) appends the step's loss
+   (its ``loss``, or ``loss_tot`` where a trainer names its total so);
    with $AMPSAFE_ZOO_STOP_AFTER=N the process exits with status 0 after the N-th step, and with
    $AMPSAFE_ZOO_STOP_AT=T (epoch seconds) with status 124 after the first step that ends past T: the run limit
    stops a run between steps, so ``ampsafe run`` still writes its report at exit.
@@ -114,7 +115,8 @@ def _wrap_stats(module):
 
     def update(self, stats):
         out = original(self, stats)
-        loss = stats.get("loss") if hasattr(stats, "get") else None
+        # the step's total: "loss", or "loss_tot" (ppdet's Trainer_ARSL)
+        loss = next((stats.get(k) for k in ("loss", "loss_tot") if k in stats), None) if hasattr(stats, "get") else None
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"kind": "stats", "step": count["n"], "loss": _float(loss)}) + "\n")
         count["n"] += 1

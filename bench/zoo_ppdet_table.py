@@ -51,16 +51,18 @@ def _num(x, spec=".3g") -> str:
     return format(x, spec) if isinstance(x, float) else str(x)
 
 
-def _scan_cell(scan: dict | None, level: str) -> str:
+def _scan_cell(scan: dict | None, level: str, usual: str) -> str:
+    """A scan's risky paths and least headroom, and its input where it is not ``usual`` (the sweep's size)."""
     s = (scan or {}).get(level)
     if not s:
         return "-"
+    shape = f" (input {s['input']})" if s.get("input") and s["input"] != usual else ""
     if "error" in s:
         at = f" (raised at `{s['raised_at']}`)" if s.get("raised_at") else ""
-        return f"scan error: {s['error'][:80]}{at}"
+        return f"scan error: {s['error'][:80]}{at}{shape}"
     where = f" @ `{s['where']}`" if s.get("where") else ""
     ops = f"; {s['risky_ops']} risky op(s), least `{s['risky_op_where']}`" if s.get("risky_ops") else ""
-    return f"{s['risky_paths']} risky / {s['paths']} paths; least {_num(s['least_headroom'])} bits{where}{ops}"
+    return f"{s['risky_paths']} risky / {s['paths']} paths; least {_num(s['least_headroom'])} bits{where}{ops}{shape}"
 
 
 def train_note(row: dict) -> str | None:
@@ -115,6 +117,7 @@ def _table(doc: dict) -> list[str]:
         "`ampsafe run --emulate-fp16`", "wall s",
     )  # fmt: skip
     lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    usual = f"{doc.get('batch', 2)}x3x{doc.get('size', 320)}x{doc.get('size', 320)}"
     for row in doc["rows"]:
         train = row.get("train") or {}
         note = train_note(row)
@@ -124,15 +127,16 @@ def _table(doc: dict) -> list[str]:
         cells = [
             f"`{row['config']}`"
             + (f" (data and reader of `{row['data_from']}`)" if row.get("data_from") else "")
-            + (f" ({norms})" if (norms := norm_note(row)) else ""),
+            + (f" ({norms})" if (norms := norm_note(row)) else "")
+            + (f" (trained at batch {train['batch']})" if train.get("batch") else ""),
             row["family"],
             str(counts.get(row["config"], "-")),
             f"{row['architecture']} / {row['backbone']} / {row['head']}",
             row.get("neck") or "-",
             neck_status(row.get("neck")) or "-",
             built,
-            _scan_cell(row.get("scan"), "O1"),
-            _scan_cell(row.get("scan"), "O2"),
+            _scan_cell(row.get("scan"), "O1", usual),
+            _scan_cell(row.get("scan"), "O2", usual),
             note or _run_cell(train.get("native")),
             "" if note else _run_cell(train.get("ampsafe")),
             _wall(row),
@@ -292,7 +296,13 @@ def render(doc: dict) -> str:
         "over each config sets only `use_gpu: false`, `norm_type: bn` where the config says `sync_bn`, no "
         "pretrained weights and so `freeze_norm: false` where a class freezes its BatchNorms (frozen, they would "
         "keep their initial statistics, mean 0 and variance 1, and normalize nothing; rows scanned before the "
-        "overlay did this say so), the synthetic data and `worker_num: 0`.",
+        "overlay did this say so), the synthetic data and `worker_num: 0`. A semi-supervised config "
+        "(`ssod_method`, ppdet's own trainers) gets its SemiTrainReader shrunk likewise (batch "
+        f"{doc.get('batch', 2)} labeled + {doc.get('batch', 2)} unlabeled), an UnsupTrainDataset of the same images "
+        "without their boxes and no teacher or student weights; one without a TrainReader (ARSL) is scanned on its "
+        "labeled view (sample, weak and labeled-batch transforms). Every run happens in a folder of its own, never "
+        "in the tree, with empty stand-ins for the files a dataset checks when its config loads (the WIDER FACE "
+        "validation `.mat` files).",
         "",
         f"Rows: {len(rows)}; trained: {sum(1 for r in rows if r.get('train'))}.",
     ]

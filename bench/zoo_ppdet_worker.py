@@ -183,10 +183,11 @@ def dataset_spec(dataset) -> dict | None:
 
 
 def recipe(cfg: dict) -> dict:
-    """What the sweep's overlay needs from the merged config: the TrainReader, where ``sync_bn`` and
-    ``pretrained`` weights are set (or default to a download), which classes freeze their norms, and the optimizer
-    and base learning rate."""
+    """What the sweep's overlay needs from the merged config: the TrainReader (and a semi-supervised config's
+    SemiTrainReader and UnsupTrainDataset), where ``sync_bn`` and ``pretrained`` weights are set (or default to a
+    download), which classes freeze their norms, and the optimizer and base learning rate."""
     reader = cfg.get("TrainReader")
+    semi = cfg.get("SemiTrainReader") if cfg.get("ssod_method") else None
     lr = cfg.get("LearningRate") or {}
     opt = (cfg.get("OptimizerBuilder") or {}).get("optimizer") or {}
     return {
@@ -198,6 +199,9 @@ def recipe(cfg: dict) -> dict:
         + _default_pretrained(cfg),
         "frozen_norms": frozen_norms(cfg),
         "train_dataset": dataset_spec(cfg.get("TrainDataset")),
+        # a semi-supervised config (ssod_method): its reader of labeled and unlabeled views, its unlabeled dataset
+        "semi_train_reader": json.loads(json.dumps(semi, default=str)) if isinstance(semi, dict) else None,
+        "unsup_train_dataset": dataset_spec(cfg.get("UnsupTrainDataset")) if semi else None,
         "num_classes": cfg.get("num_classes") if isinstance(cfg.get("num_classes"), int) else None,
         "lr": lr.get("base_lr") if isinstance(lr, dict) else None,
         "schedulers": [type(s).__name__ if not isinstance(s, dict) else s.get("name") for s in lr.get("schedulers", [])]

@@ -43,9 +43,10 @@ from its config (``enable=cfg.use_gpu or cfg.use_npu or cfg.use_mlu``), and on a
 false (ppdet's ``check_gpu`` exits otherwise), so its AMP is off on a CPU even with ``--amp``. The emulation's
 purpose is that the script's AMP behaves as on a GPU, so :func:`install_ppdet` (called by :func:`install` when
 ppdet's trainer is already imported, else by ``ampsafe.auto`` right after it is) makes a Trainer with ``amp``
-on run ``train`` / its evaluation loops with ``cfg.use_gpu`` read as true on an emulating place, which is what
-those ``enable`` expressions see on a GPU (in that file ``use_gpu`` only enables AMP, and ``sync_bn`` with more
-than one rank). The device stays the CPU; a Trainer without ``amp`` is untouched; a literal
+on (and the semi-supervised trainers of ``ppdet.engine.trainer_ssod``, whose training and evaluation loops are
+their own) run ``train`` / its evaluation loops with ``cfg.use_gpu`` read as true on an emulating place, which is
+what those ``enable`` expressions see on a GPU (in those files ``use_gpu`` only enables AMP, and ``sync_bn`` with
+more than one rank). The device stays the CPU; a Trainer without ``amp`` is untouched; a literal
 ``auto_cast(enable=False)`` anywhere else stays float32.
 
 On a GPU place nothing changes: the originals run. :func:`install` returns lines for the run's banner;
@@ -474,8 +475,11 @@ def _scaler_init(original, grad_scaler_module):
     return __init__
 
 
-# ppdet.engine.trainer.Trainer methods whose AMP calls read ``enable`` from ``cfg.use_gpu`` (ppdet 2.6)
+# ppdet.engine.trainer.Trainer methods whose AMP calls read ``enable`` from ``cfg.use_gpu`` (ppdet 2.6), and the
+# modules whose Trainer subclasses define their own (trainer_ssod: Trainer_Semi_RTDETR's train, the semi-supervised
+# trainers' evaluation loops)
 PPDET_AMP_METHODS = ("train", "_eval_with_loader", "_eval_with_loader_slice")
+PPDET_TRAINER_MODULES = ("ppdet.engine.trainer", "ppdet.engine.trainer_ssod")
 
 
 def _ppdet_as_gpu(original):
@@ -501,23 +505,37 @@ def _ppdet_as_gpu(original):
 
 
 def install_ppdet(trainer_module=None) -> list[str]:
-    """Make ``ppdet.engine.trainer.Trainer`` with ``amp`` on enable its AMP on an emulating place as with
-    ``use_gpu: true`` (see the module docstring). ``trainer_module`` defaults to the imported
-    ``ppdet.engine.trainer``; nothing happens when it is not imported, when :func:`install` is not in force, or
-    when it is already done. Returns the banner line."""
+    """Make ppdet's ``Trainer`` and its subclasses with ``amp`` on enable their AMP on an emulating place as with
+    ``use_gpu: true`` (see the module docstring): in ``trainer_module``, or in each of
+    :data:`PPDET_TRAINER_MODULES` already imported, every class that is or subclasses the module's ``Trainer``
+    gets the :data:`PPDET_AMP_METHODS` it defines itself wrapped. Nothing happens when :func:`install` is not in
+    force, and a class is done once. Returns the banner line (empty when no class was new)."""
     with _lock:
-        module = trainer_module or sys.modules.get("ppdet.engine.trainer")
-        trainer = getattr(module, "Trainer", None)
-        if not _state["installed"] or trainer is None or trainer in _state["ppdet_trainers"]:
+        if not _state["installed"]:
             return []
-        for name in PPDET_AMP_METHODS:
-            if hasattr(trainer, name):
-                _patch(trainer, name, _ppdet_as_gpu(getattr(trainer, name)))
-        _state["ppdet_trainers"].append(trainer)
-        return [
-            "ppdet.engine.Trainer with amp: its GradScaler and auto_cast get enable=True as with use_gpu: true "
-            "(ppdet passes enable=cfg.use_gpu, false on a CPU); float16 emulated on this CPU"
-        ]
+        modules = (
+            [trainer_module] if trainer_module is not None else [sys.modules.get(n) for n in PPDET_TRAINER_MODULES]
+        )
+        lines = []
+        for module in modules:
+            base = getattr(module, "Trainer", None)
+            if not isinstance(base, type):
+                continue
+            done = []
+            for cls in [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, base)]:
+                if cls.__module__ != module.__name__ or cls in _state["ppdet_trainers"]:
+                    continue
+                for name in PPDET_AMP_METHODS:
+                    if name in vars(cls):
+                        _patch(cls, name, _ppdet_as_gpu(vars(cls)[name]))
+                _state["ppdet_trainers"].append(cls)
+                done.append(cls.__name__)
+            if done:
+                lines.append(
+                    f"ppdet.engine.{', '.join(done)} with amp: its GradScaler and auto_cast get enable=True as with "
+                    "use_gpu: true (ppdet passes enable=cfg.use_gpu, false on a CPU); float16 emulated on this CPU"
+                )
+        return lines
 
 
 def _patch(owner, attr: str, value) -> None:

@@ -62,7 +62,8 @@ def _emulate(options, ledger, site) -> None:
         for line in amp_emulation.install_ppdet(module):
             site.tell(line)
 
-    site.when_imported("ppdet.engine.trainer", ppdet_trainer)
+    for name in amp_emulation.PPDET_TRAINER_MODULES:
+        site.when_imported(name, ppdet_trainer)
 
 
 def _swap_scalers(options, ledger, site) -> None:

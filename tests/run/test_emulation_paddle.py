@@ -219,8 +219,13 @@ def test_ppdet_trainer_with_amp_runs_as_with_use_gpu_while_installed():
     trainer_module = pytest.importorskip("ppdet.engine.trainer")
     from ppdet.core.workspace import AttrDict
 
+    ssod = pytest.importorskip("ppdet.engine.trainer_ssod")
     Trainer = trainer_module.Trainer
     originals = {name: Trainer.__dict__[name] for name in amp_emulation.PPDET_AMP_METHODS}
+    # the semi-supervised trainers run their own training and evaluation loops, with the same enable=cfg.use_gpu
+    Teacher = ssod.Trainer_DenseTeacher
+    own = {name: Teacher.__dict__[name] for name in amp_emulation.PPDET_AMP_METHODS if name in Teacher.__dict__}
+    assert "train" in own
     seen = []
     probe = amp_emulation._ppdet_as_gpu(lambda self: seen.append(self.cfg.use_gpu))  # what train() reads
     trainer = object.__new__(Trainer)  # no __init__: it builds data loaders; the wrapper reads cfg and use_amp
@@ -230,8 +235,10 @@ def test_ppdet_trainer_with_amp_runs_as_with_use_gpu_while_installed():
     lines = amp_emulation.install()
     try:
         assert any("ppdet.engine.Trainer with amp" in line for line in lines)
+        assert any("Trainer_DenseTeacher" in line for line in lines)
         assert amp_emulation.install_ppdet() == []  # once per class
         assert all(Trainer.__dict__[n] is not f for n, f in originals.items())
+        assert all(Teacher.__dict__[n] is not f for n, f in own.items())
         probe(trainer)
         assert trainer.cfg.use_gpu is False  # restored after the call
         trainer.use_amp = False
@@ -241,3 +248,4 @@ def test_ppdet_trainer_with_amp_runs_as_with_use_gpu_while_installed():
         amp_emulation.uninstall()
     assert seen == [False, True, False]
     assert all(Trainer.__dict__[n] is f for n, f in originals.items())
+    assert all(Teacher.__dict__[n] is f for n, f in own.items())
