@@ -334,7 +334,8 @@ def summarize(steps: list[dict]) -> dict:
         "final_scale": steps[-1]["scale"] if steps else None,
         "min_scale": min((s["scale"] for s in steps), default=None),
         "first_loss": steps[0]["loss"] if steps else None,
-        "final_loss": steps[-1]["loss"] if steps else None,
+        # the last loss known: a step whose loss is read from PaddleOCR's log has none when the run stopped first
+        "final_loss": next((s["loss"] for s in reversed(steps) if s.get("loss") is not None), None),
         "final_finite_loss": finite[-1] if finite else None,
         "heals": steps[-1].get("heals", 0) if steps else 0,
         "healed": steps[-1].get("healed", []) if steps else [],
@@ -452,6 +453,8 @@ def launch(
     printed = parse_log(log)
     for s in steps:
         s["log_loss"] = printed.get(s["step"] + 1)
+        if s.get("loss") is None:  # the scaled loss did not read as one number (CML's, DML's): the printed one
+            s["loss"] = s["log_loss"]
     report = out / "report"
     result = {
         **head,

@@ -5,8 +5,8 @@ tree's own ``tools/train.py --amp`` with float16 emulated, natively and under ``
     python -m bench.zoo_ppdet --scan   [--until HH:MM]   # build + scan pass (appends rows, skips done ones)
     python -m bench.zoo_ppdet --train  [--until HH:MM]   # training pass (RT-DETR, PicoDet, YOLOX first)
     python -m bench.zoo_ppdet --scan --only CONFIG... [--scan-limit S]   # build + scan these configs again (rows replaced)
-    python -m bench.zoo_ppdet --train --only CONFIG... [--redo] [--run-limit S] [--batch N]   # these rows,
-                                                         # again; passes with disjoint --only lists can run side by side
+    python -m bench.zoo_ppdet --train --only CONFIG... [--redo] [--run-limit S]   # these rows, again; passes
+                                                         # with disjoint --only lists can run side by side
     python -m bench.zoo_ppdet --fp32 CONFIG...           # the same rows' tools/train.py without --amp, 3 steps
     python -m bench.zoo_ppdet --render                   # bench/results/zoo-ppdet.md from the JSON
     python -m bench.zoo_ppdet --build-ext-op             # the tree's ppdet/ext_op for this CPU (rotated boxes)
@@ -770,15 +770,11 @@ def summarize_run(lines: list[dict], report: dict | None, returncode: int, log: 
     return out
 
 
-def train_one(
-    row: dict, record: dict, work: Path, data: Path, run_limit: float = TRAIN_TIMEOUT, batch: int = BATCH
-) -> dict:
+def train_one(row: dict, record: dict, work: Path, data: Path, run_limit: float = TRAIN_TIMEOUT) -> dict:
     out = work / row["config"].replace("/", "__").removesuffix(".yml")
     record = complete(record, work)
-    config = overlay(record, data, out, batch=batch)
+    config = overlay(record, data, out)
     train = {"steps": K, "lr": row.get("lr"), "optimizer": row.get("optimizer"), "schedulers": row.get("schedulers")}
-    if batch != BATCH:  # a model whose step at BATCH does not fit this machine's memory
-        train["batch"] = batch
     train["unfrozen_norms"] = [".".join(p) for p in record["frozen_norms"]]
     for run in ("native", "ampsafe"):
         folder = out / run
@@ -842,11 +838,9 @@ def run_train(
     redo: bool = False,
     run_limit: float = TRAIN_TIMEOUT,
     scan_limit: float = SCAN_TIMEOUT,
-    batch: int = BATCH,
 ) -> None:
-    """Train the rows in :func:`_train_order` (or ``only`` those, in the order given) at ``batch`` images a step.
-    ``redo`` retrains rows that have a training already, and first scans again a row scanned before the overlay
-    unfroze the norms."""
+    """Train the rows in :func:`_train_order` (or ``only`` those, in the order given). ``redo`` retrains rows that
+    have a training already, and first scans again a row scanned before the overlay unfroze the norms."""
     records = {r["config"]: r for r in enumerate_signatures(work)}
     data = write_coco(work / "coco", K * BATCH)
     if only:
@@ -868,7 +862,7 @@ def run_train(
                 save_row(row)
                 continue
         record = with_data(records[row["config"]], records, doc, work)
-        row["train"] = train_one(row, record, work, data, run_limit, batch)
+        row["train"] = train_one(row, record, work, data, run_limit)
         save_row(row)
 
 
@@ -930,15 +924,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redo", action="store_true", help="with --only: train again (and scan again if frozen)")
     parser.add_argument("--run-limit", type=float, default=TRAIN_TIMEOUT, help="seconds per training run")
     parser.add_argument("--scan-limit", type=float, default=SCAN_TIMEOUT, help="seconds per config's build + scan")
-    parser.add_argument("--batch", type=int, default=BATCH, help="with --train --only: images a training step")
     parser.add_argument("--fp32", nargs="*", default=[], help="float32 check of these configs (no --amp)")
     parser.add_argument("--fp32-steps", type=int, default=FP32_STEPS, help="steps of the float32 check")
     parser.add_argument("--resummarize", action="store_true", help="rebuild the run summaries from the run folders")
     parser.add_argument("--build-ext-op", action="store_true", help="build the tree's ppdet/ext_op for this CPU")
     parser.add_argument("--work", default="/tmp/ampsafe-zoo-ppdet")
     args = parser.parse_args(argv)
-    if args.batch != BATCH and not (args.train and args.only):
-        parser.error(f"--batch {args.batch}: only with --train --only CONFIG... (the sweep's batch is {BATCH})")
     if not (tree() / "tools" / "train.py").is_file():
         raise SystemExit(f"needs the PaddleDetection source tree at {tree()}: set PPDET_SRC or AMPSAFE_SHARED")
     work = Path(args.work)
@@ -951,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
         run_scan(doc, work, args.until, args.only, args.scan_limit)
         doc = load()  # the rows as saved (--only saves row by row)
     if args.train:
-        run_train(doc, work, args.until, args.only, args.redo, args.run_limit, args.scan_limit, args.batch)
+        run_train(doc, work, args.until, args.only, args.redo, args.run_limit, args.scan_limit)
     for config in args.fp32:
         fp32_check(work, config, args.fp32_steps, args.run_limit)
     if args.resummarize:

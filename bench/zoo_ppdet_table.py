@@ -127,8 +127,7 @@ def _table(doc: dict) -> list[str]:
         cells = [
             f"`{row['config']}`"
             + (f" (data and reader of `{row['data_from']}`)" if row.get("data_from") else "")
-            + (f" ({norms})" if (norms := norm_note(row)) else "")
-            + (f" (trained at batch {train['batch']})" if train.get("batch") else ""),
+            + (f" ({norms})" if (norms := norm_note(row)) else ""),
             row["family"],
             str(counts.get(row["config"], "-")),
             f"{row['architecture']} / {row['backbone']} / {row['head']}",

@@ -865,6 +865,9 @@ def train_options(src: Path, rel: str, data: Path, out: Path, side: int = DET_SI
         )
     if "Global.use_sync_bn=False" in opts:
         recipe["sync_bn"] = "off: SyncBatchNorm has no CPU kernel"
+    dtype = (config.get("Global") or {}).get("amp_dtype")
+    if dtype and dtype != "float16":  # the config's own AMP dtype (the PP-OCRv2/v3 CML configs': bfloat16)
+        recipe["amp_dtype"] = dtype
     return opts, recipe
 
 
@@ -1232,6 +1235,11 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         native = _run_cell(train.get("native"), heals=False) if train else _not_trained(r)
         if train and train.get("lr_note"):
             native += f" (lr schedule: {train['lr_note'].split(':')[0]})"
+        if train and train.get("amp_dtype"):
+            native += (
+                f" (the config's `amp_dtype: {train['amp_dtype']}`: the emulation runs those blocks in float32, and "
+                "ampsafe's scaler stays off: no loss scaling in bfloat16)"
+            )
         if r.get("fp32"):
             f = r["fp32"]
             native += (

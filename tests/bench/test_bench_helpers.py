@@ -108,3 +108,19 @@ def test_zoo_run_limit_stops_ampsafe_run_as_ctrl_c_so_its_report_is_written(tmp_
     assert code == 124 and "timeout after 10 s" in log
     written = json.loads((report / "report.json").read_text())
     assert written["returncode"] == 130, written  # the command's status after the Ctrl-C: written after the cut
+
+
+def test_ppocr_summary_keeps_the_last_loss_known_when_the_run_stopped_before_printing_it():
+    """A step whose loss comes from PaddleOCR's printed log (the scaled loss did not read as one number) has none
+    when the run stopped before printing it: the summary's final loss is the last one known, finite."""
+    from bench.ppocr_optin import summarize
+
+    steps = [
+        {"step": 0, "loss": 21.2, "scale": 1024.0, "found_inf": False},
+        {"step": 1, "loss": 16.2, "scale": 1024.0, "found_inf": False},
+        {"step": 2, "loss": None, "scale": 1024.0, "found_inf": False},
+    ]
+    summary = summarize(steps)
+    assert (summary["first_loss"], summary["final_loss"], summary["steps"]) == (21.2, 16.2, 3)
+    steps[1]["loss"] = float("nan")  # a non-finite loss stays the final one
+    assert math.isnan(summarize(steps)["final_loss"])
