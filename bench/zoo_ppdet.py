@@ -26,7 +26,7 @@ dataset borrows a config that names it in ``_BASE_`` (:func:`data_source`): the 
 then the fragment (its optimizer, epochs and runtime, the fragment's model), with that config's dataset, reader
 and ``num_classes``. A semi-supervised config (``ssod_method``: ppdet's own trainers of labeled and unlabeled
 batches) gets its SemiTrainReader shrunk likewise and an UnsupTrainDataset on the same synthetic images.
-Every ppdet child runs in a :func:`~bench.zoo_ppdet_data.run_folder` of the work folder, never in the tree.
+Every ppdet child runs in a :func:`~bench.zoo_ppdet_data.child_cwd` of the work folder, never in the tree.
 The rotated-box heads import the tree's ``ext_op``: ``--build-ext-op`` builds it for this CPU into the work folder.
 """
 
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from bench import common
-from bench.zoo_ppdet_data import WRITERS, run_folder, write_coco, write_dataset
+from bench.zoo_ppdet_data import WRITERS, child_cwd, write_coco, write_dataset
 from bench.zoo_ppdet_shim import LIMIT_EXIT, SHIM, STEPLOG_ENV, STOP_AT_ENV, STOP_ENV
 from bench.zoo_ppdet_table import render
 
@@ -389,7 +389,7 @@ def enumerate_signatures(work: Path) -> list[dict]:
     if not out.is_file():
         subprocess.run(
             [sys.executable, "-m", "bench.zoo_ppdet_worker", "enumerate", str(tree() / "configs"), str(out)],
-            env=child_env(work), cwd=run_folder(work / "cwd"), capture_output=True, text=True, check=True, timeout=900,
+            env=child_env(work), cwd=child_cwd(work / "cwd"), capture_output=True, text=True, check=True, timeout=900,
         )  # fmt: skip
     return json.loads(out.read_text())
 
@@ -409,7 +409,7 @@ def prefetch(configs: list[str], work: Path) -> None:
     subprocess.run(
         [*cmd, *missing],
         env=child_env(work),
-        cwd=run_folder(work / "cwd"),
+        cwd=child_cwd(work / "cwd"),
         capture_output=True,
         text=True,
         timeout=1800,
@@ -609,7 +609,7 @@ def scan_one(record: dict, work: Path, data: Path, scan_limit: float = SCAN_TIME
         env["AMPSAFE_ZOO_BUILD_ONLY"] = reason
     result_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.zoo_ppdet_worker", "scan", str(path), str(result_file)]
-    code, log = run_group(cmd, timeout=scan_limit, env=env, cwd=run_folder(out))
+    code, log = run_group(cmd, timeout=scan_limit, env=env, cwd=child_cwd(out))
     (out / "scan.log").write_text(log)
     result = json.loads(result_file.read_text()) if result_file.is_file() else None
     if result is None and code == 124:
@@ -676,7 +676,7 @@ NATIVE = (
 
 def train_command(run: str, config: Path, report: Path) -> list[str]:
     """The tree's ``tools/train.py --amp`` on ``config``, natively (float16 emulated, Paddle's own scaler) or under
-    ``ampsafe run --emulate-fp16``; it runs in a :func:`run_folder`, not in the tree."""
+    ``ampsafe run --emulate-fp16``; it runs in a :func:`child_cwd`, not in the tree."""
     script = str(tree() / "tools" / "train.py")
     args = ["-c", str(config), "--amp", "--enable_ce", "True"]  # enable_ce: tools/train.py seeds 0
     if run == "native":
@@ -787,7 +787,7 @@ def train_one(row: dict, record: dict, work: Path, data: Path, run_limit: float 
         start = time.time()
         env[STEPLOG_ENV], env[STOP_ENV], env[STOP_AT_ENV] = str(steplog), str(K), str(start + run_limit)
         cmd = train_command(run, config, report)
-        code, log = run_group(cmd, timeout=run_limit + STEP_GRACE_S, env=env, cwd=run_folder(folder))
+        code, log = run_group(cmd, timeout=run_limit + STEP_GRACE_S, env=env, cwd=child_cwd(folder))
         (folder / "log.txt").write_text(log)
         seconds = round(time.time() - start, 1)
         rep = json.loads((report / "report.json").read_text()) if (report / "report.json").is_file() else None
@@ -902,7 +902,7 @@ def fp32_check(work: Path, config: str, steps: int = FP32_STEPS, run_limit: floa
     env[STEPLOG_ENV], env[STOP_ENV] = str(steplog), str(steps)
     start = time.time()
     cmd = [sys.executable, str(tree() / "tools" / "train.py"), "-c", str(path), "--enable_ce", "True"]
-    code, log = run_group(cmd, timeout=run_limit, env=env, cwd=run_folder(steplog.parent))
+    code, log = run_group(cmd, timeout=run_limit, env=env, cwd=child_cwd(steplog.parent))
     (steplog.parent / "log.txt").write_text(log)
     run = summarize_run(_steps(steplog), None, code, log)
     run["losses"] = [s.get("loss") for s in _steps(steplog) if s.get("kind") == "stats"]

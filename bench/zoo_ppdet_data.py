@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["WRITERS", "LOAD_CHECKED", "run_folder", "write_coco", "write_dataset"]
+__all__ = ["WRITERS", "LOAD_CHECKED", "child_cwd", "write_coco", "write_dataset"]
 
 _SCENE_OBJECTS = 3
 
@@ -321,7 +321,7 @@ LOAD_CHECKED = tuple(
 )
 
 
-def run_folder(folder: Path) -> Path:
+def child_cwd(folder: Path) -> Path:
     """``folder``, made, with an empty file at each of :data:`LOAD_CHECKED`: the working directory of a ppdet child,
     so that the configs whose datasets check those files load, and a dataset that caches its parse under the
     working directory (CULaneDataSet: ``./cache``) writes it there, never in the tree."""
