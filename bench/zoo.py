@@ -50,7 +50,7 @@ def _stopped(run: dict) -> bool:
 
 def _failed(run: dict) -> bool:
     """A run that exited with its own error, or logged a non-finite loss (a run whose step log has no loss, as
-    PaddleOCR's distillation models', is judged by its exit alone)."""
+    PaddleOCR's CT's, is judged by its exit alone)."""
     nonfinite = run.get("loss_last") is not None and not run.get("finite", True)
     if _stopped(run):
         return nonfinite

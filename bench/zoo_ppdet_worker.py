@@ -182,6 +182,11 @@ def dataset_spec(dataset) -> dict | None:
     return {"name": type(dataset).__name__, "args": args, "tagged": True}
 
 
+def _as_json(reader) -> dict | None:
+    """A reader section of the merged config as plain JSON (objects by their ``str``), None when there is none."""
+    return json.loads(json.dumps(reader, default=str)) if isinstance(reader, dict) else None
+
+
 def recipe(cfg: dict) -> dict:
     """What the sweep's overlay needs from the merged config: the TrainReader (and a semi-supervised config's
     SemiTrainReader and UnsupTrainDataset), where ``sync_bn`` and ``pretrained`` weights are set (or default to a
@@ -191,7 +196,7 @@ def recipe(cfg: dict) -> dict:
     lr = cfg.get("LearningRate") or {}
     opt = (cfg.get("OptimizerBuilder") or {}).get("optimizer") or {}
     return {
-        "train_reader": json.loads(json.dumps(reader, default=str)) if isinstance(reader, dict) else None,
+        "train_reader": _as_json(reader),
         "sync_bn": _key_paths(cfg, lambda k, v: k == "norm_type" and v == "sync_bn"),
         "pretrained": _key_paths(
             {k: v for k, v in cfg.items() if isinstance(v, dict)}, lambda k, v: k == "pretrained" and bool(v)
@@ -200,7 +205,7 @@ def recipe(cfg: dict) -> dict:
         "frozen_norms": frozen_norms(cfg),
         "train_dataset": dataset_spec(cfg.get("TrainDataset")),
         # a semi-supervised config (ssod_method): its reader of labeled and unlabeled views, its unlabeled dataset
-        "semi_train_reader": json.loads(json.dumps(semi, default=str)) if isinstance(semi, dict) else None,
+        "semi_train_reader": _as_json(semi),
         "unsup_train_dataset": dataset_spec(cfg.get("UnsupTrainDataset")) if semi else None,
         "num_classes": cfg.get("num_classes") if isinstance(cfg.get("num_classes"), int) else None,
         "lr": lr.get("base_lr") if isinstance(lr, dict) else None,
