@@ -23,8 +23,10 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -237,11 +239,15 @@ WRITER_WAIT_S = 30.0  # as long as torchrun gives the other ranks between its SI
 
 def _run_command(command: list[str], env: dict) -> int:
     """The command's exit status. On Ctrl-C (which the command got too) it is given time to end and write its
-    summaries, and killed only on a second Ctrl-C or after :data:`WRITER_WAIT_S`: status 130."""
+    summaries, and killed only on a second Ctrl-C or after :data:`WRITER_WAIT_S`: status 130. A SIGTERM sent to
+    ``ampsafe run`` alone (``kill``, a scheduler stopping the job) goes on to the command, as torchrun passes it to
+    its workers: the training ends as it would have without ampsafe, instead of running on without its launcher."""
     try:
         proc = subprocess.Popen(command, env=env)
     except FileNotFoundError as exc:
         raise ConfigError(f"ampsafe run: cannot start {command[0]!r}: {exc}") from exc
+    forwarding = threading.current_thread() is threading.main_thread()  # Python sets handlers there only
+    previous = signal.signal(signal.SIGTERM, lambda signum, _: proc.send_signal(signum)) if forwarding else None
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -251,6 +257,9 @@ def _run_command(command: list[str], env: dict) -> int:
             proc.kill()
             proc.wait()
         return 130
+    finally:
+        if forwarding:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)  # None: set in C
 
 
 def _wait_for_writers(report_dir: str, limit: float = WRITER_WAIT_S) -> None:

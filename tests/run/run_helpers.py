@@ -11,8 +11,10 @@ from pathlib import Path
 from ampsafe.run.records import GuardRecord, RunSummary, ScalerRecord
 
 SCRIPTS = Path(__file__).parent / "scripts"
-# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
-SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
+# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout;
+# removed when the test process ends
+_SCRATCH = tempfile.TemporaryDirectory(prefix="ampsafe-run-tests-")
+SCRATCH = _SCRATCH.name
 
 
 def ampsafe_run(

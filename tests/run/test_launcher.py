@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from run_helpers import guard_record, only_scaler, stepped_scaler  # tests/run/run_helpers.py
+from run_helpers import SCRATCH, ampsafe_run, guard_record, only_scaler, stepped_scaler  # tests/run/run_helpers.py
 
 SCRIPTS = Path(__file__).parent / "scripts"
-# the runs' working directory, so that the default ./ampsafe-run/ report lands there and not in the checkout
-_SCRATCH = tempfile.mkdtemp(prefix="ampsafe-run-tests-")
-
-
-def ampsafe_run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "ampsafe.cli", "run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=_SCRATCH)
 
 
 def test_torch_script_gets_ampsafes_scaler_and_summary():
@@ -116,7 +111,7 @@ def test_disabled_paddle_scaler_on_a_cpu_leaves_its_nan_step_to_the_fp32_guard()
         "assert auto.summary()['scalers'][0]['disabled_reason'].startswith('disabled (CPU place')\n"
         "print('ok')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=_SCRATCH)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=SCRATCH)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
@@ -188,3 +183,30 @@ def test_a_child_killed_by_a_signal_after_loading_ampsafe_is_reported_as_such(tm
     assert "ampsafe run: the command died on signal 11 after ampsafe loaded (SIGSEGV)" in proc.stdout
     assert "no Python process of the command loaded ampsafe" not in proc.stdout
     assert "no process of the command wrote its summary" in proc.stdout
+
+
+def test_a_sigterm_to_ampsafe_run_alone_ends_the_command_and_the_runs_folder(tmp_path):
+    """``kill`` of the launcher's pid (a scheduler stopping the job): without ampsafe that signal ends the training;
+    under ``ampsafe run`` it goes on to the command, whose death is named, and the run's temporary folder goes."""
+    pid_file, tmp = tmp_path / "child.pid", tmp_path / "tmp"
+    tmp.mkdir()
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ampsafe.cli", "run", "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=SCRATCH,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    launcher.send_signal(signal.SIGTERM)
+    out, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == 128 + signal.SIGTERM, out
+    assert "the command died on signal 15 after ampsafe loaded (SIGTERM)" in out
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    assert list(tmp.iterdir()) == []

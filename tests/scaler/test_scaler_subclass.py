@@ -7,9 +7,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-import tempfile
 import warnings
-from pathlib import Path
 
 import paddle
 import pytest
@@ -139,11 +137,10 @@ def _ampsafe_run(*command: str, cwd: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_every_grad_scaler_spelling_builds_ampsafes_scaler_under_ampsafe_run():
-    folder = Path(tempfile.mkdtemp(prefix="ampsafe-run-spellings-"))
+def test_every_grad_scaler_spelling_builds_ampsafes_scaler_under_ampsafe_run(tmp_path):
     one_line = "import torch, ampsafe.torch; print(isinstance(torch.GradScaler('cpu'), ampsafe.torch.GradScaler))"
-    proc = _ampsafe_run("-c", one_line, cwd=str(folder))
+    proc = _ampsafe_run("-c", one_line, cwd=str(tmp_path))
     assert proc.returncode == 0 and "True" in proc.stdout.splitlines(), proc.stdout + proc.stderr[-3000:]
-    (folder / "spellings.py").write_text(_RUN_CHECK)
-    proc = _ampsafe_run(str(folder / "spellings.py"), cwd=str(folder))
+    (tmp_path / "spellings.py").write_text(_RUN_CHECK)
+    proc = _ampsafe_run(str(tmp_path / "spellings.py"), cwd=str(tmp_path))
     assert proc.returncode == 0 and "every spelling ok" in proc.stdout, proc.stderr[-3000:]

@@ -15,7 +15,9 @@ import pytest
 from ampsafe.run.records import GuardRecord, RunSummary, ScalerRecord
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCRATCH = tempfile.mkdtemp(prefix="ampsafe-trainers-")  # the default ./ampsafe-run/ report lands here
+# the runs' working directory: the default ./ampsafe-run/ report lands here; removed when the test process ends
+_SCRATCH = tempfile.TemporaryDirectory(prefix="ampsafe-trainers-")
+SCRATCH = _SCRATCH.name
 
 
 def load_growth():

@@ -11,8 +11,9 @@ from PIL import Image
 
 
 def write_yolo_data(train_images: int = 4) -> Path:
-    """The dataset's folder, holding its ``data.yaml``; ``train_images``: how many the train split holds."""
-    root = Path(tempfile.mkdtemp(prefix="yolo-"))
+    """The dataset's folder, holding its ``data.yaml``, in the working folder (the tests run the scripts in a
+    temporary one); ``train_images``: how many the train split holds."""
+    root = Path(tempfile.mkdtemp(prefix="yolo-", dir=Path.cwd()))
     for split in ("train", "val"):
         (root / "images" / split).mkdir(parents=True)
         (root / "labels" / split).mkdir(parents=True)
