@@ -7,8 +7,9 @@ Measured (deepspeed 0.19.8, torch 2.14, this CPU): ZeRO-3 runs on gloo. Natively
 loss scale already at minimum" at step 10 (steps 7-10 skipped) and ``torch_autocast`` skips at 65536 from step 6
 to the end (21 of 28). Under ampsafe both heal at the floor (steps 11 and 23): ``head`` and ``mid`` become FP32
 islands on both ranks, computing in float32 inside the module on the float16 parameters ZeRO-3 gathered for it,
-and training goes on at the restored scale. Left to the interpreter's exit, a ZeRO-3 process aborted
-("terminate called without an active exception"): ``ds_train`` destroys its process group first.
+and training goes on at the restored scale. A ZeRO-3 all-gather that gloo's worker thread still held when the
+interpreter finalized aborted the process ("terminate called without an active exception"): ``ds_train.drain``
+waits them out before the script ends.
 """
 
 from __future__ import annotations
