@@ -314,6 +314,17 @@ def parse_log(text: str) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in _LOG_LOSS.finditer(text)}
 
 
+def with_printed_losses(steps: list[dict], log: str) -> list[dict]:
+    """``steps`` with each step's printed loss (``log_loss``), which is also its ``loss`` where the scaled loss
+    did not read as one number (CML's, DML's)."""
+    printed = parse_log(log)
+    for s in steps:
+        s["log_loss"] = printed.get(s["step"] + 1)
+        if s.get("loss") is None:
+            s["loss"] = s["log_loss"]
+    return steps
+
+
 def summarize(steps: list[dict]) -> dict:
     """overflowing steps, first overflow (0-based optimizer step), final scale, final loss, heals."""
 
@@ -450,11 +461,7 @@ def launch(
     log = stdout + stderr
     (out / "log.txt").write_text(log, encoding="utf-8")
     steps = [json.loads(line) for line in steplog.read_text().splitlines()] if steplog.is_file() else []
-    printed = parse_log(log)
-    for s in steps:
-        s["log_loss"] = printed.get(s["step"] + 1)
-        if s.get("loss") is None:  # the scaled loss did not read as one number (CML's, DML's): the printed one
-            s["loss"] = s["log_loss"]
+    with_printed_losses(steps, log)
     report = out / "report"
     result = {
         **head,

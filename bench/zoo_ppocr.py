@@ -957,14 +957,15 @@ class OutOfTime(Exception):
 
 def _timed_out(out: Path, limit: float) -> dict:
     """A run cut at its time limit, as :func:`bench.ppocr_optin.launch` would have returned it, from the steps its
-    step log holds (``ampsafe run`` writes report.json at exit only: no report)."""
-    from bench.ppocr_optin import summarize
+    step log holds and the losses its log printed (``ampsafe run`` writes report.json at exit only: no report)."""
+    from bench.ppocr_optin import summarize, with_printed_losses
 
-    path = out / "steps.jsonl"
+    path, log_path = out / "steps.jsonl", out / "log.txt"
     steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    result = summarize(steps)
+    log = log_path.read_text(encoding="utf-8") if log_path.is_file() else ""
+    result = summarize(with_printed_losses(steps, log))
     error = result["error"] or f"stopped: over {limit:.0f} s on this CPU"
-    return {**result, "returncode": -9, "log_tail": "", "report": None, "error": error}
+    return {**result, "returncode": -9, "log_tail": log[-4000:], "report": None, "error": error}
 
 
 def run_folder(src: Path, rel: str, work: Path) -> tuple[Path, int]:

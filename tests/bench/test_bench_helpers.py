@@ -3,6 +3,7 @@ the GPU script's refusal without CUDA, and plots that survive failed runs."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -91,7 +92,6 @@ def test_zoo_run_limit_stops_ampsafe_run_as_ctrl_c_so_its_report_is_written(tmp_
     """A training run cut at the zoo's run limit still gets ampsafe run's report, written after the cut: the
     limit sends Ctrl-C to the run's process group instead of killing it, and the run hears it even when the
     sweep ignores SIGINT (started with nohup or &, as a sweep of hours is)."""
-    import json
     import signal
     import sys
 
@@ -124,3 +124,17 @@ def test_ppocr_summary_keeps_the_last_loss_known_when_the_run_stopped_before_pri
     assert (summary["first_loss"], summary["final_loss"], summary["steps"]) == (21.2, 16.2, 3)
     steps[1]["loss"] = float("nan")  # a non-finite loss stays the final one
     assert math.isnan(summarize(steps)["final_loss"])
+
+
+def test_ppocr_zoo_run_cut_at_its_limit_reads_the_losses_its_log_printed(tmp_path):
+    """A CML-like run (its scaled loss not one number) cut at the sweep's limit: its row's losses are the ones
+    PaddleOCR printed before the cut, as for a run that ended by itself."""
+    from bench.zoo_ppocr import _timed_out
+
+    steps = [{"step": i, "loss": None, "scale": 1024.0, "found_inf": False} for i in range(3)]
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    printed = "epoch: [1/1], global_step: {}, lr: 0.001, loss: {}, avg_reader_cost: 0.1 s\n"
+    (tmp_path / "log.txt").write_text(printed.format(1, 19.0) + printed.format(2, 18.5))
+    result = _timed_out(tmp_path, 600)
+    assert (result["first_loss"], result["final_loss"], result["steps"]) == (19.0, 18.5, 3)
+    assert result["returncode"] == -9 and "over 600 s" in result["error"]
