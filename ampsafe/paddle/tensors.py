@@ -14,9 +14,12 @@ __all__ = ["PaddleTensors", "TENSORS", "PADDLE_MASK_LIMIT", "LOW_DTYPES"]
 LOW_DTYPES = (paddle.float16, paddle.bfloat16)  # the low-precision float dtypes AMP computes in
 
 # Paddle's nn.MultiHeadAttention / TransformerEncoder turn a bool or int attn_mask into ``(mask - 1) * 1e9``
-# (``paddle.nn.layer.transformer._convert_attention_mask``): its -1e9 is a mask's fill value too. No value a model
-# computes reaches 2**28 without having left float16's range 12 bits before.
-PADDLE_MASK_LIMIT = min(MASK_LIMIT, 2.0**28)
+# (``paddle.nn.layer.transformer._convert_attention_mask``), and PaddleOCR's TableMaster head fills its masked
+# scores with -6.55e4 "for fp16" (``ppocr/modeling/heads/table_master_head.py``, ``masked_fill``: an additive
+# mask at float16's edge). Both are fill values: lanes at or below -2**15 count apart only where they end in a
+# masked softmax, an exp or a bounded op (``ampsafe.core.paths``), which give 0 or their bound for them in float16
+# as in float32; the conv or matmul that made the scores is measured whole.
+PADDLE_MASK_LIMIT = min(MASK_LIMIT, 2.0**15)
 
 
 class PaddleTensors(TensorsBase):
@@ -24,7 +27,7 @@ class PaddleTensors(TensorsBase):
     the tensor object (the base's ``key``). The facts ``paddle`` spells as the base reads them are the base's."""
 
     lib = paddle
-    mask_limit = PADDLE_MASK_LIMIT  # Paddle's attention fills masked lanes with -1e9
+    mask_limit = PADDLE_MASK_LIMIT  # Paddle's attention fills masked lanes with -1e9, TableMaster with -6.55e4
 
     @staticmethod
     def is_batched(t) -> bool:
