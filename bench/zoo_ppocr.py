@@ -1219,7 +1219,7 @@ def render(path: Path = OUT_JSON, out: Path = OUT_MD) -> str:
         "downloads weights whatever the config says (PPLCNetV2's backbone; the LayoutLM family's `NLPBaseModel`, "
         "always `from_pretrained`) the download is skipped and the model random-initialized (from paddlenlp's own "
         "configuration of that name; noted). The kie rows run from `bench/kie_env.sh`'s venv (paddlenlp 2.8.1).",
-        f"* **scan**: `ampsafe.scan` at O1 and O2, model in train mode (where its train forward needs targets: eval mode with the BatchNorms in train mode, noted), a seeded uniform(-1, 1) "
+        f"* **scan**: `ampsafe.scan` at O1 and O2, model in train mode (where its train forward needs targets: TableMaster's are {TABLE_TOKENS} structure tokens padded to its max_text_length, the others' eval mode with the BatchNorms in train mode, noted), a seeded uniform(-1, 1) "
         f"batch of {BATCH}; det/e2e pages {DET_SIZE}x{DET_SIZE}, others the shape of the config's transforms; kie "
         f"the list its KeepKeys makes: LayoutLM family {KIE_TOKENS} tokens (the configs' max_seq_len is 512) and a "
         f"224x224 image (RE: 4 entities, 2 relations), SDMGR a 512x512 page with {KIE_BOXES} boxes of "
