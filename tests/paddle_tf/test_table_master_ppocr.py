@@ -17,6 +17,7 @@ import pytest
 paddle = pytest.importorskip("paddle")
 
 import ampsafe  # noqa: E402
+from bench.zoo_ppocr import table_master_targets  # noqa: E402
 
 STRUCTURE_TOKENS = 39  # ppocr/utils/dict/table_master_structure_dict.txt; the head adds SOS, EOS and PAD
 SELF_ATTN = "layers.0.self_attn"
@@ -38,12 +39,9 @@ def head_and_inputs(paddleocr_src):
         sys.path.remove(str(paddleocr_src))
     head.train()
     rng = np.random.default_rng(0)
-    n, classes = head.max_text_length, head.out_channels  # TableMasterLabelEncode pads to max_text_length
-    tokens = np.full((2, n), classes - 1, "int64")  # PAD, after SOS, 200 structure tokens and EOS
-    tokens[:, 0], tokens[:, 201] = classes - 3, classes - 2
-    tokens[:, 1:201] = rng.integers(0, classes - 3, (2, 200))
+    (tokens,), _ = table_master_targets(head, rng)  # the zoo scan's: SOS, 200 tokens, EOS, PAD up to 500
     feature = paddle.to_tensor(rng.uniform(-1, 1, (2, 512, 8, 8)).astype("float32"))  # the backbone's last map
-    return head, ([feature], [paddle.to_tensor(tokens)])
+    return head, ([feature], [tokens])
 
 
 def n_self_attentions(head) -> int:
